@@ -1,0 +1,322 @@
+"""Tensor IR: immutable, hash-consed Nodes (op, dtype, src, arg) with shape/device inferred once at construction.
+
+Shapes are plain tuples of ints in `arg` (not nodes, unlike tinygrad): that keeps the graph small and lets the e-graph
+carry them as interned arguments. Every check raises at construction, naming the op and the shapes.
+"""
+from __future__ import annotations
+import itertools, math, weakref
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any
+from egraph.dtypes import DType, dtypes
+from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
+
+class Ops(Enum):
+  # storage and calls
+  BUFFER = auto(); SLICE = auto(); PARAM = auto(); CONST = auto(); BIND = auto()
+  CALL = auto(); FUNCTION = auto(); TUPLE = auto(); GETTUPLE = auto(); SINK = auto()
+  AFTER = auto(); STORE = auto(); COPY = auto(); MULTI = auto()
+  # markers
+  CONTIGUOUS = auto(); CONTIGUOUS_BACKWARD = auto(); DETACH = auto()
+  # elementwise
+  BITCAST = auto(); CAST = auto()
+  NEG = auto(); EXP2 = auto(); LOG2 = auto(); SQRT = auto(); RECIPROCAL = auto(); SIN = auto(); TRUNC = auto()
+  ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()
+  CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto()
+  WHERE = auto()
+  # reduce and movement
+  REDUCE = auto(); RESHAPE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); PERMUTE = auto(); FLIP = auto()
+  # only inside e-graph list encodings
+  def __repr__(self): return f"Ops.{self.name}"
+
+class GroupOp:
+  Unary = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC})
+  Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
+                      Ops.AND, Ops.OR, Ops.XOR})
+  Ternary = frozenset({Ops.WHERE})
+  ALU = Unary | Binary | Ternary
+  Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
+  Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+  Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
+  Storage = frozenset({Ops.BUFFER, Ops.SLICE, Ops.PARAM})
+  Marker = frozenset({Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH})
+  ReduceOps = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
+
+@dataclass(frozen=True)
+class BufferArg:
+  """A global buffer: `uid` is its identity, `size` is in elements of the node's dtype."""
+  uid: int
+  size: int
+  device: str
+
+@dataclass(frozen=True)
+class ParamArg:
+  """A positional parameter of a CALL/FUNCTION body (slot >= 0) or a symbolic variable (slot -1, name, range)."""
+  slot: int
+  shape: tuple[int, ...]
+  device: str | tuple[str, ...] | None
+  name: str | None = None
+  vmin_vmax: tuple[int, int] | None = None
+
+@dataclass(frozen=True)
+class CallInfo:
+  name: str | None = None
+  precompile: bool = False
+
+# ---------------------------------------------------------------------------------------------------------------------
+# devices
+
+HOST_DEVICES = ("NPY", "PYTHON", "DISK")
+
+def canonical_device(d: str | tuple | None) -> str | tuple | None:
+  """'CPU:0' -> 'CPU', 'cpu' -> 'CPU'; raises DeviceError for an unknown device."""
+  if d is None: return None
+  if isinstance(d, tuple): return tuple(canonical_device(x) for x in d)
+  if not isinstance(d, str): raise DeviceError(f"device must be a string, got {d!r}")
+  if d.upper().startswith("DISK:"): return "DISK:" + d[5:]
+  name, _, num = d.upper().partition(":")
+  if name not in ("CPU", "PYTHON", "NPY", "CUDA") or (num and not num.isdigit()):
+    raise DeviceError(f"unknown device {d!r}; known: CPU, CPU:n, PYTHON, NPY, CUDA, DISK:/path")
+  return name if num in ("", "0") else f"{name}:{num}"
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Node
+
+_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_ids = itertools.count()
+
+class Node:
+  """An immutable, hash-consed IR node. Structurally equal nodes are the same object."""
+  __slots__ = ("op", "dtype", "src", "arg", "id", "shape", "device", "__weakref__")
+  op: Ops; dtype: DType; src: tuple[Node, ...]; arg: Any; id: int; shape: tuple[int, ...] | None; device: Any
+
+  def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[Node, ...] = (), arg: Any = None):
+    src = tuple(src)
+    if dtype is None: dtype = _infer_dtype(op, src, arg)
+    key = (op, dtype, tuple(s.id for s in src), arg)
+    if (ret := _cache.get(key)) is not None: return ret
+    shape, device = _infer(op, dtype, src, arg)
+    ret = object.__new__(cls)
+    ret.op, ret.dtype, ret.src, ret.arg, ret.id, ret.shape, ret.device = op, dtype, src, arg, next(_ids), shape, device
+    _cache[key] = ret
+    return ret
+
+  def __reduce__(self): return (Node, (self.op, self.dtype, self.src, self.arg))
+  def __repr__(self): return f"<{self.op.name} {self.dtype.name} {self.shape} #{self.id}>"
+
+  @property
+  def numel(self) -> int: return math.prod(self.shape)
+  @property
+  def nbytes(self) -> int: return self.numel * self.dtype.itemsize
+  @property
+  def base(self) -> Node:
+    """Strip movement ops and DETACH."""
+    n = self
+    while n.op in GroupOp.Movement or n.op is Ops.DETACH: n = n.src[0]
+    return n
+
+  def has_buffer_identity(self) -> bool:
+    """True for storage seen through RESHAPEs only (a reshape of a buffer is still the buffer)."""
+    n = self
+    while n.op in (Ops.RESHAPE, Ops.MULTI): n = n.src[0]
+    return n.op in GroupOp.Storage
+
+  def toposort(self, enter_calls: bool = True) -> list[Node]: return toposort([self], enter_calls)
+
+  # small constructors, so callers read like tinygrad
+  def alu(self, op: Ops, *srcs: Node) -> Node: return Node(op, None, (self, *srcs))
+  def reshape(self, shape) -> Node: return self if tuple(shape) == self.shape else Node(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
+  def expand(self, shape) -> Node: return self if tuple(shape) == self.shape else Node(Ops.EXPAND, self.dtype, (self,), tuple(shape))
+  def permute(self, order) -> Node:
+    return self if tuple(order) == tuple(range(len(self.shape))) else Node(Ops.PERMUTE, self.dtype, (self,), tuple(order))
+  def shrink(self, arg) -> Node:
+    arg = tuple((int(s), int(e)) for s, e in arg)
+    return self if arg == tuple((0, s) for s in self.shape) else Node(Ops.SHRINK, self.dtype, (self,), arg)
+  def pad(self, arg) -> Node:
+    arg = tuple((int(b), int(a)) for b, a in arg)
+    return self if all(b == 0 and a == 0 for b, a in arg) else Node(Ops.PAD, self.dtype, (self,), arg)
+  def flip(self, arg) -> Node: return self if not any(arg) else Node(Ops.FLIP, self.dtype, (self,), tuple(bool(x) for x in arg))
+  def cast(self, dtype: DType) -> Node: return self if dtype == self.dtype else Node(Ops.CAST, dtype, (self,))
+  def contiguous(self) -> Node: return Node(Ops.CONTIGUOUS, self.dtype, (self,))
+  def after(self, *deps: Node) -> Node: return Node(Ops.AFTER, self.dtype, (self, *deps)) if deps else self
+  def store(self, value: Node) -> Node: return Node(Ops.STORE, dtypes.void, (self, value))
+  def sink(*srcs: Node) -> Node: return Node(Ops.SINK, dtypes.void, tuple(srcs))
+
+def const(value, dtype: DType, device=None) -> Node:
+  """A scalar constant; its device may be None (a pure-constant expression stays device-less)."""
+  if dtype.kind == 'b': value = bool(value)
+  elif dtype.kind in 'iu': value = int(value)
+  else: value = float(value)
+  return Node(Ops.CONST, dtype, (), (value, canonical_device(device)))
+
+_buffer_uids = itertools.count(1)
+
+def new_buffer(size: int, dtype: DType, device: str) -> Node:
+  """A fresh global buffer (a new uid every call)."""
+  if dtype == dtypes.void: raise DTypeError("BUFFER: cannot allocate a void buffer")
+  return Node(Ops.BUFFER, dtype, (), BufferArg(next(_buffer_uids), int(size), canonical_device(device)))
+
+def empty_view(shape: tuple[int, ...], dtype: DType, device: str) -> Node:
+  """A fresh buffer viewed with `shape` (BUFFER for 1-D, RESHAPE(BUFFER) otherwise)."""
+  return new_buffer(math.prod(shape), dtype, device).reshape(shape)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# inference
+
+def _fmt(src) -> str: return ", ".join(str(s.shape) for s in src)
+
+def _infer_dtype(op: Ops, src: tuple[Node, ...], arg) -> DType:
+  if op in (Ops.SINK, Ops.STORE, Ops.CALL, Ops.FUNCTION, Ops.TUPLE): return dtypes.void
+  if op in GroupOp.Comparison: return dtypes.bool
+  if op is Ops.WHERE: return src[1].dtype
+  if op is Ops.GETTUPLE: return src[0].src[0].src[arg].dtype if src[0].op is Ops.FUNCTION else src[0].src[arg].dtype
+  if src: return src[0].dtype
+  raise DTypeError(f"{op.name}: a dtype is required")
+
+def _first_device(src):
+  for s in src:
+    if s.device is not None: return s.device
+  return None
+
+def _check_perm(op, order, n):
+  if sorted(order) != list(range(n)): raise ShapeError(f"{op.name}: {tuple(order)} is not a permutation of {n} axes")
+
+def _infer(op: Ops, dtype: DType, src: tuple[Node, ...], arg) -> tuple[tuple[int, ...] | None, Any]:
+  """(shape, device) of a new node; raises on malformed input."""
+  dev = _first_device(src)
+  x = src[0] if src else None
+  if op is Ops.BUFFER:
+    if not isinstance(arg, BufferArg) or arg.size < 0: raise ShapeError(f"BUFFER: bad arg {arg!r}")
+    return (arg.size,), arg.device
+  if op is Ops.PARAM: return tuple(arg.shape), arg.device
+  if op is Ops.CONST:
+    if dtype == dtypes.void: raise DTypeError("CONST: void dtype")
+    return (), arg[1]
+  if op is Ops.SLICE:
+    off, count = arg
+    if x.shape is None or len(x.shape) != 1: raise ShapeError(f"SLICE: source must be 1-D storage, got shape {x.shape}")
+    if off < 0 or (off * x.dtype.itemsize + count * dtype.itemsize) > x.shape[0] * x.dtype.itemsize:
+      raise ShapeError(f"SLICE: range offset={off} count={count} ({dtype.name}) is outside storage of shape {x.shape} ({x.dtype.name})")
+    return (count,), dev
+  if op is Ops.BIND: return (), None
+  if op in (Ops.SINK, Ops.CALL, Ops.FUNCTION, Ops.TUPLE): return None, dev
+  if op is Ops.GETTUPLE:
+    inner = x.src[0] if x.op is Ops.FUNCTION else x
+    if inner.op is not Ops.TUPLE or not 0 <= arg < len(inner.src): raise ShapeError(f"GETTUPLE[{arg}]: source is not a tuple of that size")
+    return inner.src[arg].shape, dev
+  if op is Ops.AFTER:
+    if not src: raise ShapeError("AFTER: needs a source")
+    return x.shape, x.device
+  if op is Ops.STORE:
+    tgt, val = src
+    if tgt.shape != val.shape: raise ShapeError(f"STORE: value shape {val.shape} does not match target shape {tgt.shape}")
+    if tgt.dtype != val.dtype: raise DTypeError(f"STORE: value dtype {val.dtype.name} does not match target dtype {tgt.dtype.name}")
+    return tgt.shape, dev
+  if op is Ops.COPY: return x.shape, canonical_device(arg)
+  if op is Ops.MULTI:
+    if not isinstance(x.device, tuple): raise DeviceError(f"MULTI: source must live on a tuple of devices, got {x.device!r}")
+    shp = list(x.shape); shp[arg] *= len(x.device)
+    return tuple(shp), x.device
+  if op in GroupOp.Marker or op is Ops.CAST: return x.shape, dev
+  if op is Ops.BITCAST:
+    if not x.shape: 
+      if x.dtype.itemsize != dtype.itemsize: raise ShapeError(f"BITCAST: scalar {x.dtype.name} -> {dtype.name} changes size")
+      return (), dev
+    nbytes = x.shape[-1] * x.dtype.itemsize
+    if nbytes % dtype.itemsize: raise ShapeError(f"BITCAST: last dim {x.shape[-1]} x {x.dtype.name} does not divide into {dtype.name}")
+    return x.shape[:-1] + (nbytes // dtype.itemsize,), dev
+  if op in GroupOp.ALU:
+    arity = 1 if op in GroupOp.Unary else 2 if op in GroupOp.Binary else 3
+    if len(src) != arity: raise ShapeError(f"{op.name}: takes {arity} sources, got {len(src)}")
+    if any(s.shape != x.shape for s in src): raise ShapeError(f"{op.name}: shape mismatch {_fmt(src)}")
+    vals = src[1:] if op is Ops.WHERE else src
+    if any(s.dtype != vals[0].dtype for s in vals): raise DTypeError(f"{op.name}: dtype mismatch {', '.join(s.dtype.name for s in vals)}")
+    if op is Ops.WHERE and x.dtype != dtypes.bool: raise DTypeError(f"WHERE: condition must be bool, got {x.dtype.name}")
+    if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD) and x.dtype.is_float():
+      raise DTypeError(f"{op.name}: needs an int or bool dtype, got {x.dtype.name}")
+    devs = {s.device for s in src if s.device is not None}
+    if len(devs) > 1: raise DeviceError(f"{op.name}: sources on different devices {sorted(map(str, devs))}")
+    return x.shape, dev
+  if op is Ops.REDUCE:
+    rop, axes = arg
+    if rop not in GroupOp.ReduceOps: raise UnsupportedOpError(f"REDUCE: unsupported reduce op {rop}")
+    if any(not 0 <= a < len(x.shape) for a in axes): raise ShapeError(f"REDUCE: axes {axes} out of range for shape {x.shape}")
+    return tuple(1 if i in axes else s for i, s in enumerate(x.shape)), dev
+  if op in GroupOp.Movement: return _movement_shape(op, x.shape, arg), dev
+  raise UnsupportedOpError(f"unknown op {op}")
+
+def _movement_shape(op: Ops, shape: tuple[int, ...], arg) -> tuple[int, ...]:
+  n = len(shape)
+  if op is Ops.RESHAPE:
+    if any(s < 0 for s in arg) or math.prod(arg) != math.prod(shape):
+      raise ShapeError(f"RESHAPE: cannot reshape {shape} to {tuple(arg)}")
+    return tuple(arg)
+  if op is Ops.EXPAND:
+    if len(arg) != n or any(s != a and s != 1 for s, a in zip(shape, arg)):
+      raise ShapeError(f"EXPAND: cannot expand {shape} to {tuple(arg)} (only size-1 axes expand)")
+    return tuple(arg)
+  if op is Ops.PERMUTE:
+    _check_perm(op, arg, n)
+    return tuple(shape[i] for i in arg)
+  if op is Ops.SHRINK:
+    if len(arg) != n or any(not 0 <= s <= e <= d for (s, e), d in zip(arg, shape)):
+      raise ShapeError(f"SHRINK: {arg} is out of range for shape {shape}")
+    return tuple(e - s for s, e in arg)
+  if op is Ops.PAD:
+    if len(arg) != n or any(b < 0 or a < 0 for b, a in arg): raise ShapeError(f"PAD: bad padding {arg} for shape {shape}")
+    return tuple(b + d + a for (b, a), d in zip(arg, shape))
+  if op is Ops.FLIP:
+    if len(arg) != n: raise ShapeError(f"FLIP: {arg} does not match shape {shape}")
+    return shape
+  raise UnsupportedOpError(op)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# traversal and printing
+
+def toposort(roots, enter_calls: bool = True) -> list[Node]:
+  """Children before parents, iteratively (graphs can be 100k deep). Without enter_calls, CALL/FUNCTION bodies are skipped."""
+  order, seen, stack = [], set(), [(r, False) for r in reversed(list(roots))]
+  while stack:
+    n, done = stack.pop()
+    if done: order.append(n); continue
+    if n.id in seen: continue
+    seen.add(n.id)
+    stack.append((n, True))
+    kids = n.src[1:] if not enter_calls and n.op in (Ops.CALL, Ops.FUNCTION) else n.src
+    stack.extend((s, False) for s in reversed(kids) if s.id not in seen)
+  return order
+
+def _argstr(n: Node) -> str:
+  a = n.arg
+  if a is None: return ""
+  if n.op is Ops.BUFFER: return f"[uid={a.uid},{a.size},{a.device}]"
+  if n.op is Ops.PARAM: return f"[slot={a.slot},{a.device}" + (f",{a.name}" if a.name else "") + "]"
+  if n.op is Ops.CONST: return f"[{a[0]!r}" + (f",{a[1]}" if a[1] else "") + "]"
+  if n.op is Ops.CALL or n.op is Ops.FUNCTION: return f"[{a.name or ''}{',precompile' if a.precompile else ''}]"
+  if n.op is Ops.REDUCE: return f"[{a[0].name},{a[1]}]"
+  return f"[{a}]"
+
+def render(root: Node | list[Node], enter_calls: bool = True) -> str:
+  """A readable listing: `%i = OP[arg](%srcs) : dtype shape dev`, children first."""
+  roots = root if isinstance(root, (list, tuple)) else [root]
+  names: dict[int, str] = {}
+  lines = []
+  for n in toposort(roots, enter_calls):
+    names[n.id] = f"%{len(names)}"
+    srcs = ",".join(names.get(s.id, "<body>") for s in n.src)
+    info = f" : {n.dtype.name}" + (f" {n.shape}" if n.shape is not None else "") + (f" {n.device}" if n.device else "")
+    lines.append(f"{names[n.id]:>5} = {n.op.name}{_argstr(n)}({srcs}){info}")
+  return "\n".join(lines)
+
+def substitute(roots: list[Node], mapping: dict[Node, Node]) -> list[Node]:
+  """Rebuild `roots` with every key of `mapping` replaced by its value (values are final and not traversed).
+  CALL/FUNCTION bodies are never entered: their PARAMs are scoped to the call."""
+  if not mapping: return list(roots)
+  new: dict[int, Node] = {}
+  for n in toposort(roots, enter_calls=False):
+    if n in mapping: new[n.id] = mapping[n]; continue
+    body = n.op in (Ops.CALL, Ops.FUNCTION)
+    srcs = tuple(s if body and i == 0 else new[s.id] for i, s in enumerate(n.src))
+    new[n.id] = n if srcs == n.src else Node(n.op, n.dtype, srcs, n.arg)
+  return [new[r.id] for r in roots]
+
