@@ -1,0 +1,106 @@
+"""The callify driver: encode -> saturate -> extract -> decode -> number PARAMs -> buffer_map -> CallifyResult.
+
+E-class identity replaces tinygrad's tags: each realize point (an original node) names the e-class of its realized
+form, so after extraction its storage is read straight off the chosen term."""
+from __future__ import annotations
+import time
+from dataclasses import dataclass
+from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute
+from egraph.dtypes import dtypes
+from egraph.errors import CallsatError, EngineError
+from egraph.encode import encode
+from egraph.schedule import Runner, Limits, Schedule, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
+from egraph.cost import CostModel, COST_PRESETS
+from egraph.extract import EGraphView, knuth, dag_cost, decode
+from egraph.report import CallifyReport
+
+@dataclass
+class CallifyResult:
+  call: Node                      # CALL(SINK(roots...), *args)
+  buffer_map: dict[Node, Node]    # original node -> storage view
+  report: CallifyReport
+
+def storage_view(n: Node) -> Node:
+  """The storage a realized term lives in: AFTERs stripped from the view chain, reshapes collapsed."""
+  chain = []
+  while n.op is not Ops.BUFFER and n.op is not Ops.PARAM:
+    if n.op is Ops.AFTER: n = n.src[0]; continue
+    if n.op not in GroupOp.Movement and n.op is not Ops.SLICE:
+      raise EngineError(f"extraction chose a non-storage form {n.op.name} for a realized value")
+    chain.append(n); n = n.src[0]
+  for m in reversed(chain):
+    if m.op is Ops.RESHAPE: n = n.src[0].reshape(m.arg) if n.op is Ops.RESHAPE else n.reshape(m.arg)
+    else: n = Node(m.op, m.dtype, (n,), m.arg)
+  return n
+
+def parameterize(body: Node) -> tuple[Node, list[Node]]:
+  """Replace global BUFFERs and whole SLICE(BUFFER)s by PARAM(slot) in first-visit pre-order (spec §4.4)."""
+  args, slots, seen, stack = [], {}, set(), [body]
+  while stack:
+    n = stack.pop()
+    if n.id in seen: continue
+    seen.add(n.id)
+    if n.op is Ops.BUFFER or (n.op is Ops.SLICE and n.src[0].op is Ops.BUFFER):
+      slots[n] = Node(Ops.PARAM, n.dtype, (), ParamArg(len(args), n.shape, n.device)); args.append(n); continue
+    stack.extend(reversed(n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))
+  return substitute([body], slots)[0], args
+
+def _nodes(xs) -> list[Node]:
+  out = []
+  for x in xs:
+    n = getattr(x, "node", x)
+    if not isinstance(n, Node): raise CallsatError(f"callify takes Tensors or Nodes, got {type(x).__name__}")
+    if n.op is Ops.SINK: out.extend(n.src)
+    else: out.append(n)
+  return out
+
+def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
+            limits: str | Limits | None = None) -> CallifyResult:
+  """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed."""
+  t0 = time.perf_counter()
+  model: CostModel = resolve(cost, COST_PRESETS, "cost model")
+  sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
+  lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
+  roots = _nodes(tensors)
+  enc = encode(roots)
+  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(toposort(roots, enter_calls=False)),
+                         realize_points=len(enc.keys))
+  report.seconds["encode"] = time.perf_counter() - t0
+  if not enc.keys:
+    return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)
+  runner = Runner(sched)
+  runner.load(enc.rows)
+  runner.materialize()
+  runner.optimize(lim)
+  st = runner.stats
+  report.iterations, report.matches, report.stop_reason = st.iterations, dict(st.matches), st.stop_reason
+  report.seconds.update(st.seconds)
+
+  t1 = time.perf_counter()
+  g = EGraphView(runner.freeze(), runner.egraph, enc)
+  costs = g.local_costs(model)
+  root_classes = [g.class_of_id[enc.key_ids[k.id]] for k in enc.keys]
+  _, choice = knuth(g, costs)
+  _, base_choice = knuth(g, costs, g.baseline_allowed())
+  report.e_nodes, report.e_classes = g.n_enodes, g.n_classes
+  report.cost, report.baseline_cost = dag_cost(g, costs, choice, root_classes), dag_cost(g, costs, base_choice, root_classes)
+  terms = decode(g, choice, root_classes)
+  report.seconds["extract"] = time.perf_counter() - t1
+
+  t2 = time.perf_counter()
+  realized = [terms[c] for c in root_classes]
+  buffer_map = {k: storage_view(t) for k, t in zip(enc.keys, realized)}
+  assigns = [n for n in toposort(realized, enter_calls=False) if n.op is Ops.AFTER]
+  body, args = parameterize(Node(Ops.SINK, dtypes.void, tuple(assigns)))
+  call = Node(Ops.CALL, dtypes.void, (body, *args), CallInfo())
+  report.stores = sum(1 for n in toposort([body], enter_calls=False) if n.op is Ops.STORE)
+  report.buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in enc.fresh_buffers)
+  report.views = sum(1 for t in realized if t.op is not Ops.AFTER and any(m.op is Ops.SLICE for m in _chain(t)))
+  report.seconds["decode"] = time.perf_counter() - t2
+  return CallifyResult(call, buffer_map, report)
+
+def _chain(n: Node):
+  while True:
+    yield n
+    if not n.src or (n.op not in GroupOp.Movement and n.op is not Ops.SLICE): return
+    n = n.src[0]

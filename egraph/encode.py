@@ -1,0 +1,148 @@
+"""Node graph -> egglog rows, in bulk. This is where callify's pass 1 lives: realize points are found, wrapped in
+CONTIGUOUS, and given a fresh buffer view; contiguity facts are computed once here so the rules stay local.
+
+Every inserted node gets an integer id; the handle `(N id)` names its e-class. Rows go to TSV files read with egglog's
+`input` command and lifted into terms by the `load` rules in one iteration, whatever the depth of the graph."""
+from __future__ import annotations
+import math
+from dataclasses import dataclass, field
+from egraph.ir import Node, Ops, GroupOp, toposort, empty_view, HOST_DEVICES
+from egraph.dtypes import dtypes
+from egraph.errors import UnsupportedOpError
+from egraph.view import contiguous_range
+
+COMPUTED_TARGET = "computed-target"  # arg marker of an AFTER whose target is not storage (it is never extracted)
+_VARIADIC = (Ops.CALL, Ops.FUNCTION, Ops.SINK, Ops.TUPLE)
+
+def is_host(device) -> bool: return isinstance(device, str) and device.startswith(HOST_DEVICES)
+
+def assigns_into_computed(n: Node) -> bool:
+  """An AFTER whose written target is not a buffer view: callify gives it a fresh buffer (spec rule 8)."""
+  t = n
+  while t.op in (Ops.AFTER, Ops.BITCAST, Ops.MULTI): t = t.src[0].base
+  return t.op not in GroupOp.Storage
+
+def realize_points(roots: list[Node], topo: list[Node]) -> list[Node]:
+  """Original nodes that get storage (spec §4.1): bases of the roots, every CONTIGUOUS and AFTER, host COPYs."""
+  keys: dict[int, Node] = {}
+  for r in roots:
+    b = r.base
+    if b.device is not None and not b.has_buffer_identity() and b.op is not Ops.AFTER and b.shape is not None: keys[b.id] = b
+  for n in topo:
+    if n.device is None: continue
+    if n.op in (Ops.CONTIGUOUS, Ops.AFTER) or (n.op is Ops.COPY and is_host(n.src[0].device)): keys[n.id] = n
+  return list(keys.values())
+
+@dataclass
+class Encoding:
+  """The inserted graph: ids, the arg intern table, the rows, and the realize points with their e-class ids."""
+  roots: list[Node]
+  nodes: list[Node] = field(default_factory=list)            # id -> Node (originals and nodes minted here)
+  ids: dict[int, int] = field(default_factory=dict)          # Node.id -> id
+  args: list[tuple] = field(default_factory=lambda: [(None, None)])   # arg id -> (dtype, arg); 0 = "derive"
+  arg_ids: dict = field(default_factory=dict)
+  rows: dict[str, list[tuple]] = field(default_factory=dict)
+  keys: list[Node] = field(default_factory=list)             # realize points (original nodes), in graph order
+  key_ids: dict[int, int] = field(default_factory=dict)      # Node.id of a key -> id of its realized e-class
+  fresh: dict[int, int] = field(default_factory=dict)        # realize id -> fresh storage view id
+  fresh_buffers: set[int] = field(default_factory=set)       # BufferArg uids minted here
+  original: dict[int, tuple] = field(default_factory=dict)   # id -> (op, arg id, child ids) of the original e-node
+  nil: int = -1
+
+  def arg_id(self, dtype, arg) -> int:
+    k = (dtype, arg)
+    if (i := self.arg_ids.get(k)) is None: i = self.arg_ids[k] = len(self.args); self.args.append(k)
+    return i
+
+  def row(self, rel: str, *vals) -> None: self.rows.setdefault(rel, []).append(vals)
+
+  def new_id(self, n: Node | None) -> int:
+    i = len(self.nodes); self.nodes.append(n)
+    if n is not None: self.ids[n.id] = i
+    return i
+
+  def emit(self, n: Node, child_ids: list[int], arg_id: int | None = None, original: bool = True) -> int:
+    """One row for node n with the given child ids; returns its id."""
+    i = self.new_id(n)
+    a = self.arg_id(n.dtype, (n.arg, n.src[0]) if n.op in (Ops.CALL, Ops.FUNCTION) else n.arg) if arg_id is None else arg_id
+    op = n.op.name
+    if n.op in _VARIADIC or (n.op is Ops.AFTER and len(child_ids) != 2) or len(child_ids) > 3:
+      self.row("var_row", i, op, a, self.cons(child_ids))
+    else: self.row(("leaf_row", "un_row", "bin_row", "ter_row")[len(child_ids)], i, op, a, *child_ids)
+    if original: self.original[i] = (op, a, tuple(child_ids))
+    if n.has_buffer_identity(): self.row("storage_row", i)
+    return i
+
+  def cons(self, ids: list[int]) -> int:
+    if self.nil < 0: self.nil = self.new_id(None); self.row("nil_row", self.nil)
+    tail = self.nil
+    for h in reversed(ids):
+      c = self.new_id(None); self.row("cons_row", c, h, tail); tail = c
+    return tail
+
+  def emit_tree(self, n: Node, original: bool = True) -> int:
+    """Emit n and whichever of its children are not inserted yet (for nodes minted here: views, fresh buffers).
+    Alternatives found by analysis (views) are not `original`: the all-materialized baseline may not use them."""
+    for m in toposort([n], enter_calls=False):
+      if m.id not in self.ids:
+        self.emit(m, [self.ids[s.id] for s in (m.src[1:] if m.op in (Ops.CALL, Ops.FUNCTION) else m.src)], original=original)
+    return self.ids[n.id]
+
+  def mint_fresh(self, realize_id: int, n: Node) -> None:
+    f = empty_view(n.shape, n.dtype, n.device)
+    self.fresh_buffers.add(f.base.arg.uid)
+    self.fresh[realize_id] = self.emit_tree(f)
+    self.row("fresh_row", realize_id, self.fresh[realize_id])
+
+def encode(roots: list[Node]) -> Encoding:
+  """Insert the graph under `roots`: consumers of a realize point see CONTIGUOUS(point), as tinygrad's rule 6 does."""
+  enc = Encoding(list(roots))
+  topo = toposort(roots, enter_calls=False)
+  enc.keys = realize_points(roots, topo)
+  is_key = {k.id for k in enc.keys}
+  wrapped: dict[int, int] = {}   # Node.id -> id that consumers reference
+  contigs: list[tuple[int, Node]] = []
+  for n in topo:
+    if n.op in (Ops.MULTI, Ops.BIND, Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE):
+      raise UnsupportedOpError(f"callify: {n.op.name} is not supported yet (it comes with the seed-coverage issue)")
+    if n.op is Ops.COPY and (is_host(n.device) and n.device.startswith("DISK")):
+      raise UnsupportedOpError(f"callify: COPY to {n.device} is not supported yet")
+    if n.id in enc.ids: wrapped.setdefault(n.id, enc.ids[n.id]); continue   # already inserted as a wrapper
+    if n.op is Ops.CONTIGUOUS and n.device is None:          # nothing to allocate on: a no-op on values
+      wrapped[n.id] = wrapped[n.src[0].id]; enc.ids[n.id] = wrapped[n.id]; continue
+    kids = n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src
+    child_ids = [enc.ids[s.id] if n.op is Ops.CONTIGUOUS and s.contiguous() is n else wrapped[s.id] for s in kids]
+    computed = n.op is Ops.AFTER and assigns_into_computed(n)
+    if computed and not (len(n.src) == 2 and n.src[1].op is Ops.STORE):
+      raise UnsupportedOpError(f"callify: AFTER into a computed {n.src[0].op.name} must have exactly one STORE dependency")
+    i = enc.emit(n, child_ids, enc.arg_id(n.dtype, COMPUTED_TARGET) if computed else None)
+    if computed: enc.mint_fresh(i, n)
+    if n.op is Ops.CONTIGUOUS: contigs.append((i, n))
+    wrapped[n.id] = i
+    if n.id in is_key and n.op not in (Ops.CONTIGUOUS, Ops.AFTER):
+      w = n.contiguous()
+      if w.id in enc.ids: wrapped[n.id] = enc.ids[w.id]
+      else: wrapped[n.id] = enc.emit(w, [i]); contigs.append((wrapped[n.id], w))
+  for k in enc.keys: enc.key_ids[k.id] = wrapped[k.id]
+  for i, c in contigs: _contiguous_facts(enc, i, c)
+  return enc
+
+def _contiguous_facts(enc: Encoding, i: int, c: Node) -> None:
+  """Fresh buffer, zero-size and view facts for one CONTIGUOUS e-node."""
+  x = c.src[0]
+  if x.has_buffer_identity(): return          # contiguous_of_storage covers it; no fresh buffer to mint
+  enc.mint_fresh(i, c)
+  if c.numel == 0: enc.row("zero_row", i); return
+  b = x.base
+  if b is x or b.device is None or isinstance(b.device, tuple): return
+  if b.op in GroupOp.Storage: stor = b
+  elif b.op is Ops.CONTIGUOUS or (b.op is Ops.AFTER and b.src[0].has_buffer_identity()): stor = b
+  elif b.id in enc.key_ids: stor = b.contiguous()     # its realized form (the wrapper consumers already read)
+  else: return
+  if (rng := contiguous_range(x, b)) is None: return
+  off, count = rng
+  if stor.op is Ops.SLICE and stor.dtype == stor.src[0].dtype: stor, off = stor.src[0], stor.arg[0] + off
+  src = stor.reshape((stor.numel,))
+  if src.op is Ops.RESHAPE and src.src[0].op is Ops.RESHAPE: src = src.src[0].src[0].reshape(src.shape)
+  view = Node(Ops.SLICE, c.dtype, (src,), (off, count)).reshape(c.shape)
+  enc.row("view_row", enc.ids[x.id], enc.emit_tree(view, original=False))

@@ -1,0 +1,126 @@
+"""Extraction in Python over `EGraph.freeze()`: a bottom-up Knuth/Dijkstra pass picks one e-node per e-class by tree
+cost (exact, Python ints, cycles are fine), then the chosen DAG is costed with every shared e-node counted once.
+egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is not used."""
+from __future__ import annotations
+import heapq
+from egraph.ir import Node, Ops, CallInfo
+from egraph.dtypes import dtypes
+from egraph.encode import Encoding, COMPUTED_TARGET
+from egraph.cost import CostModel
+from egraph.errors import EngineError
+
+_CTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
+
+class EGraphView:
+  """The frozen e-graph as flat Python lists: e-nodes (class, op, arg id, child classes) and class facts."""
+  def __init__(self, frozen, egraph, enc: Encoding):
+    self.enc, cls, strs = enc, {}, {}
+    def c(v):
+      if (i := cls.get(v)) is None: i = cls[v] = len(cls)
+      return i
+    def s(v):
+      if (r := strs.get(v)) is None: r = strs[v] = egraph.value_to_string(v)
+      return r
+    i64 = egraph.value_to_i64
+    self.cls, self.op, self.arg, self.kids = [], [], [], []
+    fns = frozen.functions
+    for name in _CTORS:
+      if name not in fns: continue
+      for r in fns[name].rows:
+        if r.subsumed: continue
+        ins = r.inputs
+        self.cls.append(c(r.output))
+        if name in ("Cons", "Nil"): self.op.append(name); self.arg.append(0); self.kids.append(tuple(c(v) for v in ins))
+        else: self.op.append(s(ins[0])); self.arg.append(i64(ins[1])); self.kids.append(tuple(c(v) for v in ins[2:]))
+    self.class_of_id = {i64(r.inputs[0]): c(r.output) for r in fns["N"].rows}
+    self.n_classes = len(cls)
+    self.info: list[Node | None] = [None] * self.n_classes     # an IR node of each class (for shapes and dtypes)
+    for i, k in self.class_of_id.items():
+      if (n := enc.nodes[i]) is not None and self.info[k] is None: self.info[k] = n
+    self.fresh_class = {self.class_of_id[r]: self.class_of_id[f] for r, f in enc.fresh.items()}
+    self.fresh_classes = set(self.fresh_class.values())
+    self.parents: list[list[int]] = [[] for _ in range(self.n_classes)]
+    for e, ks in enumerate(self.kids):
+      for k in set(ks): self.parents[k].append(e)
+    self.forbidden_args = {a for (dt, arg), a in enc.arg_ids.items() if arg == COMPUTED_TARGET}
+
+  @property
+  def n_enodes(self) -> int: return len(self.op)
+
+  def local_costs(self, model: CostModel) -> list[int | None]:
+    out = []
+    fresh = self.enc.fresh_buffers
+    for e in range(self.n_enodes):
+      op = self.op[e]
+      if op == "CONTIGUOUS" or (op == "AFTER" and self.arg[e] in self.forbidden_args): out.append(None); continue
+      if op in ("Cons", "Nil"): out.append(0); continue
+      node = self.info[self.cls[e]]
+      target = self.info[self.kids[e][0]] if op == "STORE" else None
+      isfresh = op == "BUFFER" and self.enc.args[self.arg[e]][1].uid in fresh
+      out.append(model.enode_cost(op, node, target, isfresh))
+    return out
+
+  def baseline_allowed(self) -> list[bool]:
+    """E-nodes of the everything-materialized form: original e-nodes, and stores into each realize point's fresh buffer."""
+    orig = {(op, a, tuple(self.class_of_id[k] for k in kids)) for op, a, kids in self.enc.original.values()}
+    allowed = []
+    for e in range(self.n_enodes):
+      op, k = self.op[e], self.kids[e]
+      ok = (op, self.arg[e], k) in orig or op in ("Cons", "Nil")
+      if op == "AFTER" and self.arg[e] == 0: ok = self.fresh_class.get(self.cls[e]) == k[0]
+      if op == "STORE" and self.arg[e] == 0: ok = k[0] in self.fresh_classes
+      allowed.append(ok)
+    return allowed
+
+def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = None) -> tuple[list[int], list[int]]:
+  """Minimum tree cost per class (Knuth's generalisation of Dijkstra). Returns (best cost, chosen e-node) per class."""
+  INF = float("inf")
+  best, choice, done = [INF] * g.n_classes, [-1] * g.n_classes, [False] * g.n_classes
+  pending = [len(set(k)) for k in g.kids]
+  heap = [(costs[e], e) for e in range(g.n_enodes) if pending[e] == 0 and costs[e] is not None and (allowed is None or allowed[e])]
+  heapq.heapify(heap)
+  while heap:
+    c, e = heapq.heappop(heap)
+    k = g.cls[e]
+    if done[k]: continue
+    done[k], best[k], choice[k] = True, c, e
+    for p in g.parents[k]:
+      pending[p] -= 1
+      if pending[p] == 0 and costs[p] is not None and (allowed is None or allowed[p]) and not done[g.cls[p]]:
+        heapq.heappush(heap, (costs[p] + sum(best[x] for x in g.kids[p]), p))
+  return best, choice
+
+def dag_cost(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int]) -> int:
+  """Cost of the chosen DAG under `roots`: every class reached is paid once (sharing-aware)."""
+  seen, stack, total = set(), list(roots), 0
+  while stack:
+    k = stack.pop()
+    if k in seen: continue
+    seen.add(k)
+    e = choice[k]
+    if e < 0: raise EngineError(f"extraction: e-class {k} has no extractable e-node")
+    total += costs[e]
+    stack.extend(g.kids[e])
+  return total
+
+def decode(g: EGraphView, choice: list[int], roots: list[int]) -> dict[int, Node]:
+  """Chosen e-nodes -> IR Nodes, children first, without recursion. Cons lists become tuples of Nodes."""
+  out: dict[int, object] = {}
+  stack = [(r, False) for r in roots]
+  while stack:
+    k, ready = stack.pop()
+    if k in out: continue
+    e = choice[k]
+    if e < 0: raise EngineError(f"extraction: e-class {k} has no extractable e-node")
+    if not ready:
+      stack.append((k, True)); stack.extend((x, False) for x in g.kids[e] if x not in out); continue
+    op, kids = g.op[e], [out[x] for x in g.kids[e]]
+    if op == "Nil": out[k] = (); continue
+    if op == "Cons": out[k] = (kids[0], *kids[1]); continue
+    srcs = kids[0] if len(kids) == 1 and isinstance(kids[0], tuple) else tuple(kids)   # a V node's list
+    dtype, arg = g.enc.args[g.arg[e]]
+    o = Ops[op]
+    if o in (Ops.CALL, Ops.FUNCTION): arg, body = arg; srcs = (body, *srcs)
+    out[k] = Node(o, dtype if g.arg[e] else None, srcs, arg)
+  return out
+

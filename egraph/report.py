@@ -1,0 +1,35 @@
+"""The callify run report as plain data: printable and JSON-ready."""
+from __future__ import annotations
+from dataclasses import dataclass, field, asdict
+
+@dataclass
+class CallifyReport:
+  e_nodes: int = 0
+  e_classes: int = 0
+  iterations: int = 0
+  matches: dict[str, int] = field(default_factory=dict)
+  stop_reason: str = "saturated"
+  cost: int = 0
+  baseline_cost: int = 0
+  cost_model: str = "bytes"
+  schedule: str = "saturate"
+  graph_nodes: int = 0
+  realize_points: int = 0
+  buffers: int = 0          # fresh buffers in the CALL
+  stores: int = 0
+  views: int = 0            # realize points served by a zero-copy view
+  seconds: dict[str, float] = field(default_factory=dict)
+
+  def to_dict(self) -> dict: return asdict(self)
+
+  def __str__(self) -> str:
+    saved = 1 - self.cost / self.baseline_cost if self.baseline_cost else 0.0
+    rules = ", ".join(f"{k}={v}" for k, v in sorted(self.matches.items(), key=lambda kv: -kv[1])) or "none"
+    times = " ".join(f"{k}={v*1e3:.1f}ms" for k, v in self.seconds.items())
+    return "\n".join([
+      f"callify: {self.graph_nodes} graph nodes, {self.realize_points} realize points",
+      f"  e-graph   {self.e_nodes} e-nodes, {self.e_classes} e-classes, {self.iterations} iterations, stop: {self.stop_reason}",
+      f"  rules     {rules}",
+      f"  cost      {self.cost} ({self.cost_model}) vs {self.baseline_cost} all-materialized baseline ({saved:.0%} saved)",
+      f"  CALL      {self.buffers} fresh buffers, {self.stores} stores, {self.views} zero-copy views",
+      f"  time      {times} total={sum(self.seconds.values())*1e3:.1f}ms"])

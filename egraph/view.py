@@ -1,0 +1,62 @@
+"""Strided views: is a movement chain over storage one contiguous element range? (spec §2 contiguous_view_offset)"""
+from __future__ import annotations
+import math
+from egraph.ir import Node, Ops, GroupOp
+
+def _strides(shape): 
+  out, acc = [], 1
+  for s in reversed(shape): out.append(acc); acc *= s
+  return tuple(reversed(out))
+
+def _reshape(shape, strides, new):
+  """numpy's no-copy reshape: the strides for `new`, or None if the view would need a copy."""
+  if math.prod(shape) == 0: return _strides(new)
+  old = [(s, st) for s, st in zip(shape, strides) if s != 1]
+  out, i = [], 0
+  for ns in new:
+    if ns == 1: out.append(None); continue
+    if i >= len(old): return None
+    # take old dims until their product reaches ns; they must be mergeable (row-major adjacent)
+    prod, j = old[i][0], i
+    while prod < ns and j + 1 < len(old):
+      if old[j][1] != old[j+1][1] * old[j+1][0]: return None
+      j += 1; prod *= old[j][0]
+    if prod == ns: out.append(old[j][1]); i = j + 1; continue
+    if prod > ns and j == i and prod % ns == 0:  # split one old dim
+      sub = prod // ns
+      out.append(old[i][1] * sub); old[i] = (sub, old[i][1]); continue
+    return None
+  if i != len(old): return None
+  return tuple(0 if st is None else st for st in out)
+
+def contiguous_range(x: Node, base: Node) -> tuple[int, int] | None:
+  """(offset, numel) in elements if `x`, a movement chain over `base` (read row-major), is one contiguous range."""
+  chain = []
+  n = x
+  while n is not base:
+    if n.op not in GroupOp.Movement and n.op is not Ops.DETACH: return None
+    chain.append(n); n = n.src[0]
+  shape, strides, off = base.shape, _strides(base.shape), 0
+  for m in reversed(chain):
+    if m.op is Ops.DETACH: continue
+    if m.op is Ops.RESHAPE:
+      if (st := _reshape(shape, strides, m.arg)) is None: return None
+      shape, strides = m.arg, st
+    elif m.op is Ops.SHRINK:
+      off += sum(s * st for (s, _), st in zip(m.arg, strides)); shape = m.shape
+    elif m.op is Ops.PERMUTE:
+      shape, strides = tuple(shape[i] for i in m.arg), tuple(strides[i] for i in m.arg)
+    elif m.op is Ops.FLIP:
+      off += sum((s - 1) * st for s, st, f in zip(shape, strides, m.arg) if f and s > 0)
+      strides = tuple(-st if f else st for st, f in zip(strides, m.arg))
+    elif m.op is Ops.EXPAND:
+      strides = tuple(0 if a != s else st for s, a, st in zip(shape, m.arg, strides)); shape = m.arg
+    else: return None  # PAD reads values that are not in storage
+  numel = math.prod(shape)
+  if numel == 0: return (0, 0)
+  want = 1
+  for s, st in reversed(list(zip(shape, strides))):
+    if s == 1: continue
+    if st != want: return None
+    want *= s
+  return (off, numel)

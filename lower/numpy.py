@@ -1,0 +1,198 @@
+"""The numpy reference executor: evaluates any IR graph (and any CALL) with numpy. It is the oracle the rest is tested against.
+
+Evaluation is iterative (graphs can be 100k deep) with one memo per graph, children first. Storage nodes evaluate to numpy *views*
+of the storage arrays, so writes (STORE) are seen by every later read of the same storage.
+Integer semantics follow C / tinygrad's python backend: arithmetic wraps in the node dtype, IDIV truncates toward zero, MOD has
+the sign of the dividend, and division by zero is defined: `x // 0 == 0`, `x % 0 == x` (tinygrad's cdiv/cmod). Bool arithmetic is
+C's `(bool)(a op b)`: ADD=OR, SUB=XOR, MUL=AND, NEG=identity. EXP2/LOG2/SQRT/SIN/RECIPROCAL/FDIV need a float dtype.
+"""
+from __future__ import annotations
+from typing import Any, TYPE_CHECKING
+import numpy as np
+from egraph.dtypes import dtypes
+from egraph.errors import CallsatError, DTypeError, UnsupportedOpError
+from egraph.ir import Node, Ops, GroupOp
+from lower.runtime import UnallocatedBufferError
+if TYPE_CHECKING: from lower.runtime import Storage
+
+LATER = frozenset({Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.BIND, Ops.MULTI})
+# ops a STORE target may go through and still be a view of storage (EXPAND/PAD/compute are not)
+WRITABLE = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.AFTER, Ops.DETACH, Ops.SLICE})
+
+# ---------------------------------------------------------------------------------------------------------------------
+# elementwise
+
+def _const(n: Node) -> np.ndarray:
+  v, dt = n.arg[0], n.dtype
+  if dt.is_int(): return np.array(int(v) % (1 << 8*dt.itemsize), dtype=f"u{dt.itemsize}").view(dt.np)  # wrap like C
+  return np.array(v, dtype=dt.np)
+
+def _cdivmod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  zero = b == 0
+  bs = np.where(zero, np.ones_like(b), b)
+  r = np.fmod(a, bs)      # C remainder: sign of the dividend
+  q = (a - r) // bs       # exact, so floor == trunc; INT_MIN // -1 wraps
+  return np.where(zero, np.zeros_like(q), q), np.where(zero, a, r)
+
+_UNARY = {Ops.NEG: np.negative, Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SQRT: np.sqrt, Ops.RECIPROCAL: np.reciprocal, Ops.SIN: np.sin}
+_BINARY = {Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.FDIV: np.true_divide, Ops.MAX: np.maximum,
+           Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal,
+           Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor,
+           Ops.IDIV: lambda a, b: _cdivmod(a, b)[0], Ops.MOD: lambda a, b: _cdivmod(a, b)[1]}
+_FLOAT_ONLY = frozenset({Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV})
+_BOOL_VIA_INT = frozenset({Ops.NEG, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD})
+
+def _alu(n: Node, *xs: np.ndarray) -> np.ndarray:
+  op, dt = n.op, n.src[-1].dtype
+  if op is Ops.WHERE: return np.where(*xs)
+  if op in _FLOAT_ONLY and not dt.is_float(): raise DTypeError(f"{op.name}: needs a float dtype, got {dt.name}")
+  if op is Ops.TRUNC: return np.trunc(xs[0]) if dt.is_float() else xs[0].copy()
+  if dt == dtypes.bool and op in _BOOL_VIA_INT: return _alu(n, *(x.astype(np.uint8) for x in xs)) != 0
+  return (_UNARY[op] if op in GroupOp.Unary else _BINARY[op])(*xs)
+
+def _reduce(n: Node, x: np.ndarray) -> np.ndarray:
+  rop, axes = n.arg
+  axes, dt = tuple(axes), n.dtype
+  if dt == dtypes.bool: return (np.all if rop is Ops.MUL else np.any)(x, axis=axes, keepdims=True)
+  acc = np.float32 if dt == dtypes.float16 else dt.np   # half sums accumulate in float32
+  if rop is Ops.ADD: r = np.sum(x, axis=axes, keepdims=True, dtype=acc)
+  elif rop is Ops.MUL: r = np.prod(x, axis=axes, keepdims=True, dtype=acc)
+  else: r = np.max(x, axis=axes, keepdims=True, initial=-np.inf if dt.is_float() else np.iinfo(dt.np).min)
+  return np.asarray(r).astype(dt.np, copy=False)
+
+def _bitcast(n: Node, x: np.ndarray) -> np.ndarray:
+  c = np.array(x, copy=True, order="C")
+  return c.view(np.uint8) != 0 if n.dtype == dtypes.bool else c.view(n.dtype.np)
+
+def _slice(n: Node, src: np.ndarray) -> np.ndarray:
+  off, count = n.arg
+  isz, osz = src.dtype.itemsize, n.dtype.itemsize
+  if not src.flags.c_contiguous: src = np.ascontiguousarray(src)  # a read of computed data; a STORE through it is refused
+  return src.view(np.uint8)[off*isz:off*isz + count*osz].view(n.dtype.np)
+
+# the trailing Ellipsis keeps 0-d results arrays (x[()] would be a numpy scalar)
+def _shrink(n: Node, x: np.ndarray) -> np.ndarray: return x[tuple(slice(s, e) for s, e in n.arg) + (...,)]
+def _flip(n: Node, x: np.ndarray) -> np.ndarray: return x[tuple(slice(None, None, -1) if f else slice(None) for f in n.arg) + (...,)]
+
+_PURE: dict[Ops, Any] = {
+  Ops.CONST: _const, Ops.SLICE: _slice, Ops.REDUCE: _reduce, Ops.BITCAST: _bitcast,
+  Ops.CAST: lambda n, x: x.astype(n.dtype.np),
+  Ops.RESHAPE: lambda n, x: np.reshape(x, n.arg),
+  Ops.EXPAND: lambda n, x: np.broadcast_to(x, n.arg),
+  Ops.PAD: lambda n, x: np.pad(x, n.arg) if x.ndim else x.copy(),
+  Ops.SHRINK: _shrink,
+  Ops.PERMUTE: lambda n, x: np.transpose(x, n.arg),
+  Ops.FLIP: _flip,
+  Ops.CONTIGUOUS: lambda n, x: np.array(x, copy=True, order="C"),
+  Ops.COPY: lambda n, x: np.array(x, copy=True, order="C"),
+  Ops.CONTIGUOUS_BACKWARD: lambda n, x: x, Ops.DETACH: lambda n, x: x,
+  **{op: _alu for op in GroupOp.ALU},
+}
+
+# ---------------------------------------------------------------------------------------------------------------------
+# storage and effects
+
+def _schedule(roots: list[Node]) -> list[Node]:
+  """ir.toposort(enter_calls=False), except that an AFTER visits its deps before `x`: a computed `x` then sees their writes."""
+  order, seen, stack = [], set(), [(r, False) for r in reversed(roots)]
+  while stack:
+    n, done = stack.pop()
+    if done: order.append(n); continue
+    if n.id in seen: continue
+    seen.add(n.id)
+    stack.append((n, True))
+    kids = n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src[1:] + n.src[:1] if n.op is Ops.AFTER else n.src
+    stack.extend((s, False) for s in reversed(kids) if s.id not in seen)
+  return order
+
+def _target_base(n: Node) -> Node:
+  while n.op in GroupOp.Movement or n.op in WRITABLE: n = n.src[0]
+  return n
+
+def _plan(roots: list[Node], cache: dict) -> tuple[list[Node], set[Node]]:
+  """(evaluation order, BUFFER/PARAM nodes some STORE writes, directly or inside a CALL); refuses unsupported ops up front,
+  so a graph that cannot run has no partial effects."""
+  key = tuple(r.id for r in roots)
+  if key in cache: return cache[key]
+  order, written = _schedule(roots), set()
+  for n in order:
+    if n.op in LATER or (n.op is Ops.PARAM and n.arg.slot < 0):
+      raise UnsupportedOpError(f"numpy executor: {n.op.name} is not supported yet (a later issue adds it)")
+    if n.op is Ops.STORE: written.add(_target_base(n.src[0]))
+    elif n.op is Ops.CALL:
+      for b in _plan([n.src[0]], cache)[1]:
+        if b.op is Ops.PARAM and b.arg.slot + 1 < len(n.src): written.add(_target_base(n.src[1 + b.arg.slot]))
+        elif b.op is Ops.BUFFER: written.add(b)
+  cache[key] = (order, written)
+  return order, written
+
+def _buffer(n: Node, storage: Storage, allocate: bool) -> np.ndarray:
+  a = storage.get(n.arg.uid)
+  if a is None:
+    if not allocate:
+      raise UnallocatedBufferError(f"BUFFER uid={n.arg.uid} ({n.arg.size} x {n.dtype.name} on {n.arg.device}) is read but was never "
+                                   "allocated or written")
+    a = storage.allocate(n)
+  if a.shape != (n.arg.size,) or a.dtype != n.dtype.np:
+    raise CallsatError(f"BUFFER uid={n.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {n.dtype.name}({n.arg.size},)")
+  return a
+
+def _param(n: Node, params: list[np.ndarray] | None) -> np.ndarray:
+  slot = n.arg.slot
+  if params is None or slot >= len(params): raise CallsatError(f"PARAM slot={slot}: no such argument ({0 if params is None else len(params)} given)")
+  a = params[slot]
+  if not isinstance(a, np.ndarray) or a.shape != n.shape or a.dtype != n.dtype.np:
+    got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+    raise CallsatError(f"PARAM slot={slot}: argument is {got}, the PARAM says {n.dtype.name}{n.shape}")
+  return a
+
+def _store(n: Node, memo: dict[int, Any]) -> None:
+  tgt, val = memo[n.src[0].id], memo[n.src[1].id]
+  chain, b = [], n.src[0]
+  while b.op not in (Ops.BUFFER, Ops.PARAM):
+    if b.op not in WRITABLE: raise CallsatError(f"STORE: the target goes through {b.op.name} {b.shape}, which is not a writable view of storage")
+    chain.append(b); b = b.src[0]
+  if tgt.size == 0: return
+  base = memo[b.id]
+  for c in reversed(chain):
+    if not np.may_share_memory(memo[c.id], base):
+      raise CallsatError(f"STORE: {c.op.name} {c.src[0].shape} -> {c.shape} copies (its source is not contiguous), so the target is not "
+                         "a view of storage")
+  tgt[...] = val.copy() if np.may_share_memory(tgt, val) else val
+
+def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, cache: dict) -> list[Any]:
+  order, written = _plan(roots, cache)
+  memo: dict[int, Any] = {}
+  for n in order:
+    op = n.op
+    if op is Ops.BUFFER: v = _buffer(n, storage, n in written)
+    elif op is Ops.PARAM: v = _param(n, params)
+    elif op is Ops.AFTER: v = memo[n.src[0].id]
+    elif op is Ops.STORE: v = _store(n, memo)
+    elif op is Ops.SINK: v = None
+    elif op is Ops.CALL:
+      args = [memo[s.id] for s in n.src[1:]]
+      if any(a is None for a in args): raise CallsatError(f"CALL: argument {[a is None for a in args].index(True)} has no value")
+      _run([n.src[0]], storage, args, cache)
+      v = None
+    elif (f := _PURE.get(op)) is not None:
+      v = np.asarray(f(n, *(memo[s.id] for s in n.src)))
+      if v.shape != n.shape or v.dtype != n.dtype.np:
+        raise CallsatError(f"numpy executor: {op.name} gave {v.dtype}{v.shape}, the node says {n.dtype.name}{n.shape}")
+    else: raise UnsupportedOpError(f"numpy executor: unknown op {op}")
+    memo[n.id] = v
+  return [memo[r.id] for r in roots]
+
+# ---------------------------------------------------------------------------------------------------------------------
+# entry points
+
+def evaluate(roots: list[Node], storage: Storage, params: list[np.ndarray] | None = None) -> list[np.ndarray]:
+  """Values of `roots` (None for SINK/STORE/CALL), running every STORE and CALL on the way. Storage values are views: they change
+  with later writes; copy them to keep them. STORE targets that storage lacks are allocated (zeros); other unallocated reads raise."""
+  with np.errstate(all="ignore"): return _run(list(roots), storage, params, {})
+
+def eval_node(node: Node, storage: Storage | None = None) -> np.ndarray | None:
+  """The value of one node as a standalone copy (storage defaults to runtime.STORAGE)."""
+  if storage is None: from lower.runtime import STORAGE as storage
+  v = evaluate([node], storage)[0]
+  return None if v is None else np.array(v, copy=True)

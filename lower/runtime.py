@@ -1,0 +1,90 @@
+"""Runtime: numpy-backed storage for BUFFERs, host buffers, and execution of CALLs.
+
+Every device is backed by host numpy arrays for now and executes through lower.numpy; CUDA and DISK: come in later issues.
+"""
+from __future__ import annotations
+from typing import Iterator
+import numpy as np
+from egraph.dtypes import DType, dtypes
+from egraph.errors import CallsatError, DeviceError, ShapeError, UnsupportedOpError
+from egraph.ir import Node, Ops, new_buffer, toposort
+
+class UnallocatedBufferError(CallsatError, LookupError):
+  """A BUFFER is read but storage never allocated it."""
+
+def _uid(x: int | Node) -> int: return x.arg.uid if isinstance(x, Node) else x
+
+class Storage:
+  """uid -> 1-D numpy array holding a BUFFER's elements. Keys may be given as uids or BUFFER nodes."""
+  def __init__(self): self._bufs: dict[int, np.ndarray] = {}
+  def __contains__(self, x: int | Node) -> bool: return _uid(x) in self._bufs
+  def __len__(self) -> int: return len(self._bufs)
+  def __iter__(self) -> Iterator[int]: return iter(self._bufs)
+  def __getitem__(self, x: int | Node) -> np.ndarray:
+    if (a := self._bufs.get(_uid(x))) is None: raise UnallocatedBufferError(f"BUFFER uid={_uid(x)} is not allocated")
+    return a
+  def get(self, x: int | Node, default=None) -> np.ndarray | None: return self._bufs.get(_uid(x), default)
+
+  def allocate(self, buf: Node) -> np.ndarray:
+    """The array of `buf`, zero-filled on first use."""
+    if buf.op is not Ops.BUFFER: raise CallsatError(f"allocate: expected a BUFFER, got {buf.op.name}")
+    if (a := self._bufs.get(buf.arg.uid)) is None: a = self._bufs[buf.arg.uid] = np.zeros(buf.arg.size, dtype=buf.dtype.np)
+    return a
+
+  def set_data(self, buf: Node, data) -> np.ndarray:
+    """Write `data` (any shape, buf.arg.size elements) into `buf`; in place if allocated, so existing views see it."""
+    a = np.asarray(data).astype(buf.dtype.np, copy=False).reshape(-1)
+    if a.size != buf.arg.size: raise ShapeError(f"set_data: {a.size} elements for BUFFER uid={buf.arg.uid} of size {buf.arg.size}")
+    dst = self.allocate(buf)
+    dst[...] = a
+    return dst
+
+  def free(self, x: int | Node) -> None: self._bufs.pop(_uid(x), None)
+  @property
+  def nbytes(self) -> int: return sum(a.nbytes for a in self._bufs.values())
+  def __repr__(self): return f"<Storage {len(self)} buffers, {self.nbytes} bytes>"
+
+STORAGE = Storage()
+
+def host_buffer(array, dtype: DType | str | None = None, storage: Storage = STORAGE) -> Node:
+  """A new 1-D BUFFER on "NPY" holding a flattened copy of `array` (converted to `dtype`, default: array's dtype)."""
+  a = np.asarray(array)
+  dt = dtypes.from_numpy(a.dtype) if dtype is None else dtypes.from_any(dtype)
+  buf = new_buffer(a.size, dt, "NPY")
+  storage.set_data(buf, a)
+  return buf
+
+RUNNABLE = ("CPU", "PYTHON", "NPY")
+
+def check_device(d) -> None:
+  """Raise DeviceError unless `d` (a canonical device, a tuple of them, or None) runs here."""
+  if d is None: return
+  if isinstance(d, tuple):
+    for x in d: check_device(x)
+    return
+  if d.partition(":")[0] not in RUNNABLE:
+    raise DeviceError(f"device {d!r} cannot execute yet: only {', '.join(RUNNABLE)} (CPU:n) run; CUDA and DISK: come in a later issue")
+
+def run_call(call: Node, storage: Storage = STORAGE) -> None:
+  """Execute a CALL from callify: its SINK body runs with PARAM(slot=i) bound to `call.src[1+i]` (BUFFER or SLICE(BUFFER)).
+  Output buffers are allocated on demand."""
+  if call.op is not Ops.CALL: raise CallsatError(f"run_call: expected a CALL, got {call.op.name}")
+  if call.src[0].op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {call.src[0].op.name}")
+  for i, a in enumerate(call.src[1:]):
+    if a.op is Ops.BIND: raise UnsupportedOpError("run_call: BIND arguments (symbolic shapes) are not supported yet")
+    if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER)):
+      raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
+  for n in toposort([call]):
+    check_device(n.device)
+    if n.op is Ops.PARAM: check_device(n.arg.device)
+  from lower.numpy import evaluate
+  evaluate([call], storage)
+
+def read(node: Node, storage: Storage = STORAGE) -> np.ndarray:
+  """A standalone copy of the values of a pure graph over realized storage (e.g. RESHAPE(BUFFER)). Graphs with effects
+  (STORE/CALL) are refused: reading must not write; run the CALL first."""
+  for n in toposort([node], enter_calls=False):
+    if n.op in (Ops.STORE, Ops.CALL): raise CallsatError(f"read: the graph contains {n.op.name}; run it (run_call) and read the buffer instead")
+  if node.shape is None: raise CallsatError(f"read: {node.op.name} has no value")
+  from lower.numpy import evaluate
+  return np.array(evaluate([node], storage)[0], copy=True, order="C")
