@@ -2,3 +2,12 @@
 from egraph.errors import CallsatError, ShapeError, DTypeError, DeviceError, UnsupportedOpError, LimitError, EngineError
 from egraph.dtypes import dtypes, DType
 from egraph.ir import Node, Ops, GroupOp
+from egraph.schedule import Limits, Schedule
+from egraph.cost import CostModel
+from egraph.report import CallifyReport
+from egraph.callify import callify, CallifyResult
+from egraph.tensor import Tensor
+
+__all__ = ["CallsatError", "ShapeError", "DTypeError", "DeviceError", "UnsupportedOpError", "LimitError", "EngineError",
+           "dtypes", "DType", "Node", "Ops", "GroupOp", "Limits", "Schedule", "CostModel", "CallifyReport", "callify",
+           "CallifyResult", "Tensor"]

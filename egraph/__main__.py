@@ -1,0 +1,2 @@
+from egraph.cli import main
+raise SystemExit(main())
