@@ -37,8 +37,9 @@ class EGraphView:
     self.info: list[Node | None] = [None] * self.n_classes     # an IR node of each class (for shapes and dtypes)
     for i, k in self.class_of_id.items():
       if (n := enc.nodes[i]) is not None and self.info[k] is None: self.info[k] = n
-    self.fresh_class = {self.class_of_id[r]: self.class_of_id[f] for r, f in enc.fresh.items()}
-    self.fresh_classes = set(self.fresh_class.values())
+    self.fresh_class: dict[int, set[int]] = {}     # realize class -> its fresh storage classes (several after merges)
+    for r, f in enc.fresh.items(): self.fresh_class.setdefault(self.class_of_id[r], set()).add(self.class_of_id[f])
+    self.fresh_classes = set().union(*self.fresh_class.values())
     self.parents: list[list[int]] = [[] for _ in range(self.n_classes)]
     for e, ks in enumerate(self.kids):
       for k in set(ks): self.parents[k].append(e)
@@ -67,7 +68,7 @@ class EGraphView:
     for e in range(self.n_enodes):
       op, k = self.op[e], self.kids[e]
       ok = (op, self.arg[e], k) in orig or op in ("Cons", "Nil")
-      if op == "AFTER" and self.arg[e] == 0: ok = self.fresh_class.get(self.cls[e]) == k[0]
+      if op == "AFTER" and self.arg[e] == 0: ok = k[0] in self.fresh_class.get(self.cls[e], ())
       if op == "STORE" and self.arg[e] == 0: ok = k[0] in self.fresh_classes
       allowed.append(ok)
     return allowed
