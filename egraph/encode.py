@@ -67,7 +67,8 @@ class Encoding:
     a = self.arg_id(n.dtype, (n.arg, n.src[0]) if n.op in (Ops.CALL, Ops.FUNCTION) else n.arg) if arg_id is None else arg_id
     op = n.op.name
     if n.op in _VARIADIC or (n.op is Ops.AFTER and len(child_ids) != 2) or len(child_ids) > 3:
-      self.row("var_row", i, op, a, self.cons(child_ids))
+      child_ids = [self.cons(child_ids)]
+      self.row("var_row", i, op, a, child_ids[0])
     else: self.row(("leaf_row", "un_row", "bin_row", "ter_row")[len(child_ids)], i, op, a, *child_ids)
     if original: self.original[i] = (op, a, tuple(child_ids))
     if n.has_buffer_identity(): self.row("storage_row", i)

@@ -40,6 +40,10 @@ class Storage:
     return dst
 
   def free(self, x: int | Node) -> None: self._bufs.pop(_uid(x), None)
+  def copy(self) -> "Storage":
+    """An independent copy (every array copied): run a CALL on it without touching this one."""
+    out = Storage(); out._bufs = {u: a.copy() for u, a in self._bufs.items()}
+    return out
   @property
   def nbytes(self) -> int: return sum(a.nbytes for a in self._bufs.values())
   def __repr__(self): return f"<Storage {len(self)} buffers, {self.nbytes} bytes>"

@@ -1,0 +1,56 @@
+"""Soundness of the rules, checked on the saturated e-graph itself: every e-node of an e-class must evaluate (numpy
+reference) to the same value as the class's extracted representative. A rule that unions unequal terms shows up
+as a class whose members disagree, named with the rules that ran."""
+from __future__ import annotations
+from dataclasses import dataclass
+import numpy as np
+from egraph.ir import Node, Ops, substitute, toposort
+from egraph.encode import encode, COMPUTED_TARGET
+from egraph.schedule import Runner, Schedule, Limits
+from egraph.extract import EGraphView, knuth, decode
+from egraph.cost import COST_PRESETS
+
+@dataclass
+class Violation:
+  rules: tuple[str, ...]    # the rules that fired in this run
+  enode: str                # the disagreeing member, rendered
+  expected: np.ndarray
+  got: np.ndarray
+  def __str__(self): return f"unsound union by one of {self.rules}: {self.enode}\n expected {self.expected}\n got {self.got}"
+
+def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = None, atol: float = 1e-5) -> tuple[list[Violation], dict[str, int]]:
+  """Saturate `roots` with the given optimize rules and compare every e-node with its class. Returns (violations, matches)."""
+  from lower.numpy import evaluate
+  enc = encode(roots)
+  if not enc.keys: return [], {}
+  runner = Runner(Schedule("check", rules=rules))
+  runner.load(enc.rows); runner.materialize(); runner.optimize(Limits(iterations=50))
+  g = EGraphView(runner.freeze(), runner.egraph, enc)
+  costs = g.local_costs(COST_PRESETS["bytes"])
+  _, choice = knuth(g, costs)
+  value_classes = [k for k in range(g.n_classes) if choice[k] >= 0 and g.info[k] is not None and g.info[k].dtype.itemsize]
+  terms = decode(g, choice, value_classes)
+  # a bare fresh buffer (or a view of one) has no value until something stores into it
+  def unwritten(t): 
+    ns = toposort([t], enter_calls=False)
+    return any(n.op is Ops.BUFFER and n.arg.uid in enc.fresh_buffers for n in ns) and not any(n.op is Ops.STORE for n in ns)
+  value_classes = [k for k in value_classes if not unwritten(terms[k])]
+  fired = tuple(sorted(runner.stats.matches))
+  violations = []
+  st = storage.copy()
+  ref = dict(zip(value_classes, evaluate([terms[k] for k in value_classes], st)))
+  for e in range(g.n_enodes):
+    k, op = g.cls[e], g.op[e]
+    if k not in ref or op in ("Cons", "Nil") or g.kids[e] and any(c not in terms for c in g.kids[e]): continue
+    if op == "AFTER" and g.arg[e] in g.forbidden_args: continue   # assign into a computed value: never a value itself
+    if any(isinstance(terms[c], tuple) for c in g.kids[e]): continue
+    dtype, arg = g.enc.args[g.arg[e]]
+    o = Ops[op]
+    if o in (Ops.CALL, Ops.FUNCTION): continue
+    try: member = Node(o, dtype if g.arg[e] else None, tuple(terms[c] for c in g.kids[e]), arg)
+    except Exception: continue   # a member whose children were extracted as other (equal) shapes cannot be rebuilt
+    got = np.asarray(evaluate([member], storage.copy())[0]) if o is not Ops.CONTIGUOUS else ref[k]
+    want = np.asarray(ref[k])
+    if got.shape != want.shape or not np.allclose(got, want, atol=atol, rtol=1e-5, equal_nan=True):
+      violations.append(Violation(fired, f"{op} in e-class {k} ({g.info[k]})", want, got))
+  return violations, dict(runner.stats.matches)

@@ -1,0 +1,222 @@
+"""The spec's worked examples (§4.6) in our IR, the report, limits, schedules, cost models and errors of callify."""
+import json, math
+import numpy as np
+import pytest
+from egraph import callify, Limits, Schedule, CostModel, CallsatError, EngineError
+from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, new_buffer, const, toposort, render
+from egraph.dtypes import dtypes
+from lower.runtime import Storage, run_call
+from lower.numpy import evaluate
+
+def buf(shape, storage=None, dtype=dtypes.float32, device="CPU", data=None):
+  b = new_buffer(math.prod(shape), dtype, device)
+  if storage is not None:
+    storage.set_data(b, np.arange(b.arg.size, dtype=dtype.np) + 1 if data is None else data)
+  return b.reshape(shape)
+
+def P(slot, shape, dtype=dtypes.float32, device="CPU"): return Node(Ops.PARAM, dtype, (), ParamArg(slot, shape, device))
+
+def test_ex1_add_of_two_buffers():
+  a, b = buf((3,)), buf((3,))
+  add = Node(Ops.ADD, None, (a, b))
+  res = callify(add)
+  body, args = res.call.src[0], res.call.src[1:]
+  out = res.buffer_map[add]
+  assert out.op is Ops.BUFFER and out.arg.uid not in (a.arg.uid, b.arg.uid) and out.shape == (3,)
+  p0, p1, p2 = P(0, (3,)), P(1, (3,)), P(2, (3,))
+  assert body is Node(Ops.SINK, dtypes.void, (p0.after(p0.store(Node(Ops.ADD, None, (p1, p2)))),))   # output buffer first
+  assert list(args) == [out, a, b]
+
+def test_ex1_host_copies_are_materialized():
+  s = Storage()
+  ha, hb = buf((3,), s, device="NPY"), buf((3,), s, device="NPY")
+  ca, cb = Node(Ops.COPY, dtypes.float32, (ha,), "CPU"), Node(Ops.COPY, dtypes.float32, (hb,), "CPU")
+  add = Node(Ops.ADD, None, (ca, cb))
+  res = callify(add)
+  assert set(res.buffer_map) == {ca, cb, add}
+  assert len(res.call.src[0].src) == 3 and res.report.stores == 3 and res.report.buffers == 3
+  run_call(res.call, s)
+  np.testing.assert_equal(evaluate([res.buffer_map[add]], s)[0], [2, 4, 6])
+
+def test_ex2_contiguous_after_merge():
+  ones = const(1.0, dtypes.float32, "CPU").reshape((1,)).expand((16,))
+  b = buf((16,))
+  after = b.after(b.store(ones))
+  c = after.contiguous()
+  red = Node(Ops.REDUCE, None, (c,), (Ops.ADD, (0,)))
+  res = callify(red)
+  M = res.buffer_map
+  assert M[after] is b and M[c] is b                     # CONTIGUOUS(AFTER(buffer)) shares the assign's buffer
+  assert M[red].shape == (1,) and M[red].op is Ops.BUFFER
+  assert res.report.stores == 2 and res.report.matches.get("contiguous_of_assign", 0) >= 1
+  s = Storage(); run_call(res.call, s)
+  assert evaluate([M[red]], s)[0].item() == 16.0
+
+def test_ex3_multi_output():
+  a, b = buf((3,)), buf((3,))
+  add, mul = Node(Ops.ADD, None, (a, b)), Node(Ops.MUL, None, (a, b))
+  res = callify(add, mul)
+  assert set(res.buffer_map) == {add, mul} and res.buffer_map[add] is not res.buffer_map[mul]
+  assert len(res.call.src) == 5 and len(res.call.src[0].src) == 2
+
+def test_ex4_contiguous_range_is_a_slice_view():
+  s = Storage()
+  a = buf((8,), s)
+  c = a.shrink(((2, 6),)).reshape((2, 2)).contiguous()
+  res = callify(c)
+  v = res.buffer_map[c]
+  assert v.op is Ops.RESHAPE and v.src[0].op is Ops.SLICE and v.src[0].arg == (2, 4) and v.src[0].src[0] is a
+  assert res.call.src[0].src == () and res.report.stores == 0 and res.report.cost < res.report.baseline_cost
+  np.testing.assert_equal(evaluate([v], s)[0], [[3, 4], [5, 6]])
+  s[a.arg.uid][3] = 100                                  # views alias their source (quirk Q1, kept deliberately)
+  assert evaluate([v], s)[0][0, 1] == 100
+
+def test_ex4_non_contiguous_view_is_stored():
+  s = Storage()
+  a = buf((8,), s)
+  c = a.reshape((2, 4)).shrink(((0, 2), (1, 3))).contiguous()
+  res = callify(c)
+  v = res.buffer_map[c]
+  assert v.op is Ops.RESHAPE and v.src[0].op is Ops.BUFFER and v.src[0].arg.size == 4
+  run_call(res.call, s)
+  np.testing.assert_equal(evaluate([v], s)[0], [[2, 3], [6, 7]])
+
+def test_ex5_assign_in_place():
+  s = Storage()
+  a = buf((3,), s)
+  one = const(1.0, dtypes.float32, "CPU").reshape((1,)).expand((3,))
+  after = a.after(a.store(Node(Ops.ADD, None, (a, one))))
+  res = callify(after)
+  assert res.buffer_map == {after: a}
+  p0 = P(0, (3,))
+  assert res.call.src[0].src == (p0.after(p0.store(Node(Ops.ADD, None, (p0, one)))),) and res.call.src[1:] == (a,)
+  run_call(res.call, s)
+  np.testing.assert_equal(s[a.arg.uid], [2, 3, 4])
+
+def test_ex5_assign_into_computed_value_gets_a_fresh_buffer():
+  s = Storage()
+  a = buf((3,), s)
+  t = Node(Ops.MUL, None, (a, a))
+  one = const(1.0, dtypes.float32, "CPU").reshape((1,)).expand((3,))
+  after = t.after(t.store(Node(Ops.ADD, None, (a, one))))
+  res = callify(after)
+  out = res.buffer_map[after]
+  assert out.op is Ops.BUFFER and out is not a
+  assert not any(n.op is Ops.MUL for n in toposort([res.call.src[0]]))   # the MUL disappears
+  run_call(res.call, s)
+  np.testing.assert_equal(evaluate([out], s)[0], [2, 3, 4])
+
+def test_ex10_double_callify_nests_the_call():
+  s = Storage()
+  a, b = buf((3,), s), buf((3,), s)
+  add = Node(Ops.ADD, None, (a, b))
+  r1 = callify(add)
+  lazy = r1.buffer_map[add].after(r1.call)                # what Tensor.callify leaves on the tensor
+  r2 = callify(lazy)
+  assert r2.buffer_map == {lazy: r1.buffer_map[add]}
+  inner = [n for n in toposort([r2.call.src[0]], enter_calls=False) if n.op is Ops.CALL]
+  assert len(inner) == 1 and inner[0].src[0] is r1.call.src[0] and all(x.op is Ops.PARAM for x in inner[0].src[1:])
+  run_call(r2.call, s)
+  np.testing.assert_equal(evaluate([r1.buffer_map[add]], s)[0], [2, 4, 6])
+
+def test_detach_and_contiguous_backward_are_removed():
+  a = buf((4,))
+  x = Node(Ops.DETACH, dtypes.float32, (Node(Ops.CONTIGUOUS_BACKWARD, dtypes.float32, (Node(Ops.NEG, None, (a,)),)),))
+  res = callify(Node(Ops.ADD, None, (x, x)))
+  ops = {n.op for n in toposort([res.call.src[0]])}
+  assert Ops.DETACH not in ops and Ops.CONTIGUOUS_BACKWARD not in ops
+  assert res.report.matches["drop_detach"] >= 1 and res.report.matches["drop_contiguous_backward"] >= 1
+
+def test_zero_size_result():
+  a = buf((4, 4))
+  z = Node(Ops.NEG, None, (a.shrink(((1, 1), (0, 4))),))
+  res = callify(z)
+  v = res.buffer_map[z]
+  assert v.shape == (0, 4) and res.report.stores == 0
+  run_call(res.call, Storage())
+
+def test_device_less_constants_need_nothing():
+  c = Node(Ops.ADD, None, (const(2.0, dtypes.float32), const(3.0, dtypes.float32)))
+  res = callify(c)
+  assert res.buffer_map == {} and res.call.src == (Node(Ops.SINK, dtypes.void, ()),)
+
+def test_param_normalisation_gives_one_cache_key():
+  def graph():
+    a, b = buf((4, 4)), buf((4, 4))
+    return Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)).contiguous(), a.shrink(((0, 2), (0, 4))).pad(((1, 1), (0, 0)))))
+  b1, b2 = callify(graph()).call.src[0], callify(graph()).call.src[0]
+  assert b1 is b2
+
+def test_pure_no_mutation():
+  a = buf((4,))
+  add = Node(Ops.ADD, None, (a, a))
+  before = render(add)
+  callify(add); callify(add)
+  assert render(add) == before
+
+# ---- report, schedules, limits, cost models -------------------------------------------------------------------------
+
+def _view_graph():
+  a = buf((8, 8))
+  return [a.shrink(((2, 4), (0, 8))).contiguous(), Node(Ops.ADD, None, (a, a)).contiguous()]
+
+def test_report_fields_and_json():
+  res = callify(*_view_graph())
+  r = res.report
+  assert r.e_nodes > 0 and r.e_classes > 0 and r.iterations >= 1 and r.stop_reason == "saturated"
+  assert r.cost < r.baseline_cost and r.views == 1 and r.stores == 1
+  assert {"encode", "insert", "load", "materialize", "optimize", "extract", "decode"} <= set(r.seconds)
+  d = json.loads(json.dumps(r.to_dict()))
+  assert d["matches"]["contiguous_to_view"] >= 1 and "stop: saturated" in str(r)
+
+def test_baseline_schedule_materializes_everything():
+  res = callify(*_view_graph(), schedule="baseline")
+  assert res.report.views == 0 and res.report.stores == 2 and res.report.cost == res.report.baseline_cost
+
+def test_iteration_limit_still_gives_a_valid_call():
+  g = _view_graph()
+  res = callify(*g, limits=Limits(iterations=0))
+  assert res.report.stop_reason == "iteration_limit" and res.report.stores == 2
+  s = Storage(); s.set_data(g[0].src[0].src[0].src[0], np.arange(64)); run_call(res.call, s)
+
+def test_node_and_time_limits_are_reported():
+  assert callify(*_view_graph(), limits=Limits(nodes=1)).report.stop_reason == "node_limit"
+  assert callify(*_view_graph(), limits=Limits(seconds=-1)).report.stop_reason == "time_limit"
+
+def test_schedule_object_selects_rules():
+  res = callify(*_view_graph(), schedule=Schedule("no-views", rules=("drop_detach",)))
+  assert "contiguous_to_view" not in res.report.matches and res.report.views == 0
+
+def test_cost_models_are_selectable():
+  for name in ("bytes", "kernels", "buffers", "nodes"):
+    assert callify(*_view_graph(), cost=name).report.cost_model == name
+  class Stubborn(CostModel):
+    def enode_cost(self, op, node, target, fresh): return None if op == "SLICE" else super().enode_cost(op, node, target, fresh)
+  assert callify(*_view_graph(), cost=Stubborn("stubborn")).report.views == 0   # forbidding views forces stores
+
+def test_bad_presets_and_inputs_raise_callsat_errors():
+  with pytest.raises(CallsatError, match="cost model"): callify(*_view_graph(), cost="nope")
+  with pytest.raises(CallsatError, match="schedule"): callify(*_view_graph(), schedule="nope")
+  with pytest.raises(CallsatError, match="unknown rules"): callify(*_view_graph(), schedule=Schedule("x", rules=("nope",)))
+  with pytest.raises(CallsatError, match="Tensors or Nodes"): callify(3)
+
+def test_egglog_panics_become_engine_errors():
+  from egraph.schedule import guarded
+  def boom(): raise BaseException("rust panic")   # pyo3's PanicException derives from BaseException
+  with pytest.raises(EngineError, match="while testing"): guarded("testing", boom)
+
+def test_deep_chain_has_no_recursion_limit():
+  a = buf((4,))
+  x = a
+  for i in range(100_000): x = Node(Ops.ADD if i % 2 else Ops.MUL, None, (x, a))
+  res = callify(x.contiguous())
+  assert res.report.stores == 1 and res.report.graph_nodes == 100_002
+
+def test_chain_of_contiguous_callifies():
+  a = buf((4,))
+  x = a
+  for i in range(2000):
+    x = Node(Ops.ADD, None, (x, a))
+    if i % 10 == 0: x = x.contiguous()
+  res = callify(x)
+  assert res.report.stores == 201 and res.report.buffers == 201
