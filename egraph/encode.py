@@ -19,7 +19,11 @@ def is_host(device) -> bool: return isinstance(device, str) and device.startswit
 def assigns_into_computed(n: Node) -> bool:
   """An AFTER whose written target is not a buffer view: callify gives it a fresh buffer (spec rule 8)."""
   t = n
-  while t.op in (Ops.AFTER, Ops.BITCAST, Ops.MULTI): t = t.src[0].base
+  while t.op in (Ops.AFTER, Ops.BITCAST, Ops.MULTI):
+    t = t.src[0]
+    while t.op in GroupOp.Movement or t.op is Ops.DETACH:
+      if t.op in (Ops.PAD, Ops.EXPAND): return True    # not a writable view: the written value needs its own buffer
+      t = t.src[0]
   return t.op not in GroupOp.Storage
 
 def realize_points(roots: list[Node], topo: list[Node]) -> list[Node]:

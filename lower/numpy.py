@@ -1,7 +1,9 @@
 """The numpy reference executor: evaluates any IR graph (and any CALL) with numpy. It is the oracle the rest is tested against.
 
 Evaluation is iterative (graphs can be 100k deep) with one memo per graph, children first. Storage nodes evaluate to numpy *views*
-of the storage arrays, so writes (STORE) are seen by every later read of the same storage.
+of the storage arrays. Effects are ordered only by AFTER: a read through AFTER(x, deps) sees the writes of deps; a read of
+storage that does not go through an AFTER sees the state before the graph's effects (tinygrad's write-after-read order), so
+the order of roots never matters.
 Integer semantics follow C / tinygrad's python backend: arithmetic wraps in the node dtype, IDIV truncates toward zero, MOD has
 the sign of the dividend, and division by zero is defined: `x // 0 == 0`, `x % 0 == x` (tinygrad's cdiv/cmod). Bool arithmetic is
 C's `(bool)(a op b)`: ADD=OR, SUB=XOR, MUL=AND, NEG=identity. EXP2/LOG2/SQRT/SIN/RECIPROCAL/FDIV need a float dtype.
@@ -47,12 +49,13 @@ def _alu(n: Node, *xs: np.ndarray) -> np.ndarray:
   if op is Ops.WHERE: return np.where(*xs)
   if op in _FLOAT_ONLY and not dt.is_float(): raise DTypeError(f"{op.name}: needs a float dtype, got {dt.name}")
   if op is Ops.TRUNC: return np.trunc(xs[0]) if dt.is_float() else xs[0].copy()
-  if dt == dtypes.bool and op in _BOOL_VIA_INT: return _alu(n, *(x.astype(np.uint8) for x in xs)) != 0
-  return (_UNARY[op] if op in GroupOp.Unary else _BINARY[op])(*xs)
+  f = _UNARY[op] if op in GroupOp.Unary else _BINARY[op]
+  if dt == dtypes.bool and op in _BOOL_VIA_INT: return f(*(x.astype(np.uint8) for x in xs)) != 0
+  return f(*xs)
 
 def _reduce(n: Node, x: np.ndarray) -> np.ndarray:
   rop, axes = n.arg
-  axes, dt = tuple(axes), n.dtype
+  axes, dt = tuple(sorted(set(axes))), n.dtype   # ir.py accepts repeated axes; numpy does not
   if dt == dtypes.bool: return (np.all if rop is Ops.MUL else np.any)(x, axis=axes, keepdims=True)
   acc = np.float32 if dt == dtypes.float16 else dt.np   # half sums accumulate in float32
   if rop is Ops.ADD: r = np.sum(x, axis=axes, keepdims=True, dtype=acc)
@@ -109,27 +112,49 @@ def _target_base(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in WRITABLE: n = n.src[0]
   return n
 
-def _plan(roots: list[Node], cache: dict) -> tuple[list[Node], set[Node]]:
-  """(evaluation order, BUFFER/PARAM nodes some STORE writes, directly or inside a CALL); refuses unsupported ops up front,
-  so a graph that cannot run has no partial effects."""
+def _keeps_view(n: Node, i: int) -> bool:
+  """Source positions that must see storage itself, not its state before the graph's effects: targets, AFTER's x, CALL args."""
+  return n.op is Ops.CALL or (i == 0 and n.op in (Ops.STORE, Ops.AFTER))
+
+class _Plan:
+  """How to run one graph: pure nodes first, then effectful ones (STORE/CALL and everything above them), both in _schedule order.
+  Running pure nodes first gives storage reads without AFTER the state before the graph's effects (tinygrad's WAR order), so
+  the order of roots does not matter. Pure views that effectful nodes consume as values are snapshotted (`snap`)."""
+  def __init__(self, roots: list[Node], cache: dict):
+    order, self.written, eff = _schedule(roots), set(), set()
+    for n in order:
+      if n.op in LATER or (n.op is Ops.PARAM and n.arg.slot < 0):
+        what = "symbolic PARAM (slot -1)" if n.op is Ops.PARAM else n.op.name
+        raise UnsupportedOpError(f"numpy executor: {what} is not supported yet (a later issue adds it)")
+      if n.op is Ops.STORE: self.written.add(_target_base(n.src[0]))
+      elif n.op is Ops.CALL:
+        for b in _plan([n.src[0]], cache).written:
+          if b.op is Ops.PARAM and b.arg.slot + 1 < len(n.src): self.written.add(_target_base(n.src[1 + b.arg.slot]))
+          elif b.op is Ops.BUFFER: self.written.add(b)
+      if n.op in (Ops.STORE, Ops.CALL) or any(s.id in eff for s in n.src): eff.add(n.id)
+    self.order = [n for n in order if n.id not in eff] + [n for n in order if n.id in eff]
+    self.eff, self.snap = eff, set()
+    if eff:
+      self.snap = {s.id for n in order if n.id in eff for i, s in enumerate(n.src) if s.id not in eff and not _keeps_view(n, i)}
+      self.snap |= {r.id for r in roots if r.id not in eff}
+
+def _plan(roots: list[Node], cache: dict) -> _Plan:
+  """Plans are cached per evaluate() call (nested CALL bodies are planned once); unsupported ops raise here, so a graph that
+  cannot run has no partial effects."""
   key = tuple(r.id for r in roots)
-  if key in cache: return cache[key]
-  order, written = _schedule(roots), set()
-  for n in order:
-    if n.op in LATER or (n.op is Ops.PARAM and n.arg.slot < 0):
-      raise UnsupportedOpError(f"numpy executor: {n.op.name} is not supported yet (a later issue adds it)")
-    if n.op is Ops.STORE: written.add(_target_base(n.src[0]))
-    elif n.op is Ops.CALL:
-      for b in _plan([n.src[0]], cache)[1]:
-        if b.op is Ops.PARAM and b.arg.slot + 1 < len(n.src): written.add(_target_base(n.src[1 + b.arg.slot]))
-        elif b.op is Ops.BUFFER: written.add(b)
-  cache[key] = (order, written)
-  return order, written
+  if key not in cache: cache[key] = _Plan(roots, cache)
+  return cache[key]
+
+def _is_storage_view(n: Node, memo: dict[int, Any]) -> bool:
+  b = n
+  while b.op in GroupOp.Movement or b.op in WRITABLE or b.op is Ops.CONTIGUOUS_BACKWARD: b = b.src[0]
+  v = memo[n.id]
+  return b.op in (Ops.BUFFER, Ops.PARAM) and (v.size == 0 or np.may_share_memory(v, memo[b.id]))
 
 def _buffer(n: Node, storage: Storage, allocate: bool) -> np.ndarray:
   a = storage.get(n.arg.uid)
   if a is None:
-    if not allocate:
+    if not allocate and n.arg.size:   # a zero-size buffer has nothing to be stale about
       raise UnallocatedBufferError(f"BUFFER uid={n.arg.uid} ({n.arg.size} x {n.dtype.name} on {n.arg.device}) is read but was never "
                                    "allocated or written")
     a = storage.allocate(n)
@@ -146,8 +171,7 @@ def _param(n: Node, params: list[np.ndarray] | None) -> np.ndarray:
     raise CallsatError(f"PARAM slot={slot}: argument is {got}, the PARAM says {n.dtype.name}{n.shape}")
   return a
 
-def _store(n: Node, memo: dict[int, Any]) -> None:
-  tgt, val = memo[n.src[0].id], memo[n.src[1].id]
+def _store(n: Node, tgt: np.ndarray, val: np.ndarray, memo: dict[int, Any]) -> None:
   chain, b = [], n.src[0]
   while b.op not in (Ops.BUFFER, Ops.PARAM):
     if b.op not in WRITABLE: raise CallsatError(f"STORE: the target goes through {b.op.name} {b.shape}, which is not a writable view of storage")
@@ -161,14 +185,21 @@ def _store(n: Node, memo: dict[int, Any]) -> None:
   tgt[...] = val.copy() if np.may_share_memory(tgt, val) else val
 
 def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, cache: dict) -> list[Any]:
-  order, written = _plan(roots, cache)
-  memo: dict[int, Any] = {}
-  for n in order:
+  plan = _plan(roots, cache)
+  memo: dict[int, Any] = {}   # current values; views of storage follow its writes
+  old: dict[int, Any] = {}    # snapshots of pure views, taken before any effect
+  def srcs(n: Node):
+    if n.id not in plan.eff: return (memo[s.id] for s in n.src)
+    return (memo[s.id] if _keeps_view(n, i) else old.get(s.id, memo[s.id]) for i, s in enumerate(n.src))
+  for n in plan.order:
     op = n.op
-    if op is Ops.BUFFER: v = _buffer(n, storage, n in written)
+    if op is Ops.BUFFER: v = _buffer(n, storage, n in plan.written)
     elif op is Ops.PARAM: v = _param(n, params)
-    elif op is Ops.AFTER: v = memo[n.src[0].id]
-    elif op is Ops.STORE: v = _store(n, memo)
+    elif op is Ops.AFTER:
+      x = n.src[0]
+      # a pure x that is not a view of storage was computed before the deps ran: compute it again, after them
+      v = memo[x.id] if n.id not in plan.eff or x.id in plan.eff or _is_storage_view(x, memo) else _run([x], storage, params, cache)[0]
+    elif op is Ops.STORE: v = _store(n, *srcs(n), memo)
     elif op is Ops.SINK: v = None
     elif op is Ops.CALL:
       args = [memo[s.id] for s in n.src[1:]]
@@ -176,19 +207,21 @@ def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, c
       _run([n.src[0]], storage, args, cache)
       v = None
     elif (f := _PURE.get(op)) is not None:
-      v = np.asarray(f(n, *(memo[s.id] for s in n.src)))
+      v = np.asarray(f(n, *srcs(n)))
       if v.shape != n.shape or v.dtype != n.dtype.np:
         raise CallsatError(f"numpy executor: {op.name} gave {v.dtype}{v.shape}, the node says {n.dtype.name}{n.shape}")
     else: raise UnsupportedOpError(f"numpy executor: unknown op {op}")
     memo[n.id] = v
-  return [memo[r.id] for r in roots]
+    if n.id in plan.snap and v is not None and (op in (Ops.BUFFER, Ops.PARAM) or v.base is not None): old[n.id] = v.copy()
+  return [old.get(r.id, memo[r.id]) for r in roots]
 
 # ---------------------------------------------------------------------------------------------------------------------
 # entry points
 
 def evaluate(roots: list[Node], storage: Storage, params: list[np.ndarray] | None = None) -> list[np.ndarray]:
-  """Values of `roots` (None for SINK/STORE/CALL), running every STORE and CALL on the way. Storage values are views: they change
-  with later writes; copy them to keep them. STORE targets that storage lacks are allocated (zeros); other unallocated reads raise."""
+  """Values of `roots` (None for SINK/STORE/CALL), running every STORE and CALL on the way. Values that view storage stay views
+  (they change with later writes; copy them to keep them), except pure views in a graph with effects, which are snapshots of the
+  state before the effects. STORE targets that storage lacks are allocated (zeros); other unallocated reads raise."""
   with np.errstate(all="ignore"): return _run(list(roots), storage, params, {})
 
 def eval_node(node: Node, storage: Storage | None = None) -> np.ndarray | None:
