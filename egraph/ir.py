@@ -4,7 +4,7 @@ Shapes are plain tuples of ints in `arg` (not nodes, unlike tinygrad): that keep
 carry them as interned arguments. Every check raises at construction, naming the op and the shapes.
 """
 from __future__ import annotations
-import itertools, math, weakref
+import itertools, math, struct, weakref
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
@@ -82,6 +82,11 @@ def canonical_device(d: str | tuple | None) -> str | tuple | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Node
 
+def _key(arg):
+  """Float constants are keyed by their bits, so -0.0 and 0.0 stay two nodes and a NaN constant is shared."""
+  v, d = arg
+  return (struct.pack("<d", v), d) if isinstance(v, float) else arg
+
 _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _ids = itertools.count()
 
@@ -93,7 +98,7 @@ class Node:
   def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[Node, ...] = (), arg: Any = None):
     src = tuple(src)
     if dtype is None: dtype = _infer_dtype(op, src, arg)
-    key = (op, dtype, tuple(s.id for s in src), arg)
+    key = (op, dtype, tuple(s.id for s in src), _key(arg) if op is Ops.CONST else arg)
     if (ret := _cache.get(key)) is not None: return ret
     shape, device = _infer(op, dtype, src, arg)
     ret = object.__new__(cls)
@@ -145,7 +150,10 @@ class Node:
 def const(value, dtype: DType, device=None) -> Node:
   """A scalar constant; its device may be None (a pure-constant expression stays device-less)."""
   if dtype.kind == 'b': value = bool(value)
-  elif dtype.kind in 'iu': value = int(value)
+  elif dtype.kind in 'iu':
+    bits = 8 * dtype.itemsize   # wrap like C (and numpy), so const(-1, uint8) is const(255, uint8): one node
+    value = int(value) % (1 << bits)
+    if dtype.kind == 'i' and value >= 1 << (bits - 1): value -= 1 << bits
   else: value = float(value)
   return Node(Ops.CONST, dtype, (), (value, canonical_device(device)))
 
@@ -232,6 +240,8 @@ def _infer(op: Ops, dtype: DType, src: tuple[Node, ...], arg) -> tuple[tuple[int
     vals = src[1:] if op is Ops.WHERE else src
     if any(s.dtype != vals[0].dtype for s in vals): raise DTypeError(f"{op.name}: dtype mismatch {', '.join(s.dtype.name for s in vals)}")
     if op is Ops.WHERE and x.dtype != dtypes.bool: raise DTypeError(f"WHERE: condition must be bool, got {x.dtype.name}")
+    if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV) and not x.dtype.is_float():
+      raise DTypeError(f"{op.name}: needs a float dtype, got {x.dtype.name}")
     if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD) and x.dtype.is_float():
       raise DTypeError(f"{op.name}: needs an int or bool dtype, got {x.dtype.name}")
     devs = {s.device for s in src if s.device is not None}
@@ -241,6 +251,7 @@ def _infer(op: Ops, dtype: DType, src: tuple[Node, ...], arg) -> tuple[tuple[int
     rop, axes = arg
     if rop not in GroupOp.ReduceOps: raise UnsupportedOpError(f"REDUCE: unsupported reduce op {rop}")
     if any(not 0 <= a < len(x.shape) for a in axes): raise ShapeError(f"REDUCE: axes {axes} out of range for shape {x.shape}")
+    if len(set(axes)) != len(axes) or list(axes) != sorted(axes): raise ShapeError(f"REDUCE: axes {axes} must be sorted and unique")
     return tuple(1 if i in axes else s for i, s in enumerate(x.shape)), dev
   if op in GroupOp.Movement: return _movement_shape(op, x.shape, arg), dev
   raise UnsupportedOpError(f"unknown op {op}")

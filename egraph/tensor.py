@@ -71,7 +71,7 @@ def _broadcast_to(n: Node, shape: tuple[int, ...]) -> Node:
 def _host(arr: np.ndarray, dtype: DType, device) -> Node:
   """Host data as a lazy COPY from an NPY buffer to `device` (what tinygrad does for lists and numpy arrays)."""
   from lower.runtime import host_buffer
-  arr = np.ascontiguousarray(arr, dtype=dtype.np)
+  arr = np.asarray(arr, dtype=dtype.np)  # not ascontiguousarray: that makes 0-d arrays 1-d
   view = host_buffer(arr.reshape(-1), dtype).reshape(arr.shape)
   return view if device == "NPY" else Node(Ops.COPY, dtype, (view,), device)
 
@@ -96,9 +96,14 @@ class Tensor:
   __array_ufunc__ = None  # numpy scalars on the left defer to our reflected ops
 
   def __init__(self, data: Any, dtype=None, device=None):
+    """data: a Node or Tensor (wrapped, cast if `dtype` differs), a Python scalar (a CONST), or a nested list / numpy
+    array (host data copied lazily from NPY to `device`, default CPU)."""
     dtype = None if dtype is None else dtypes.from_any(dtype)
-    if isinstance(data, Node): n = data if dtype is None else data.cast(dtype)
-    elif isinstance(data, Tensor): n = data.node if dtype is None else data.node.cast(dtype)
+    if isinstance(data, (Node, Tensor)):
+      n = data if isinstance(data, Node) else data.node
+      if device is not None and canonical_device(device) != n.device:
+        raise DeviceError(f"Tensor: node {n.op.name} {n.shape} lives on {n.device}, not {device}; use .to()")
+      n = n if dtype is None else n.cast(dtype)
     elif isinstance(data, Scalar):
       # Python scalars stay device-less unless asked: Tensor(2.0)+Tensor(3.0) is a pure constant expression
       n = const(_fit(data, d := dtype or _py_dtype(data)), d, None if device is None else canonical_device(device))
@@ -170,7 +175,8 @@ class Tensor:
   @staticmethod
   def randn(*shape, dtype=None, device=None) -> Tensor:
     return Tensor(_rng.standard_normal(_argfix(shape), dtype=np.float32), dtype or dtypes.default_float, device)
-  def full_like(self, fill_value, dtype=None) -> Tensor: return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device or DEFAULT_DEVICE)
+  def full_like(self, fill_value, dtype=None) -> Tensor:
+    return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device or DEFAULT_DEVICE)
   def ones_like(self, dtype=None) -> Tensor: return self.full_like(1, dtype)
   def zeros_like(self, dtype=None) -> Tensor: return self.full_like(0, dtype)
 

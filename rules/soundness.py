@@ -4,7 +4,7 @@ as a class whose members disagree, named with the rules that ran."""
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
-from egraph.ir import Node, Ops, substitute, toposort
+from egraph.ir import Node, Ops, toposort, render
 from egraph.encode import encode, COMPUTED_TARGET
 from egraph.schedule import Runner, Schedule, Limits
 from egraph.extract import EGraphView, knuth, decode
@@ -37,8 +37,8 @@ def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = Non
   value_classes = [k for k in value_classes if not unwritten(terms[k])]
   fired = tuple(sorted(runner.stats.matches))
   violations = []
-  st = storage.copy()
-  ref = dict(zip(value_classes, evaluate([terms[k] for k in value_classes], st)))
+  # each representative runs as its own program on its own copy of storage: no effect of one can leak into another
+  ref = {k: evaluate([terms[k]], storage.copy())[0] for k in value_classes}
   for e in range(g.n_enodes):
     k, op = g.cls[e], g.op[e]
     if k not in ref or op in ("Cons", "Nil") or g.kids[e] and any(c not in terms for c in g.kids[e]): continue
@@ -52,5 +52,5 @@ def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = Non
     got = np.asarray(evaluate([member], storage.copy())[0]) if o is not Ops.CONTIGUOUS else ref[k]
     want = np.asarray(ref[k])
     if got.shape != want.shape or not np.allclose(got, want, atol=atol, rtol=1e-5, equal_nan=True):
-      violations.append(Violation(fired, f"{op} in e-class {k} ({g.info[k]})", want, got))
+      violations.append(Violation(fired, f"{op} in e-class {k} ({g.info[k]}) of\n{render(list(roots))}", want, got))
   return violations, dict(runner.stats.matches)

@@ -93,15 +93,10 @@ def graphs(draw, max_steps: int = 10, dtype=dtypes.float32, device: str = "CPU")
   roots = draw(st.lists(st.sampled_from(cands), min_size=1, max_size=3, unique_by=lambda n: n.id))
   return Graph(roots, storage, inputs)
 
-def copy_storage(s: Storage) -> Storage:
-  out = Storage()
-  for uid in s: out._bufs[uid] = s[uid].copy()
-  return out
-
 def reference_values(g: Graph, keys: list[Node]) -> list[np.ndarray]:
   """The oracle: evaluate every key in the original graph with the numpy executor on a private copy of storage."""
   from egraph.encode import assigns_into_computed
-  st_ = copy_storage(g.storage)
+  st_ = g.storage.copy()
   # assigning into a computed value means "a fresh buffer holding the value" (spec rule 8)
   sem = {n: n.src[1].src[1] for n in toposort(list(g.roots), enter_calls=False) if n.op is Ops.AFTER and assigns_into_computed(n)}
   vals = evaluate(substitute(list(keys) + list(g.roots), sem), st_)
@@ -109,6 +104,6 @@ def reference_values(g: Graph, keys: list[Node]) -> list[np.ndarray]:
 
 def executed_values(g: Graph, call: Node, buffer_map: dict[Node, Node], keys: list[Node]) -> list[np.ndarray]:
   """Run the CALL on a private copy of storage and read each key through the buffer_map."""
-  st_ = copy_storage(g.storage)
+  st_ = g.storage.copy()
   run_call(call, st_)
   return [np.array(evaluate([buffer_map[k]], st_)[0], copy=True) for k in keys]
