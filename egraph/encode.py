@@ -88,9 +88,13 @@ class Encoding:
   def emit_tree(self, n: Node, original: bool = True) -> int:
     """Emit n and whichever of its children are not inserted yet (for nodes minted here: views, fresh buffers).
     Alternatives found by analysis (views) are not `original`: the all-materialized baseline may not use them."""
-    for m in toposort([n], enter_calls=False):
-      if m.id not in self.ids:
-        self.emit(m, [self.ids[s.id] for s in (m.src[1:] if m.op in (Ops.CALL, Ops.FUNCTION) else m.src)], original=original)
+    stack = [(n, False)]
+    while stack:   # children first, never descending below what is already inserted (views sit on top of big graphs)
+      m, ready = stack.pop()
+      if m.id in self.ids: continue
+      kids = m.src[1:] if m.op in (Ops.CALL, Ops.FUNCTION) else m.src
+      if ready: self.emit(m, [self.ids[s.id] for s in kids], original=original); continue
+      stack.append((m, True)); stack.extend((s, False) for s in kids if s.id not in self.ids)
     return self.ids[n.id]
 
   def mint_fresh(self, realize_id: int, n: Node) -> None:
