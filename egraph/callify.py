@@ -3,9 +3,10 @@
 E-class identity replaces tinygrad's tags: each realize point (an original node) names the e-class of its realized
 form, so after extraction its storage is read straight off the chosen term."""
 from __future__ import annotations
-import time
+import dataclasses, time
+from collections import OrderedDict
 from dataclasses import dataclass
-from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute
+from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer
 from egraph.dtypes import dtypes
 from egraph.errors import CallsatError, EngineError
 from egraph.encode import encode
@@ -54,14 +55,64 @@ def _nodes(xs) -> list[Node]:
     else: out.append(n)
   return out
 
+# ---- the result cache: the same graph over other buffers reuses the saturated result ---------------------------------
+
+@dataclass
+class _Entry:
+  topo: list[Node]           # the graph it was computed for, in canonical order
+  result: CallifyResult
+  fresh: set[int]            # uids of the buffers callify minted for it
+
+_CACHE: OrderedDict = OrderedDict()
+CACHE_SIZE = 32
+
+def graph_key(roots: list[Node]) -> tuple[tuple, list[Node]]:
+  """A key equal for graphs that differ only in which input buffers they read (buffers are named by position)."""
+  topo = toposort(roots, enter_calls=False)
+  pos = {n.id: i for i, n in enumerate(topo)}
+  parts = tuple((n.op, n.dtype, (n.arg.size, n.arg.device) if n.op is Ops.BUFFER else
+                 (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else n.arg,
+                 tuple(pos[s.id] for s in (n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))) for n in topo)
+  return (parts, tuple(pos[r.id] for r in roots)), topo
+
+def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
+  """The cached result rebound to this graph's buffers, with freshly minted output buffers."""
+  m = {o: n for o, n in zip(e.topo, topo) if o.op is Ops.BUFFER and o is not n}
+  old = e.result
+  for v in [*old.call.src[1:], *old.buffer_map.values()]:
+    for b in toposort([v]):
+      if b.op is Ops.BUFFER and b.arg.uid in e.fresh and b not in m: m[b] = new_buffer(b.arg.size, b.dtype, b.arg.device)
+  pos = {o.id: i for i, o in enumerate(e.topo)}
+  args = substitute(list(old.call.src[1:]), m)
+  values = substitute(list(old.buffer_map.values()), m)
+  report = dataclasses.replace(old.report, cache_hit=True, seconds={"cache": time.perf_counter() - t0})
+  return CallifyResult(Node(Ops.CALL, dtypes.void, (old.call.src[0], *args), old.call.arg),
+                       {topo[pos[k.id]]: v for k, v in zip(old.buffer_map, values)}, report)
+
+def clear_cache() -> None: _CACHE.clear()
+
 def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
-            limits: str | Limits | None = None) -> CallifyResult:
-  """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed."""
+            limits: str | Limits | None = None, cache: bool = True) -> CallifyResult:
+  """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed.
+  With `cache`, a graph equal to an earlier one up to its input buffers reuses that result without saturating."""
   t0 = time.perf_counter()
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")
   sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
   lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
   roots = _nodes(tensors)
+  if cache:
+    gkey, topo = graph_key(roots)
+    key = (gkey, model, sched, lim)
+    if (hit := _CACHE.get(key)) is not None:
+      _CACHE.move_to_end(key)
+      return _reuse(hit, topo, t0)
+  res = _callify(roots, model, sched, lim, t0)
+  if cache:
+    _CACHE[key] = _Entry(topo, res, res.report.fresh_uids)
+    while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
+  return res
+
+def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float) -> CallifyResult:
   enc = encode(roots)
   report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(toposort(roots, enter_calls=False)),
                          realize_points=len(enc.keys))
@@ -97,6 +148,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   report.buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in enc.fresh_buffers)
   report.views = sum(1 for t in realized if t.op is not Ops.AFTER and any(m.op is Ops.SLICE for m in _chain(t)))
   report.seconds["decode"] = time.perf_counter() - t2
+  report.fresh_uids = set(enc.fresh_buffers)
   return CallifyResult(call, buffer_map, report)
 
 def _chain(n: Node):

@@ -19,15 +19,18 @@ class CallifyReport:
   stores: int = 0
   views: int = 0            # realize points served by a zero-copy view
   seconds: dict[str, float] = field(default_factory=dict)
+  cache_hit: bool = False   # the graph matched an earlier one up to its input buffers: nothing was saturated
+  fresh_uids: set[int] = field(default_factory=set, repr=False)
 
-  def to_dict(self) -> dict: return asdict(self)
+  def to_dict(self) -> dict:
+    d = asdict(self); d.pop("fresh_uids"); return d
 
   def __str__(self) -> str:
     saved = 1 - self.cost / self.baseline_cost if self.baseline_cost else 0.0
     rules = ", ".join(f"{k}={v}" for k, v in sorted(self.matches.items(), key=lambda kv: -kv[1])) or "none"
     times = " ".join(f"{k}={v*1e3:.1f}ms" for k, v in self.seconds.items())
     return "\n".join([
-      f"callify: {self.graph_nodes} graph nodes, {self.realize_points} realize points",
+      f"callify: {self.graph_nodes} graph nodes, {self.realize_points} realize points" + (" (cache hit: reused)" if self.cache_hit else ""),
       f"  e-graph   {self.e_nodes} e-nodes, {self.e_classes} e-classes, {self.iterations} iterations, stop: {self.stop_reason}",
       f"  rules     {rules}",
       f"  cost      {self.cost} ({self.cost_model}) vs {self.baseline_cost} all-materialized baseline ({saved:.0%} saved)",

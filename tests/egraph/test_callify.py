@@ -144,7 +144,7 @@ def test_param_normalisation_gives_one_cache_key():
   def graph():
     a, b = buf((4, 4)), buf((4, 4))
     return Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)).contiguous(), a.shrink(((0, 2), (0, 4))).pad(((1, 1), (0, 0)))))
-  b1, b2 = callify(graph()).call.src[0], callify(graph()).call.src[0]
+  b1, b2 = callify(graph(), cache=False).call.src[0], callify(graph(), cache=False).call.src[0]
   assert b1 is b2
 
 def test_pure_no_mutation():
@@ -220,3 +220,28 @@ def test_chain_of_contiguous_callifies():
     if i % 10 == 0: x = x.contiguous()
   res = callify(x)
   assert res.report.stores == 201 and res.report.buffers == 201
+
+def test_cache_reuses_saturation_for_new_buffers_and_mints_fresh_outputs():
+  def graph(s):
+    a, b = buf((4, 4), s), buf((4, 4), s, data=np.full(16, 2.0))
+    return Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)).contiguous(), a.shrink(((0, 2), (0, 4))).pad(((1, 1), (0, 0)))))
+  s1, s2 = Storage(), Storage()
+  g1, g2 = graph(s1), graph(s2)
+  r1, r2 = callify(g1), callify(g2)
+  assert not r1.report.cache_hit and r2.report.cache_hit and "cache hit" in str(r2.report)
+  assert r1.call.src[0] is r2.call.src[0]                                   # same body: the schedule-cache key
+  assert set(r2.buffer_map) <= set(toposort([g2])) and g2 in r2.buffer_map
+  fresh1 = {a.arg.uid for a in r1.call.src[1:] if a.op is Ops.BUFFER}
+  fresh2 = {a.arg.uid for a in r2.call.src[1:] if a.op is Ops.BUFFER}
+  assert not fresh1 & fresh2                                                  # new data never lands in the old buffers
+  run_call(r1.call, s1); run_call(r2.call, s2)
+  for g, r, s in ((g1, r1, s1), (g2, r2, s2)): np.testing.assert_allclose(evaluate([r.buffer_map[g]], s)[0], evaluate([g], s)[0])
+
+def test_cache_misses_on_other_structure_and_options():
+  a = buf((4,))
+  r1 = callify(Node(Ops.ADD, None, (a, a)))
+  assert not callify(Node(Ops.MUL, None, (a, a))).report.cache_hit
+  assert not callify(Node(Ops.ADD, None, (a, a)), cost="nodes").report.cache_hit
+  assert callify(Node(Ops.ADD, None, (a, a))).report.cache_hit
+  b, c = buf((4,)), buf((4,))
+  assert not callify(Node(Ops.ADD, None, (b, c))).report.cache_hit          # two buffers where there was one
