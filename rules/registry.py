@@ -11,7 +11,10 @@ class Rule:
   phase: str          # 'load' lifts inserted rows; 'materialize' builds the all-stored baseline; 'optimize' finds cheaper forms
   query: str          # egglog facts
   actions: str        # egglog actions
-  def egglog(self) -> str: return f'(rule ({self.query}) ({self.actions}) :ruleset {self.phase} :name "{self.name}")'
+  lhs: str = ""       # the matched term a destructive (pattern-matcher style) application subsumes; "" = none
+  def egglog(self, ruleset: str | None = None, destructive: bool = False) -> str:
+    acts = self.actions + (f" (subsume {self.lhs})" if destructive and self.lhs else "")
+    return f'(rule ({self.query}) ({acts}) :ruleset {ruleset or self.phase} :name "{self.name}")'
 
 RULES: dict[str, Rule] = {}
 
