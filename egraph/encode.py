@@ -50,6 +50,8 @@ class Encoding:
   key_ids: dict[int, int] = field(default_factory=dict)      # Node.id of a key -> id of its realized e-class
   fresh: dict[int, int] = field(default_factory=dict)        # realize id -> fresh storage view id
   fresh_buffers: set[int] = field(default_factory=set)       # BufferArg uids minted here
+  pins: dict[int, int] = field(default_factory=dict)         # assign id -> id of the target it must write
+  stores_into_computed: set[int] = field(default_factory=set)  # STORE ids under an AFTER into a computed value
   original: dict[int, tuple] = field(default_factory=dict)   # id -> (op, arg id, child ids) of the original e-node
   nil: int = -1
 
@@ -111,6 +113,12 @@ def encode(roots: list[Node]) -> Encoding:
   is_key = {k.id for k in enc.keys}
   wrapped: dict[int, int] = {}   # Node.id -> id that consumers reference
   contigs: list[tuple[int, Node]] = []
+  bitcasts: list[tuple[int, Node]] = []
+  copies_into: list[tuple[int, Node]] = []     # (assign id, host COPY it stores): the copy may land in place
+  uses: dict[int, int] = {}
+  for n in topo:
+    for s in n.src: uses[s.id] = uses.get(s.id, 0) + 1
+  for r in roots: uses[r.id] = uses.get(r.id, 0) + 1
   for n in topo:
     if n.op in (Ops.MULTI, Ops.BIND, Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE):
       raise UnsupportedOpError(f"callify: {n.op.name} is not supported yet (it comes with the seed-coverage issue)")
@@ -125,8 +133,13 @@ def encode(roots: list[Node]) -> Encoding:
     if computed and not (len(n.src) == 2 and n.src[1].op is Ops.STORE):
       raise UnsupportedOpError(f"callify: AFTER into a computed {n.src[0].op.name} must have exactly one STORE dependency")
     i = enc.emit(n, child_ids, enc.arg_id(n.dtype, COMPUTED_TARGET) if computed else None)
-    if computed: enc.mint_fresh(i, n)
+    if computed: enc.mint_fresh(i, n); enc.stores_into_computed.add(child_ids[1])
+    elif n.op is Ops.AFTER and n.device is not None:
+      enc.pins[i] = child_ids[0]     # an assign writes its own target: extraction must keep that storage
+      v = n.src[1].src[1] if len(n.src) == 2 and n.src[1].op is Ops.STORE else None
+      if v is not None and v.op is Ops.COPY and v.id in is_key and uses.get(v.id) == 1: copies_into.append((i, v))
     if n.op is Ops.CONTIGUOUS: contigs.append((i, n))
+    if n.op is Ops.BITCAST: bitcasts.append((i, n))
     wrapped[n.id] = i
     if n.id in is_key and n.op not in (Ops.CONTIGUOUS, Ops.AFTER):
       w = n.contiguous()
@@ -134,6 +147,8 @@ def encode(roots: list[Node]) -> Encoding:
       else: wrapped[n.id] = enc.emit(w, [i]); contigs.append((wrapped[n.id], w))
   for k in enc.keys: enc.key_ids[k.id] = wrapped[k.id]
   for i, c in contigs: _contiguous_facts(enc, i, c)
+  for i, c in bitcasts: _bitcast_facts(enc, i, c)
+  for i, v in copies_into: enc.row("copy_into_row", i, wrapped[v.id])
   return enc
 
 def _contiguous_facts(enc: Encoding, i: int, c: Node) -> None:
@@ -142,16 +157,26 @@ def _contiguous_facts(enc: Encoding, i: int, c: Node) -> None:
   if x.has_buffer_identity(): return          # contiguous_of_storage covers it; no fresh buffer to mint
   enc.mint_fresh(i, c)
   if c.numel == 0: enc.row("zero_row", i); return
+  if (view := _slice_view(enc, x.src[0] if x.op is Ops.BITCAST else x, c)) is not None:
+    enc.row("view_row", enc.ids[x.id], enc.emit_tree(view, original=False))
+
+def _bitcast_facts(enc: Encoding, i: int, c: Node) -> None:
+  """A BITCAST of one contiguous range of storage is that range, retyped (spec rule 3)."""
+  if c.numel and (view := _slice_view(enc, c.src[0], c)) is not None: enc.row("view_row", i, enc.emit_tree(view, original=False))
+
+def _slice_view(enc: Encoding, x: Node, out: Node) -> Node | None:
+  """`out` (x's value, maybe retyped) as SLICE(storage, offset, count).reshape(out.shape) if x is one contiguous range
+  of storage: a buffer, a SLICE, a PARAM, or a value realized in this CALL (its CONTIGUOUS wrapper)."""
   b = x.base
-  if b is x or b.device is None or isinstance(b.device, tuple): return
+  if b.device is None or isinstance(b.device, tuple) or (b is x and x.dtype == out.dtype): return None
   if b.op in GroupOp.Storage: stor = b
   elif b.op is Ops.CONTIGUOUS or (b.op is Ops.AFTER and b.src[0].has_buffer_identity()): stor = b
-  elif b.id in enc.key_ids: stor = b.contiguous()     # its realized form (the wrapper consumers already read)
-  else: return
-  if (rng := contiguous_range(x, b)) is None: return
-  off, count = rng
+  elif b.id in enc.key_ids or any(k.id == b.id for k in enc.keys): stor = b.contiguous()   # the wrapper consumers read
+  else: return None
+  if stor.op is not Ops.CONTIGUOUS and stor.id not in enc.ids: return None
+  if (rng := contiguous_range(x, b)) is None: return None
+  off, _ = rng
   if stor.op is Ops.SLICE and stor.dtype == stor.src[0].dtype: stor, off = stor.src[0], stor.arg[0] + off
   src = stor.reshape((stor.numel,))
   if src.op is Ops.RESHAPE and src.src[0].op is Ops.RESHAPE: src = src.src[0].src[0].reshape(src.shape)
-  view = Node(Ops.SLICE, c.dtype, (src,), (off, count)).reshape(c.shape)
-  enc.row("view_row", enc.ids[x.id], enc.emit_tree(view, original=False))
+  return Node(Ops.SLICE, out.dtype, (src,), (off, out.numel)).reshape(out.shape)

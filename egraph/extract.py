@@ -10,6 +10,7 @@ from egraph.cost import CostModel
 from egraph.errors import EngineError
 
 _CTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
+_STORAGE_FORMS = frozenset({"AFTER", "SLICE", "BUFFER", "PARAM", "RESHAPE", "SHRINK", "PERMUTE", "FLIP"})
 
 class EGraphView:
   """The frozen e-graph as flat Python lists: e-nodes (class, op, arg id, child classes) and class facts."""
@@ -61,17 +62,18 @@ class EGraphView:
       out.append(model.enode_cost(op, node, target, isfresh))
     return out
 
-  def baseline_allowed(self) -> list[bool]:
-    """E-nodes of the everything-materialized form: original e-nodes, and stores into each realize point's fresh buffer."""
-    orig = {(op, a, tuple(self.class_of_id[k] for k in kids)) for op, a, kids in self.enc.original.values()}
-    allowed = []
+  def pinned_allowed(self) -> list[bool]:
+    """Identity constraints on extraction: an assign's e-class is a write into that assign's own target, and a realized
+    e-class is a storage form (a write, a view, a buffer), never the computation it holds the value of."""
+    pin = {self.class_of_id[a]: self.class_of_id[t] for a, t in self.enc.pins.items()}
+    realized = {self.class_of_id[i] for i in self.enc.key_ids.values()}
+    out = []
     for e in range(self.n_enodes):
-      op, k = self.op[e], self.kids[e]
-      ok = (op, self.arg[e], k) in orig or op in ("Cons", "Nil")
-      if op == "AFTER" and self.arg[e] == 0: ok = k[0] in self.fresh_class.get(self.cls[e], ())
-      if op == "STORE" and self.arg[e] == 0: ok = k[0] in self.fresh_classes
-      allowed.append(ok)
-    return allowed
+      k, op = self.cls[e], self.op[e]
+      if k in pin: out.append(op == "AFTER" and self.kids[e][:1] == (pin[k],))
+      else: out.append(k not in realized or op in _STORAGE_FORMS)
+    return out
+
 
 def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = None) -> tuple[list[int], list[int]]:
   """Minimum tree cost per class (Knuth's generalisation of Dijkstra). Returns (best cost, chosen e-node) per class."""
@@ -90,6 +92,23 @@ def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = N
       if pending[p] == 0 and costs[p] is not None and (allowed is None or allowed[p]) and not done[g.cls[p]]:
         heapq.heappush(heap, (costs[p] + sum(best[x] for x in g.kids[p]), p))
   return best, choice
+
+def baseline_cost(enc: Encoding, model: CostModel) -> int:
+  """Cost of the everything-materialized CALL, read off the encoding: every inserted node once, and every realize
+  point as a STORE into its fresh buffer plus the AFTER that orders it (the form the materialize phase adds)."""
+  total = 0
+  for i, (op, a, kids) in enc.original.items():
+    node = enc.nodes[i]
+    if op == "CONTIGUOUS" or (op == "AFTER" and enc.args[a][1] == COMPUTED_TARGET):
+      if i in enc.fresh:
+        f = enc.nodes[enc.fresh[i]]
+        total += model.enode_cost("STORE", None, f, False) + model.enode_cost("AFTER", node, None, False)
+      continue
+    if op == "STORE" and i in enc.stores_into_computed: continue
+    fresh = op == "BUFFER" and node.arg.uid in enc.fresh_buffers
+    c = model.enode_cost(op, node, enc.nodes[kids[0]] if op == "STORE" else None, fresh)
+    total += c or 0
+  return total
 
 def dag_cost(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int]) -> int:
   """Cost of the chosen DAG under `roots`: every class reached is paid once (sharing-aware)."""

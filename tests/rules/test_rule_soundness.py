@@ -11,8 +11,8 @@ from rules import RULES, rules_in
 from rules.soundness import check_egraph
 from graphgen import graphs
 
-def _buf(storage, shape, seed=0):
-  b = new_buffer(math.prod(shape), dtypes.float32, "CPU")
+def _buf(storage, shape, seed=0, device="CPU"):
+  b = new_buffer(math.prod(shape), dtypes.float32, device)
   storage.set_data(b, np.random.default_rng(seed).standard_normal(b.arg.size).astype(np.float32))
   return b.reshape(shape)
 
@@ -26,6 +26,8 @@ def witness(name: str):
     "materialize_assign": [add.after(add.store(Node(Ops.MUL, None, (a, b))))],
     "zero_size": [add.shrink(((1, 1), (0, 4))).contiguous()],
     "contiguous_of_storage": [Node(Ops.CONTIGUOUS, dtypes.float32, (a,))],
+    "bitcast_to_view": [Node(Ops.ADD, None, (Node(Ops.BITCAST, dtypes.int32, (a.shrink(((1, 3), (0, 4))),)),) * 2)],
+    "assign_copy_in_place": [b.after(b.store(Node(Ops.COPY, dtypes.float32, (_buf(s, (4, 4), 2, "NPY"),), "CPU")))],
     "contiguous_to_view": [a.shrink(((1, 3), (0, 4))).contiguous(), add.contiguous().shrink(((2, 3), (0, 4))).contiguous()],
     "contiguous_of_assign": [a.after(a.store(add)).contiguous()],
     "contiguous_of_assign_n": [a.after(a.store(add), b.store(add)).contiguous()],
