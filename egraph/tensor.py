@@ -90,6 +90,11 @@ def _apply_map(mapping: dict[Node, Node]) -> None:
   for t, n in zip(live, substitute([t.node for t in live], mapping)):
     if n is not t.node: t.node = n
 
+def _storage_base(n: Node) -> Node | None:
+  """The BUFFER/SLICE a writable view (RESHAPE/SHRINK/PERMUTE/FLIP chain) looks into, else None (a computed target)."""
+  while n.op in (Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP): n = n.src[0]
+  return n if n.op in (Ops.BUFFER, Ops.SLICE) else None
+
 class Tensor:
   """A lazy tensor: `.node` is its graph. Building ops never executes; realize/numpy do."""
   __slots__ = ("node", "__weakref__")
@@ -239,7 +244,13 @@ class Tensor:
     if x.dtype != self.dtype: raise DTypeError(f"assign: value dtype {x.dtype.name} does not match target dtype {self.dtype.name}")
     if x.device is not None and x.device != self.device:
       raise DeviceError(f"assign: value device {x.device} does not match target device {self.device}")
-    self.node = self.node.after(self.node.store(x.node))
+    tgt = self.node
+    write = tgt.after(tgt.store(x.node))
+    b = _storage_base(tgt)
+    if b is not None:
+      # every tensor that reads this storage now reads it after the write (tinygrad's assign); self is the write itself
+      _apply_map({b: b.after(write)})
+    self.node = write
     return self
 
   # --- broadcasting and promotion
