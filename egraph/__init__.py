@@ -7,7 +7,8 @@ from egraph.cost import CostModel
 from egraph.report import CallifyReport
 from egraph.callify import callify, CallifyResult
 from egraph.tensor import Tensor
+from egraph.function import function
 
 __all__ = ["CallsatError", "ShapeError", "DTypeError", "DeviceError", "UnsupportedOpError", "LimitError", "EngineError",
            "dtypes", "DType", "Node", "Ops", "GroupOp", "Limits", "Schedule", "CostModel", "CallifyReport", "callify",
-           "CallifyResult", "Tensor"]
+           "CallifyResult", "Tensor", "function"]

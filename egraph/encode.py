@@ -6,7 +6,7 @@ Every inserted node gets an integer id; the handle `(N id)` names its e-class. R
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from egraph.ir import Node, Ops, GroupOp, toposort, empty_view, HOST_DEVICES
+from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, HOST_DEVICES
 from egraph.dtypes import dtypes
 from egraph.errors import UnsupportedOpError
 from egraph.view import contiguous_range
@@ -35,6 +35,9 @@ def realize_points(roots: list[Node], topo: list[Node]) -> list[Node]:
   for n in topo:
     if n.device is None: continue
     if n.op in (Ops.CONTIGUOUS, Ops.AFTER) or (n.op is Ops.COPY and is_host(n.src[0].device)): keys[n.id] = n
+    if n.op is Ops.FUNCTION and n.arg.precompile:   # an opaque call reads its inputs from storage
+      for x in n.src[1:]:
+        if x.device is not None and not x.has_buffer_identity() and x.op is not Ops.AFTER: keys.setdefault(x.id, x)
   return list(keys.values())
 
 @dataclass
@@ -53,6 +56,7 @@ class Encoding:
   pins: dict[int, int] = field(default_factory=dict)         # assign id -> id of the target it must write
   stores_into_computed: set[int] = field(default_factory=set)  # STORE ids under an AFTER into a computed value
   original: dict[int, tuple] = field(default_factory=dict)   # id -> (op, arg id, child ids) of the original e-node
+  calls: dict[int, tuple] = field(default_factory=dict)      # precompiled FUNCTION Node.id -> (outputs, CALL)
   nil: int = -1
 
   def arg_id(self, dtype, arg) -> int:
@@ -120,7 +124,7 @@ def encode(roots: list[Node]) -> Encoding:
     for s in n.src: uses[s.id] = uses.get(s.id, 0) + 1
   for r in roots: uses[r.id] = uses.get(r.id, 0) + 1
   for n in topo:
-    if n.op in (Ops.MULTI, Ops.BIND, Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE):
+    if n.op in (Ops.MULTI, Ops.BIND):
       raise UnsupportedOpError(f"callify: {n.op.name} is not supported yet (it comes with the seed-coverage issue)")
     if n.op is Ops.COPY and (is_host(n.device) and n.device.startswith("DISK")):
       raise UnsupportedOpError(f"callify: COPY to {n.device} is not supported yet")
@@ -149,7 +153,28 @@ def encode(roots: list[Node]) -> Encoding:
   for i, c in contigs: _contiguous_facts(enc, i, c)
   for i, c in bitcasts: _bitcast_facts(enc, i, c)
   for i, v in copies_into: enc.row("copy_into_row", i, wrapped[v.id])
+  for g in topo:
+    if g.op is Ops.GETTUPLE and g.src[0].op is Ops.FUNCTION and g.src[0].arg.precompile:
+      outs, call = precompiled_call(enc, g.src[0])
+      enc.row("precompiled_row", enc.ids[g.id], enc.emit_tree(outs[g.arg].after(call)))
   return enc
+
+def precompiled_call(enc: Encoding, f: Node) -> tuple[list[Node], Node]:
+  """A precompiled FUNCTION as an opaque CALL writing fresh output buffers (spec §4.2.1): (output views, CALL).
+  Inputs are read from storage; an output that is a CONTIGUOUS is materialized straight into its output buffer."""
+  if (hit := enc.calls.get(f.id)) is not None: return hit
+  body, n_in = f.src[0], len(f.src) - 1
+  inputs = [x if x.has_buffer_identity() or x.op is Ops.AFTER or x.device is None else x.contiguous() for x in f.src[1:]]
+  outs = [empty_view(s.shape, s.dtype, s.device) for s in body.src]
+  enc.fresh_buffers.update(o.base.arg.uid for o in outs)
+  items, subs = [], {}
+  for j, s in enumerate(body.src):
+    t = Node(Ops.PARAM, s.dtype, (), ParamArg(n_in + j, s.shape, s.device))
+    if s.op is Ops.CONTIGUOUS and s not in subs: subs[s] = t.after(t.store(s.src[0])); items.append(s)
+    else: items.append(t.after(t.store(s)))
+  sink = Node(Ops.SINK, dtypes.void, tuple(substitute(items, subs)))
+  hit = enc.calls[f.id] = (outs, Node(Ops.CALL, dtypes.void, (sink, *inputs, *outs), f.arg))
+  return hit
 
 def _contiguous_facts(enc: Encoding, i: int, c: Node) -> None:
   """Fresh buffer, zero-size and view facts for one CONTIGUOUS e-node."""

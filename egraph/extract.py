@@ -56,6 +56,7 @@ class EGraphView:
       op = self.op[e]
       if op == "CONTIGUOUS" or (op == "AFTER" and self.arg[e] in self.forbidden_args): out.append(None); continue
       if op in ("Cons", "Nil"): out.append(0); continue
+      if op == "FUNCTION" and self.enc.args[self.arg[e]][1][0].precompile: out.append(None); continue   # only its CALL form runs
       node = self.info[self.cls[e]]
       target = self.info[self.kids[e][0]] if op == "STORE" else None
       isfresh = op == "BUFFER" and self.enc.args[self.arg[e]][1].uid in fresh

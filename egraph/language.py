@@ -24,11 +24,13 @@ DECLARATIONS = """
 (relation storage_row (i64))
 (relation zero_row (i64))
 (relation copy_into_row (i64 i64))
+(relation precompiled_row (i64 i64))
 (relation fresh (T T))
 (relation view (T T))
 (relation storage (T))
 (relation zero (T))
 (relation copy_into (T T))
+(relation precompiled (T T))
 """
 
 LIFT_RULES = """
@@ -44,9 +46,10 @@ LIFT_RULES = """
 (rule ((storage_row x)) ((storage (N x))) :ruleset load :name "lift_storage")
 (rule ((zero_row x)) ((zero (N x))) :ruleset load :name "lift_zero")
 (rule ((copy_into_row u k)) ((copy_into (N u) (N k))) :ruleset load :name "lift_copy_into")
+(rule ((precompiled_row g r)) ((precompiled (N g) (N r))) :ruleset load :name "lift_precompiled")
 """
 ROW_RELATIONS = ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row",
-                 "fresh_row", "view_row", "storage_row", "zero_row", "copy_into_row")
+                 "fresh_row", "view_row", "storage_row", "zero_row", "copy_into_row", "precompiled_row")
 CONSTRUCTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
 
 def program(rules=None) -> str:

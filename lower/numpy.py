@@ -17,7 +17,7 @@ from egraph.ir import Node, Ops, GroupOp
 from lower.runtime import UnallocatedBufferError
 if TYPE_CHECKING: from lower.runtime import Storage
 
-LATER = frozenset({Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.BIND, Ops.MULTI})
+LATER = frozenset({Ops.BIND, Ops.MULTI})
 # ops a STORE target may go through and still be a view of storage (EXPAND/PAD/compute are not)
 WRITABLE = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.AFTER, Ops.DETACH, Ops.SLICE})
 
@@ -201,6 +201,11 @@ def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, c
       v = memo[x.id] if n.id not in plan.eff or x.id in plan.eff or _is_storage_view(x, memo) else _run([x], storage, params, cache)[0]
     elif op is Ops.STORE: v = _store(n, *srcs(n), memo)
     elif op is Ops.SINK: v = None
+    elif op is Ops.TUPLE: v = tuple(memo[s.id] for s in n.src)
+    elif op is Ops.GETTUPLE: v = memo[n.src[0].id][n.arg]
+    elif op is Ops.FUNCTION:   # a plain (inlined) function: its TUPLE body evaluated with PARAM i = argument i
+      args = [memo[s.id] for s in n.src[1:]]
+      v = tuple(np.array(x, copy=True) for x in _run(list(n.src[0].src), storage, args, cache))
     elif op is Ops.CALL:
       args = [memo[s.id] for s in n.src[1:]]
       if any(a is None for a in args): raise CallsatError(f"CALL: argument {[a is None for a in args].index(True)} has no value")

@@ -1,0 +1,76 @@
+"""FUNCTION / TUPLE / GETTUPLE: plain functions stay FUNCTIONs (inlined by the lowering), precompiled ones become opaque
+CALLs with their own output buffers (spec §4.2.1, EX6), including GETTUPLE remapping (quirk Q3 fixed)."""
+import numpy as np
+import pytest
+from egraph import Tensor, function, callify, CallsatError
+from egraph.ir import Node, Ops, toposort
+
+@function
+def axpy(x, y): return x * 2 + y
+
+@function(precompile=True)
+def twice(x): return x * 2
+
+@function(precompile=True)
+def split(x): return x + 1, (x * x).contiguous()
+
+def ops_in(body): return [n.op for n in toposort([body], enter_calls=False)]
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_plain_function_values_and_stays_a_function(device):
+  a, b = Tensor([1., 2, 3], device=device).realize(), Tensor([10., 20, 30], device=device).realize()
+  out = axpy(a, b) * 3
+  res = callify(out)
+  body = res.call.src[0]
+  assert Ops.FUNCTION in ops_in(body) and Ops.CALL not in ops_in(body)
+  np.testing.assert_allclose(out.numpy(), [36, 72, 108])
+
+def test_precompiled_function_is_an_opaque_call_ex6():
+  a = Tensor([1., 2, 3, 4]).realize()
+  y = twice(a) * 3
+  res = callify(y)
+  roots = res.call.src[0].src
+  inner = [n for n in toposort([res.call.src[0]], enter_calls=False) if n.op is Ops.CALL]
+  assert len(roots) == 2 and len(inner) == 1 and inner[0].arg.precompile and inner[0].arg.name == "twice"
+  assert roots[0].op is Ops.AFTER and roots[0].src[1] is inner[0]                 # AFTER(P_out, CALL_s(...))
+  assert len(res.call.src) == 4                                                   # s output, a, final
+  assert list(res.buffer_map) == [y.node] and res.report.matches["precompile_call"] == 1
+  np.testing.assert_allclose(y.numpy(), [6, 12, 18, 24])
+
+def test_gettuple_of_a_precompiled_function_is_mapped_q3_fixed():
+  a = Tensor([1., 2, 3]).realize()
+  z = twice(a)
+  res = callify(z)
+  assert z.node in res.buffer_map and res.buffer_map[z.node].op is Ops.BUFFER
+  z.realize()
+  assert z.node.op is Ops.BUFFER                                                  # reading does not recompute
+  np.testing.assert_allclose(z.numpy(), [2, 4, 6])
+
+def test_double_call_and_computed_input():
+  a = Tensor([1., 2, 3]).realize()
+  np.testing.assert_allclose(twice(twice(a)).numpy(), [4, 8, 12])
+  np.testing.assert_allclose(twice(a + 1).numpy(), [4, 6, 8])                     # a computed input is realized first
+
+def test_multi_output_and_contiguous_redirect():
+  a = Tensor([1., 2, 3]).realize()
+  p, q = split(a)
+  res = callify(p, q)
+  inner = [n for n in toposort([res.call.src[0]], enter_calls=False) if n.op is Ops.CALL][0]
+  # the contiguous output is stored straight into its output buffer: no CONTIGUOUS left in the inner body
+  assert Ops.CONTIGUOUS not in ops_in(inner.src[0]) and sum(o is Ops.STORE for o in ops_in(inner.src[0])) == 2
+  Tensor.realize(p, q)
+  np.testing.assert_allclose(p.numpy(), [2, 3, 4]); np.testing.assert_allclose(q.numpy(), [1, 4, 9])
+
+def test_trace_is_cached_and_checked():
+  a = Tensor([1., 2]).realize()
+  twice(a); twice(a)
+  assert len(twice.traces) >= 1 and all(isinstance(k, tuple) for k in twice.traces)
+  with pytest.raises(CallsatError, match="Tensors"): twice(3)
+  @function
+  def bad(x): return 3
+  with pytest.raises(CallsatError, match="must return"): bad(a)
+
+def test_same_precompiled_graph_twice_hits_the_cache():
+  a, b = Tensor([1., 2]).realize(), Tensor([5., 6]).realize()
+  r1, r2 = callify(twice(a) + 1), callify(twice(b) + 1)
+  assert r2.report.cache_hit and r1.call.src[0] is r2.call.src[0]
