@@ -1,6 +1,8 @@
 """Runtime: numpy-backed storage for BUFFERs, host buffers, and execution of CALLs.
 
-Every device is backed by host numpy arrays for now and executes through lower.numpy; CUDA and DISK: come in later issues.
+Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALLs) runs as native code through the LLVM
+backend (lower/llvm.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/numpy.py).
+CUDA and DISK: come in later issues.
 """
 from __future__ import annotations
 from typing import Iterator
@@ -78,11 +80,21 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
     if a.op is Ops.BIND: raise UnsupportedOpError("run_call: BIND arguments (symbolic shapes) are not supported yet")
     if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER)):
       raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
+  python = False
   for n in toposort([call]):
     check_device(n.device)
     if n.op is Ops.PARAM: check_device(n.arg.device)
-  from lower.numpy import evaluate
-  evaluate([call], storage)
+    python = python or _on_python(n.device) or (n.op is Ops.PARAM and _on_python(n.arg.device))
+  if python:
+    from lower.numpy import evaluate
+    evaluate([call], storage)
+  else:
+    from lower.llvm import run_native
+    run_native(call, storage)
+
+def _on_python(d) -> bool:
+  if isinstance(d, tuple): return any(_on_python(x) for x in d)
+  return isinstance(d, str) and d.partition(":")[0] == "PYTHON"
 
 def read(node: Node, storage: Storage = STORAGE) -> np.ndarray:
   """A standalone copy of the values of a pure graph over realized storage (e.g. RESHAPE(BUFFER)). Graphs with effects

@@ -1,0 +1,468 @@
+"""CALL body -> an ordered list of kernels (lower/kernel.py) plus a buffer plan.
+
+* One store group per STORE (in lower/numpy.py's effect order); a nested CALL is scheduled recursively as one group.
+* The value of a STORE is fused into one kernel over the target's shape. Movement ops (reshape, permute, expand, shrink,
+  pad, flip) and SLICE views become index arithmetic (kernel.Idx); nothing is copied for them.
+* A REDUCE is computed in place, as an accumulator loop nest, unless a broadcasting EXPAND lies between it and the
+  store (then every output element would recompute it): such a REDUCE is split into its own kernel writing a
+  contiguous temporary, which the consumer reads through the same index arithmetic. softmax is therefore 3 kernels
+  (max, sum of exp, the division), a row sum or a matmul is one.
+* Bounded fusion: a pass over the value graph estimates the per-element expression size; when a node exceeds FUSE_CAP,
+  its largest inputs are realized into temporaries (their own kernels). Compile time is ~quadratic in function size,
+  so a 100k-op chain becomes ~100k/FUSE_CAP kernels of bounded size.
+* Effects follow lower/numpy.py exactly: a read through AFTER sees the state at the time its kernel runs (its deps
+  and everything ordered before it), a direct read of storage sees the state before the CALL's writes. Groups keep
+  numpy's order where they conflict (write/write, write/after-read); a direct reader is moved before every writer of
+  the storage it reads, and when that is impossible (the writer must precede it) the storage is snapshotted at the start.
+  Inside one kernel, a store whose value reads its own target at another index (flip of itself, a reduce over itself)
+  goes to a temporary and is copied back by a second kernel.
+"""
+from __future__ import annotations
+import itertools, math
+from dataclasses import dataclass, field
+from egraph.dtypes import DType, dtypes
+from egraph.errors import CallsatError, UnsupportedOpError
+from egraph.ir import Node, Ops, GroupOp, toposort
+from lower.kernel import Idx, Var, Bound, Expr, Param, Store, Kernel, const, flat_index, unflatten
+
+FUSE_CAP = 400           # max estimated expression nodes per kernel
+UNSUPPORTED = {Ops.FUNCTION: "FUNCTION", Ops.TUPLE: "TUPLE", Ops.GETTUPLE: "GETTUPLE", Ops.MULTI: "MULTI", Ops.BIND: "BIND"}
+IDENTITY = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
+
+@dataclass(frozen=True)
+class Mem:
+  """A typed, contiguous byte range of one storage root: ('arg', uid) for a BUFFER, ('tmp', n) for a temporary."""
+  root: tuple
+  off: int          # bytes
+  dtype: DType
+  count: int        # elements
+  @property
+  def nbytes(self) -> int: return self.count * self.dtype.itemsize
+  def overlaps(self, o: "Mem") -> bool:
+    return self.root == o.root and self.nbytes > 0 and o.nbytes > 0 and self.off < o.off + o.nbytes and o.off < self.off + self.nbytes
+
+@dataclass
+class Spec:
+  """A kernel before its memory is resolved: loads carry (Mem, direct) keys instead of param numbers."""
+  domain: tuple
+  mem: Mem
+  idx: Idx
+  value: Expr
+  kind: str = "e"
+
+@dataclass
+class Step:
+  kernel: Kernel | None         # None: a snapshot (memcpy src -> dst)
+  mems: tuple                   # one Mem per kernel param; (src, dst) for a snapshot
+  work: int = 0                 # estimated element-ops, for the thread split
+
+@dataclass
+class Program:
+  steps: list
+  temps: dict                   # tmp root -> nbytes
+  written: set                  # ('arg', uid) roots written
+
+def _dims(x: Node) -> tuple: return x.shape
+
+class _Ctx:
+  """Shared state of one program: temp numbering."""
+  def __init__(self): self.tmp = itertools.count()
+  def temp(self, dtype: DType, count: int) -> Mem: return Mem(("tmp", next(self.tmp)), 0, dtype, count)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# storage views
+
+def storage_mem(n: Node, bind: dict) -> tuple[Mem | None, bool]:
+  """The contiguous storage `n` is (RESHAPE/AFTER/DETACH/SLICE chain down to a PARAM or BUFFER), and whether an AFTER
+  was passed; (None, _) if `n` is computed or a non-contiguous view."""
+  after, chain = False, []
+  while True:
+    if n.op is Ops.AFTER: after = True; n = n.src[0]
+    elif n.op in (Ops.RESHAPE, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD): n = n.src[0]
+    elif n.op is Ops.SLICE: chain.append(n); n = n.src[0]
+    else: break
+  if n.op is Ops.PARAM:
+    if n.arg.slot < 0: raise UnsupportedOpError("LLVM backend: symbolic PARAM (slot -1) is not supported yet")
+    if n.arg.slot not in bind: raise CallsatError(f"PARAM slot={n.arg.slot}: no such argument ({len(bind)} given)")
+    m = bind[n.arg.slot]
+    if m.count != n.numel or m.dtype != n.dtype:
+      raise CallsatError(f"PARAM slot={n.arg.slot}: argument is {m.dtype.name}({m.count},), the PARAM says {n.dtype.name}{n.shape}")
+  elif n.op is Ops.BUFFER: m = Mem(("buf", n.arg.uid), 0, n.dtype, n.arg.size)
+  else: return None, after
+  for s in reversed(chain):
+    off, count = s.arg
+    m = Mem(m.root, m.off + off * m.dtype.itemsize, s.dtype, count)
+  return m, after
+
+def _through(n: Node, idx: tuple, valid: tuple) -> tuple[tuple, tuple]:
+  """Index and validity in n.src[0] of element `idx` of the movement op `n`."""
+  x, a = n.src[0], n.arg
+  if n.op is Ops.RESHAPE: return unflatten(flat_index(idx, n.shape), x.shape), valid
+  if n.op is Ops.PERMUTE:
+    out = [None] * len(a)
+    for i, p in enumerate(a): out[p] = idx[i]
+    return tuple(out), valid
+  if n.op is Ops.EXPAND: return tuple(Idx.const(0) if s == 1 and t != 1 else i for i, s, t in zip(idx, x.shape, a)), valid
+  if n.op is Ops.SHRINK: return tuple(i + s for i, (s, _) in zip(idx, a)), valid
+  if n.op is Ops.FLIP: return tuple((-i) + (s - 1) if f else i for i, f, s in zip(idx, a, x.shape)), valid
+  if n.op is Ops.PAD:
+    out, v = [], list(valid)
+    for i, (b, _), s in zip(idx, a, x.shape):
+      j = i - b
+      if j.vmin < 0 or j.vmax >= s: v.append(Bound(j, 0, s))
+      out.append(j)
+    return tuple(out), tuple(v)
+  raise CallsatError(f"not a movement op: {n.op}")
+
+def _valid_possible(valid: tuple) -> bool:
+  return all(b.idx.vmax >= b.lo and b.idx.vmin < b.hi for b in valid)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# fusion cap
+
+def _realize_set(root: Node, cap: int) -> set:
+  size, realize = {}, set()
+  for n in toposort([root], enter_calls=False):
+    if n.op in (Ops.PARAM, Ops.BUFFER, Ops.CONST, Ops.STORE, Ops.CALL, Ops.SINK) or not n.src: size[n.id] = 1; continue
+    if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in (Ops.AFTER, Ops.SLICE):
+      size[n.id] = size[n.src[0].id]; continue
+    kids = list({s.id: s for s in n.src}.values())
+    s = 1 + sum(size[k.id] for k in kids)
+    while s > cap:
+      k = max(kids, key=lambda k: size[k.id])
+      if size[k.id] <= 1: break
+      b = k
+      while b.op in GroupOp.Movement or b.op in IDENTITY: b = b.src[0]
+      realize.add(b.id)
+      s -= size[k.id] - 1
+      size[k.id] = size[b.id] = 1
+    size[n.id] = s
+  return realize
+
+# ---------------------------------------------------------------------------------------------------------------------
+# building kernels for one store group
+
+class _Group:
+  def __init__(self, ctx: _Ctx, bind: dict):
+    self.ctx, self.bind = ctx, bind
+    self.specs: list[Spec] = []
+    self.temps: dict = {}               # (node id, after) -> Mem
+    self.realize: set = set()
+
+  # one kernel: domain vars, a builder with CSE memo
+  def kernel(self, shape: tuple, mem: Mem, store_idx_of, node: Node, after: bool, kind_hint: str = "e") -> None:
+    if math.prod(shape) == 0: return
+    domain = tuple(Var(f"i{d}", s) for d, s in enumerate(shape))
+    idx = tuple(Idx.var(v) for v in domain)
+    b = _Builder(self, len(domain))
+    val = b.value(node, idx, (), after, False, top=True)
+    self.specs.append(Spec(domain, mem, store_idx_of(idx), val, "r" if b.reduces else kind_hint))
+
+  def temp_of(self, n: Node, after: bool) -> Mem:
+    key = (n.id, after)
+    if key not in self.temps:
+      m = self.ctx.temp(dtypes.uint8 if n.dtype == dtypes.bool else n.dtype, n.numel)
+      m = Mem(m.root, 0, n.dtype, n.numel)
+      self.temps[key] = m
+      self.kernel(n.shape, m, lambda idx: flat_index(idx, n.shape), n, after)
+    return self.temps[key]
+
+class _Builder:
+  def __init__(self, g: _Group, depth: int):
+    self.g, self.memo, self.reduces, self.nvars = g, {}, 0, depth
+
+  def load(self, m: Mem, flat: Idx, valid: tuple, direct: bool, dtype: DType) -> Expr:
+    if not _valid_possible(valid) or m.count == 0: return const(0, dtype)
+    valid = tuple(b for b in valid if b.idx.vmin < b.lo or b.idx.vmax >= b.hi)
+    return Expr('load', m.dtype, (), ((m, direct), flat, valid))
+
+  def value(self, n: Node, idx: tuple, valid: tuple, after: bool, bcast: bool, top: bool = False) -> Expr:
+    key = (n.id, idx, valid, after, bcast, top)
+    if (e := self.memo.get(key)) is not None: return e
+    e = self._value(n, idx, valid, after, bcast, top)
+    self.memo[key] = e
+    return e
+
+  def _value(self, n: Node, idx, valid, after, bcast, top) -> Expr:
+    op, g = n.op, self.g
+    if op in UNSUPPORTED: raise UnsupportedOpError(f"LLVM backend: {op.name} is not supported yet (a later issue adds it)")
+    if not _valid_possible(valid): return const(0, n.dtype)
+    if n.id in g.realize and not top and op not in (Ops.PARAM, Ops.BUFFER, Ops.CONST):
+      m = g.temp_of(n, after)
+      return self.load(m, flat_index(idx, n.shape), valid, False, n.dtype)
+    if op is Ops.CONST: return const(n.arg[0], n.dtype)
+    if op is Ops.AFTER: return self.value(n.src[0], idx, valid, True, bcast)
+    if op in IDENTITY:
+      if op is Ops.COPY and isinstance(n.src[0].device, str) and n.src[0].device.startswith("DISK"):
+        raise UnsupportedOpError("LLVM backend: COPY from a DISK buffer is not supported yet")
+      return self.value(n.src[0], idx, valid, after, bcast)
+    if op in GroupOp.Movement:
+      cidx, cvalid = _through(n, idx, valid)
+      widen = op is Ops.EXPAND and any(s == 1 and t > 1 for s, t in zip(n.src[0].shape, n.arg))
+      v = self.value(n.src[0], cidx, cvalid, after, bcast or widen)
+      if len(cvalid) > len(valid) and v.op != 'load' and not (v.op == 'const' and not v.arg):
+        # PAD fills with zero: a computed (or constant) value is masked too, not only the loads under it
+        v = Expr(Ops.WHERE, n.dtype, (Expr('valid', dtypes.bool, (), cvalid[len(valid):]), v, const(0, n.dtype)))
+      return v
+    if op in (Ops.PARAM, Ops.BUFFER, Ops.SLICE):
+      m, aft = storage_mem(n, g.bind)
+      if m is None:   # SLICE of computed data: realize it, then view the temporary's bytes
+        x = n.src[0]
+        t = g.temp_of(x, after)
+        m = Mem(t.root, t.off + n.arg[0] * x.dtype.itemsize, n.dtype, n.arg[1])
+      return self.load(m, flat_index(idx, n.shape), valid, not (after or aft), n.dtype)
+    if op is Ops.BITCAST:
+      x = n.src[0]
+      if x.dtype.itemsize == n.dtype.itemsize:
+        v = self.value(x, idx, valid, after, bcast)
+        return Expr(Ops.CAST if dtypes.bool in (x.dtype, n.dtype) else Ops.BITCAST, n.dtype, (v,))
+      m, aft = storage_mem(x, g.bind)
+      if m is None: m, aft = g.temp_of(x, after), False
+      m = Mem(m.root, m.off, n.dtype, n.numel)
+      return self.load(m, flat_index(idx, n.shape), valid, not (after or aft), n.dtype)
+    if op is Ops.CAST:
+      v = self.value(n.src[0], idx, valid, after, bcast)
+      return v if n.src[0].dtype == n.dtype else Expr(Ops.CAST, n.dtype, (v,))
+    if op in GroupOp.ALU:
+      return Expr(op, n.dtype, tuple(self.value(s, idx, valid, after, bcast) for s in n.src))
+    if op is Ops.REDUCE:
+      if bcast and not top:
+        m = g.temp_of(n, after)
+        return self.load(m, flat_index(idx, n.shape), valid, False, n.dtype)
+      rop, axes = n.arg
+      x = n.src[0]
+      rvars, cidx = [], list(idx)
+      for a in sorted(set(axes)):
+        if x.shape[a] == 1: continue
+        v = Var(f"r{self.nvars}", x.shape[a]); self.nvars += 1
+        rvars.append(v); cidx[a] = Idx.var(v) if v.size > 1 else Idx.const(0)
+      body = self.value(x, tuple(cidx), valid, after, bcast)
+      if not rvars: return body
+      self.reduces += 1
+      acc = dtypes.float32 if n.dtype == dtypes.float16 and rop is not Ops.MAX else n.dtype
+      if acc != n.dtype: body = Expr(Ops.CAST, acc, (body,))
+      r = Expr('reduce', acc, (body,), (rop, tuple(rvars)))
+      return r if acc == n.dtype else Expr(Ops.CAST, n.dtype, (r,))
+    if op in (Ops.STORE, Ops.CALL, Ops.SINK): raise CallsatError(f"LLVM backend: {op.name} used as a value")
+    raise UnsupportedOpError(f"LLVM backend: {op.name} is not supported")
+
+# ---------------------------------------------------------------------------------------------------------------------
+# targets
+
+WRITABLE = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
+
+def _target(t: Node, bind: dict):
+  """(Mem, idx -> flat Idx) of a STORE target: a movement view (RESHAPE/SHRINK/PERMUTE/FLIP) of AFTER/SLICE/PARAM."""
+  chain, n = [], t
+  while True:
+    m, _ = storage_mem(n, bind)
+    if m is not None: break
+    if n.op in WRITABLE or n.op in (Ops.AFTER, Ops.DETACH): chain.append(n); n = n.src[0]; continue
+    raise CallsatError(f"STORE: the target goes through {n.op.name} {n.shape}, which is not a writable view of storage")
+  base = n
+  def index(idx):
+    # lower/numpy.py refuses a RESHAPE of a non-contiguous view in a target (numpy would copy); the index arithmetic
+    # here writes the elements that view names either way
+    for c in chain:
+      if c.op not in (Ops.AFTER, Ops.DETACH): idx, _ = _through(c, idx, ())
+    return flat_index(idx, base.shape)
+  return m, index
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the schedule
+
+@dataclass
+class _GroupPlan:
+  specs: list | None            # kernels of a STORE group (None for a nested call)
+  steps: list | None            # finalized steps of a nested call
+  writes: list                  # Mems
+  ra: list                      # Mems read through AFTER (state at run time)
+  rd: list                      # Mems read directly (state before the CALL's writes)
+
+def _loads(e: Expr, out: list) -> list:
+  seen, stack = set(), [e]
+  while stack:
+    x = stack.pop()
+    if id(x) in seen: continue
+    seen.add(id(x))
+    if x.op == 'load': out.append(x.arg[0])
+    stack.extend(x.src)
+  return out
+
+def _effects(body: Node) -> list[Node]:
+  from lower.numpy import _schedule
+  return [n for n in _schedule([body]) if n.op in (Ops.STORE, Ops.CALL)]
+
+def _arg_mem(a: Node, bind: dict) -> Mem:
+  m, _ = storage_mem(a, bind)
+  if m is None: raise UnsupportedOpError(f"LLVM backend: a nested CALL argument computed by {a.op.name} is not supported (only storage views)")
+  return m
+
+def schedule(body: Node, bind: dict, ctx: _Ctx | None = None) -> Program:
+  """Kernels for the SINK `body` with PARAM(slot) bound to bind[slot] (a Mem)."""
+  ctx = ctx or _Ctx()
+  from lower.inline import inline_functions   # plain FUNCTIONs are inlined; precompiled ones are nested CALLs
+  body = inline_functions(body)
+  for n in toposort([body], enter_calls=False):
+    if n.op in UNSUPPORTED: raise UnsupportedOpError(f"LLVM backend: {n.op.name} is not supported yet (a later issue adds it)")
+  groups: list[_GroupPlan] = []
+  for eff in _effects(body):
+    if eff.op is Ops.CALL:
+      inner_bind = {i: _arg_mem(a, bind) for i, a in enumerate(eff.src[1:])}
+      prog = schedule(eff.src[0], inner_bind, ctx)
+      reads = [m for s in prog.steps for m in (s.mems[:1] if s.kernel is None else s.mems)]
+      writes = [m for s in prog.steps if s.kernel is not None for m in s.mems[s.kernel.store.param:s.kernel.store.param + 1]]
+      groups.append(_GroupPlan(None, prog.steps, writes, reads, []))
+      continue
+    tgt, val = eff.src
+    m, index = _target(tgt, bind)
+    g = _Group(ctx, bind)
+    g.realize = _realize_set(val, FUSE_CAP)
+    g.kernel(tgt.shape, m, index, val, False)
+    keys = [k for s in g.specs for k in _loads(s.value, [])]
+    groups.append(_GroupPlan(g.specs, None, [m] if tgt.numel else [],
+                             [k[0] for k in keys if not k[1] and k[0].root[0] != "tmp"],
+                             [k[0] for k in keys if k[1] and k[0].root[0] != "tmp"]))
+  order, snaps = _order(groups)
+  steps, snap_mem = [], {}
+  for gi, ms in snaps.items():
+    for m in ms:
+      if m not in snap_mem:
+        t = ctx.temp(dtypes.uint8, m.nbytes)
+        snap_mem[m] = Mem(t.root, 0, m.dtype, m.count)
+        steps.append(Step(None, (m, snap_mem[m])))
+  for gi in order:
+    gp = groups[gi]
+    if gp.steps is not None: steps.extend(gp.steps); continue
+    redirect = {m: snap_mem[m] for m in snaps.get(gi, ())}
+    for s in gp.specs: steps.extend(_finalize(s, redirect, ctx))
+  temps = {}
+  for s in steps:
+    for m in s.mems:
+      if m.root[0] == "tmp": temps[m.root] = max(temps.get(m.root, 0), m.off + m.nbytes)
+  written = {s.mems[s.kernel.store.param].root for s in steps if s.kernel is not None}
+  return Program(steps, temps, written)
+
+def _order(groups: list) -> tuple[list, dict]:
+  """A topological order of the groups and, per group, the Mems its direct reads must take from a snapshot."""
+  n = len(groups)
+  succ = [set() for _ in range(n)]
+  def ov(xs, ys): return any(x.overlaps(y) for x in xs for y in ys)
+  for i in range(n):
+    for j in range(i + 1, n):
+      a, b = groups[i], groups[j]
+      if ov(a.writes, b.writes) or ov(a.writes, b.ra) or ov(a.ra, b.writes): succ[i].add(j)
+  def reaches(s, t):
+    seen, stack = {s}, [s]
+    while stack:
+      x = stack.pop()
+      if x == t: return True
+      for y in succ[x]:
+        if y not in seen: seen.add(y); stack.append(y)
+    return False
+  snaps: dict = {}
+  for k in range(n):
+    for m in groups[k].rd:
+      writers = [w for w in range(n) if w != k and ov(groups[w].writes, [m])]
+      if any(reaches(w, k) for w in writers): snaps.setdefault(k, []).append(m); continue
+      for w in writers: succ[k].add(w)
+  indeg = [0] * n
+  for i in range(n):
+    for j in succ[i]: indeg[j] += 1
+  import heapq
+  ready = [i for i in range(n) if indeg[i] == 0]
+  heapq.heapify(ready)
+  out = []
+  while ready:
+    i = heapq.heappop(ready); out.append(i)
+    for j in succ[i]:
+      indeg[j] -= 1
+      if indeg[j] == 0: heapq.heappush(ready, j)
+  assert len(out) == n, "cycle in the kernel order"
+  return out, snaps
+
+# ---------------------------------------------------------------------------------------------------------------------
+# finalizing: memory -> params, intra-kernel overlap, matmul detection
+
+def _rewrite(e: Expr, f, memo: dict) -> Expr:
+  """Rebuild `e` with every load's arg replaced by f(load) (iteratively: chains can be long)."""
+  stack = [(e, False)]
+  while stack:
+    x, done = stack.pop()
+    if id(x) in memo: continue
+    if not done:
+      stack.append((x, True)); stack.extend((s, False) for s in x.src if id(s) not in memo); continue
+    if x.op == 'load': memo[id(x)] = f(x)
+    else:
+      src = tuple(memo[id(s)] for s in x.src)
+      memo[id(x)] = x if all(a is b for a, b in zip(src, x.src)) else Expr(x.op, x.dtype, src, x.arg)
+  return memo[id(e)]
+
+def _finalize(s: Spec, redirect: dict, ctx: _Ctx) -> list[Step]:
+  resolve = lambda k: redirect.get(k[0], k[0]) if k[1] else k[0]
+  loads = [(resolve(e.arg[0]), e.arg[1], e.arg[2]) for e in _iter_loads(s.value)]
+  unsafe = any(m.overlaps(s.mem) and (m != s.mem or i != s.idx) for m, i, v in loads)
+  if unsafe:   # the value reads its own target elsewhere: compute into a temporary, then copy back
+    t = ctx.temp(s.mem.dtype, math.prod(v.size for v in s.domain))
+    first = Spec(s.domain, t, flat_index(tuple(Idx.var(v) for v in s.domain), tuple(v.size for v in s.domain)), s.value, s.kind)
+    copy_val = Expr('load', t.dtype, (), ((t, False), first.idx, ()))
+    return _finalize(first, redirect, ctx) + _finalize(Spec(s.domain, s.mem, s.idx, copy_val, "c"), {}, ctx)
+  mems: list[Mem] = [s.mem]
+  for m, _, _ in loads:
+    if m not in mems: mems.append(m)
+  pidx = {m: i for i, m in enumerate(mems)}
+  read = {m for m, _, _ in loads}
+  def f(x: Expr) -> Expr:
+    m = resolve(x.arg[0])
+    return Expr('load', x.dtype, (), (pidx[m], x.arg[1], x.arg[2]))
+  value = _rewrite(s.value, f, {})
+  params = []
+  for i, m in enumerate(mems):
+    noalias = not any(m.overlaps(o) for j, o in enumerate(mems) if j != i)
+    align = m.dtype.itemsize if m.off % m.dtype.itemsize == 0 else 1
+    params.append(Param(f"p{i}", m.dtype, m.count, align, noalias, readonly=i != 0, writeonly=i == 0 and m not in read))
+  shape = "_".join(str(v.size) for v in s.domain) or "0"
+  k = Kernel(f"{s.kind}_{shape}", tuple(params), s.domain, Store(0, s.idx, value))
+  k = _detect_matmul(k)
+  work = math.prod(v.size for v in s.domain) * max(1, value.count()) * _reduce_size(value)
+  return [Step(k, tuple(mems), work)]
+
+def _iter_loads(e: Expr):
+  seen, stack = set(), [e]
+  while stack:
+    x = stack.pop()
+    if id(x) in seen: continue
+    seen.add(id(x))
+    if x.op == 'load': yield x
+    stack.extend(x.src)
+
+def _reduce_size(e: Expr) -> int:
+  best, seen, stack = 1, set(), [(e, 1)]
+  while stack:
+    x, mult = stack.pop()
+    if (id(x), mult) in seen: continue
+    seen.add((id(x), mult))
+    if x.op == 'reduce': mult *= math.prod(v.size for v in x.arg[1])
+    best = max(best, mult)
+    stack.extend((c, mult) for c in x.src)
+  return best
+
+def _detect_matmul(k: Kernel) -> Kernel:
+  """C[i, j] = sum_k A[i, k] * B[k, j] in float32 with unit stride along j in B and C: mark it for register tiling."""
+  live = [v for v in k.domain if v.size > 1]
+  e = k.store.value
+  if len(live) != 2 or e.op != 'reduce' or e.arg[0] is not Ops.ADD or len(e.arg[1]) != 1 or e.dtype != dtypes.float32: return k
+  if live[0] is not k.domain[0] and k.domain[0].size != 1: return k
+  mul = e.src[0]
+  if mul.op is not Ops.MUL or any(x.op != 'load' or x.arg[2] for x in mul.src): return k
+  i, j, kv = live[0], live[1], e.arg[1][0]
+  a, b = mul.src
+  def aff(ix: Idx, v): return ix.coef(v)
+  if aff(a.arg[1], j) != 0: a, b = b, a
+  A, B, C = a.arg[1], b.arg[1], k.store.idx
+  if any(x is None for x in (aff(A, i), aff(A, kv), aff(B, kv), aff(B, j), aff(C, i), aff(C, j))): return k
+  if A.coef(j) != 0 or B.coef(i) != 0 or B.coef(j) != 1 or C.coef(j) != 1 or C.coef(kv) != 0: return k
+  if any(not (isinstance(t, Var)) for x in (A, B, C) for t, _ in x.terms): return k
+  if j.size < 32 or i.size < 8 or kv.size < 4 or k.domain[0] is not i: return k
+  return Kernel(k.name.replace("r_", "mm_", 1), k.params, k.domain, k.store, ("matmul", 8, 32),
+                (a.arg[0], A, b.arg[0], B, i, j, kv), k.checked)
