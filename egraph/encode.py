@@ -196,7 +196,7 @@ def _slice_view(enc: Encoding, x: Node, out: Node) -> Node | None:
   if b.device is None or isinstance(b.device, tuple) or (b is x and x.dtype == out.dtype): return None
   if b.op in GroupOp.Storage: stor = b
   elif b.op is Ops.CONTIGUOUS or (b.op is Ops.AFTER and b.src[0].has_buffer_identity()): stor = b
-  elif b.id in enc.key_ids or any(k.id == b.id for k in enc.keys): stor = b.contiguous()   # the wrapper consumers read
+  elif b.id in enc.key_ids: stor = b.contiguous()   # the wrapper consumers read
   else: return None
   if stor.op is not Ops.CONTIGUOUS and stor.id not in enc.ids: return None
   if (rng := contiguous_range(x, b)) is None: return None

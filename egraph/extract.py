@@ -2,7 +2,7 @@
 cost (exact, Python ints, cycles are fine), then the chosen DAG is costed with every shared e-node counted once.
 egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is not used."""
 from __future__ import annotations
-import heapq
+import functools, heapq
 from egraph.ir import Node, Ops, CallInfo
 from egraph.dtypes import dtypes
 from egraph.encode import Encoding, COMPUTED_TARGET
@@ -48,6 +48,21 @@ class EGraphView:
 
   @property
   def n_enodes(self) -> int: return len(self.op)
+
+  @functools.cached_property
+  def original_node(self) -> dict[int, Node]:
+    """e-node index -> the inserted IR node it encodes (decode reuses it when the children match)."""
+    sig = {(self.op[e], self.arg[e], self.kids[e]): e for e in range(self.n_enodes)}
+    out = {}
+    for i, (op, a, kids) in self.enc.original.items():
+      if (n := self.enc.nodes[i]) is not None and (e := sig.get((op, a, tuple(self.class_of_id[k] for k in kids)))) is not None:
+        out.setdefault(e, n)
+    return out
+
+  @staticmethod
+  def original_src(n: Node) -> tuple:
+    kids = n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src
+    return (kids,) if n.op in (Ops.CALL, Ops.FUNCTION, Ops.SINK, Ops.TUPLE) or (n.op is Ops.AFTER and len(kids) != 2) or len(kids) > 3 else kids
 
   def local_costs(self, model: CostModel) -> list[int | None]:
     out = []
@@ -136,6 +151,7 @@ def decode(g: EGraphView, choice: list[int], roots: list[int]) -> dict[int, Node
     if not ready:
       stack.append((k, True)); stack.extend((x, False) for x in g.kids[e] if x not in out); continue
     op, kids = g.op[e], [out[x] for x in g.kids[e]]
+    if (n := g.original_node.get(e)) is not None and tuple(kids) == g.original_src(n): out[k] = n; continue   # reuse the input node
     if op == "Nil": out[k] = (); continue
     if op == "Cons": out[k] = (kids[0], *kids[1]); continue
     srcs = kids[0] if len(kids) == 1 and isinstance(kids[0], tuple) else tuple(kids)   # a V node's list

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck
-from egraph.ir import Node, Ops, new_buffer, const
+from egraph.ir import Node, Ops, ParamArg, CallInfo, new_buffer, const
 from egraph.dtypes import dtypes
 from lower.runtime import Storage
 from rules import RULES, rules_in
@@ -15,6 +15,11 @@ def _buf(storage, shape, seed=0, device="CPU"):
   b = new_buffer(math.prod(shape), dtypes.float32, device)
   storage.set_data(b, np.random.default_rng(seed).standard_normal(b.arg.size).astype(np.float32))
   return b.reshape(shape)
+
+def _precompiled(a):
+  p = Node(Ops.PARAM, dtypes.float32, (), ParamArg(0, a.shape, "CPU"))
+  f = Node(Ops.FUNCTION, dtypes.void, (Node(Ops.TUPLE, dtypes.void, (Node(Ops.MUL, None, (p, p)),)), a), CallInfo("sq", precompile=True))
+  return Node(Ops.ADD, None, (Node(Ops.GETTUPLE, None, (f,), 0), a))
 
 def witness(name: str):
   """A small graph on which rule `name` matches."""
@@ -27,6 +32,7 @@ def witness(name: str):
     "zero_size": [add.shrink(((1, 1), (0, 4))).contiguous()],
     "contiguous_of_storage": [Node(Ops.CONTIGUOUS, dtypes.float32, (a,))],
     "bitcast_to_view": [Node(Ops.ADD, None, (Node(Ops.BITCAST, dtypes.int32, (a.shrink(((1, 3), (0, 4))),)),) * 2)],
+    "precompile_call": [_precompiled(a)],
     "assign_copy_in_place": [b.after(b.store(Node(Ops.COPY, dtypes.float32, (_buf(s, (4, 4), 2, "NPY"),), "CPU")))],
     "contiguous_to_view": [a.shrink(((1, 3), (0, 4))).contiguous(), add.contiguous().shrink(((2, 3), (0, 4))).contiguous()],
     "contiguous_of_assign": [a.after(a.store(add)).contiguous()],
