@@ -2,14 +2,27 @@
 
 egglog runs cannot be interrupted, so the optimize phase runs one iteration per step and the limits are checked
 between steps. The load and materialize phases are not limited: they take a fixed number of iterations whatever the
-graph, and they leave a valid (all-materialized) CALL behind for extraction."""
+graph, and they leave a valid (all-materialized) CALL behind for extraction.
+
+Two modes share the rule definitions:
+- saturation (the default): pure unions, materialize then optimize; the result does not depend on rule order;
+- ordered (`Schedule(ordered=(rule names...))`): the phase-ordering model of a pattern-matcher pipeline. Every rule is
+  its own ruleset and is applied destructively (`Rule.egglog(destructive=True)` subsumes the matched term, so later
+  rules cannot match it), one rule after the other to saturation, the whole sequence repeated to a fixpoint. The
+  materialize rules take part in the sequence: placing `materialize_contiguous` before `contiguous_to_view` stores a
+  view instead of folding it. After the fixpoint each realize point also gets its all-materialized form as a dominated
+  fallback (a store costs more than any rule outcome), so extraction and the report's baseline are always defined.
+
+The bad-merge canary (`Schedule(canary=True)` or env `CALLSAT_CANARY=1`) checks, after the materialize phase and
+after every optimize step, that no e-class holds two shapes, two dtypes or two different constants, and raises an
+EngineError naming the rules that fired since the last clean check."""
 from __future__ import annotations
-import os, shutil, tempfile, time
+import dataclasses, os, shutil, tempfile, time
 from dataclasses import dataclass, field
 import egglog.bindings as eb
 from egraph.errors import EngineError, CallsatError
 from egraph.language import program, CONSTRUCTORS
-from rules import RULES
+from rules import RULES, PHASES
 
 STOP_REASONS = ("saturated", "node_limit", "iteration_limit", "time_limit")
 
@@ -25,12 +38,36 @@ LIMIT_PRESETS = {"default": Limits(), "small": Limits(nodes=50_000, iterations=2
 
 @dataclass(frozen=True)
 class Schedule:
-  """Which optimize rules run and how many iterations at most ('saturate' = until nothing changes or a limit)."""
+  """Which optimize rules run and how many iterations at most ('saturate' = until nothing changes or a limit).
+  With `ordered`, the named rules (any phase) run destructively in that sequence, repeated to a fixpoint (or
+  `max_iterations` rounds): the pattern-matcher model. `canary` checks e-class consistency after every step."""
   name: str = "saturate"
   rules: tuple[str, ...] | None = None     # optimize rule names; None = all of them
-  max_iterations: int | None = None        # None = saturate
+  max_iterations: int | None = None        # None = saturate (ordered: rounds of the whole sequence)
+  ordered: tuple[str, ...] | None = None   # ordered, destructive mode: rule names in application order
+  canary: bool = False                     # bad-merge canary after every step (also env CALLSAT_CANARY=1)
 
-SCHEDULE_PRESETS = {"saturate": Schedule(), "baseline": Schedule("baseline", rules=()), "once": Schedule("once", max_iterations=1)}
+# The reference pass's order (spec §4.2): per CONTIGUOUS it tries view folding (rule 3), then the merge with an AFTER
+# into storage (rule 7), then materialization (rule 9, whose zero-size case comes first); assigns into computed
+# values (rule 8) and DETACH/CONTIGUOUS_BACKWARD removal (rule 10) come after. `.contiguous()` of storage is the
+# identity at construction (before any pass), and CONTIGUOUS(CONTIGUOUS(x)) reaches rule 7 in the reference because
+# the inner one is materialized first (post-order), which `contiguous_idempotent` before materialization models.
+REFERENCE_ORDER = ("contiguous_of_storage", "storage_through_reshape", "contiguous_to_view", "contiguous_idempotent",
+                   "contiguous_of_assign", "contiguous_of_assign_n", "materialize_assign", "zero_size",
+                   "materialize_contiguous", "drop_detach", "drop_contiguous_backward")
+# the same with materialization first: every CONTIGUOUS is stored before a view or a merge can match it
+MATERIALIZE_FIRST = ("zero_size", "materialize_contiguous", "materialize_assign", "contiguous_of_storage",
+                     "storage_through_reshape", "contiguous_to_view", "contiguous_idempotent", "contiguous_of_assign",
+                     "contiguous_of_assign_n", "drop_detach", "drop_contiguous_backward")
+
+SCHEDULE_PRESETS = {"saturate": Schedule(), "baseline": Schedule("baseline", rules=()), "once": Schedule("once", max_iterations=1),
+                    "reference": Schedule("reference", ordered=REFERENCE_ORDER),
+                    "materialize_first": Schedule("materialize_first", ordered=MATERIALIZE_FIRST)}
+
+def ordered_schedule(order, name: str | None = None, **kw) -> Schedule:
+  """A Schedule for the ordered, destructive mode over `order` (rule names)."""
+  order = tuple(order)
+  return Schedule(name or "ordered:" + ",".join(order), ordered=order, **kw)
 
 def resolve(value, presets: dict, kind: str):
   if value is None: return presets[next(iter(presets))]
@@ -53,22 +90,69 @@ class RunStats:
   matches: dict[str, int] = field(default_factory=dict)
   stop_reason: str = "saturated"
   seconds: dict[str, float] = field(default_factory=dict)
+  trace: list[tuple[int, str, int]] = field(default_factory=list)   # (step, rule, matches): one entry per rule that fired per step
+  canary_checks: int = 0
+
+# ordered mode: the CONTIGUOUS/AFTER each realize point starts from, captured before any destructive rule runs, and the
+# fallback that adds its all-materialized form at the end
+_ORDERED_EXTRA = """
+(relation fallback_of (T T T))
+(ruleset capture)
+(ruleset fallback)
+(rule ((= c (U "CONTIGUOUS" a x)) (fresh c f)) ((fallback_of c f x)) :ruleset capture :name "capture_contiguous")
+(rule ((= u (B "AFTER" a t (B "STORE" s t2 v))) (fresh u f)) ((fallback_of u f v)) :ruleset capture :name "capture_assign")
+(rule ((fallback_of c f x)) ((union c (B "AFTER" 0 f (B "STORE" 0 f x)))) :ruleset fallback :name "materialized_fallback")
+"""
+
+def ordered_ruleset(name: str) -> str: return "o_" + name
+
+# Guards a destructive application needs that a pure union does not. `materialize_assign` also matches the
+# materialized form AFTER(f, STORE(f, x)) (arg 0) that `materialize_contiguous` adds to a class with a fresh buffer: as a
+# union that is a no-op, but destructively it subsumes that very form and leaves the class with nothing to extract.
+# Only an original assign into a computed value (a non-zero arg id) is its left side. (Requested in rules/callify.py.)
+ORDERED_GUARDS = {"materialize_assign": ("(B \"AFTER\" a t", "(!= a 0)")}
+
+def ordered_rule_text(name: str) -> str:
+  r = RULES[name]
+  if (g := ORDERED_GUARDS.get(name)) and g[0] in r.query and g[1] not in r.query:
+    r = dataclasses.replace(r, query=f"{r.query} {g[1]}")
+  return r.egglog(ruleset=ordered_ruleset(name), destructive=True)
+
+def canary_enabled(schedule: Schedule) -> bool:
+  return schedule.canary or os.environ.get("CALLSAT_CANARY", "") not in ("", "0")
 
 class Runner:
   """One egglog e-graph holding an encoded graph; runs the phases under limits."""
   def __init__(self, schedule: Schedule):
     self.schedule, self.stats = schedule, RunStats()
-    rules = [r for r in RULES.values() if r.phase != "optimize" or schedule.rules is None or r.name in schedule.rules]
-    unknown = set(schedule.rules or ()) - set(RULES)
+    self.encoding = None                   # the Encoding loaded (gives the canary shapes and dtypes); see load()
+    self.canary = canary_enabled(schedule)
+    self._since: dict[str, int] = {}       # matches per rule since the last clean canary check
+    named = set(schedule.rules or ()) | set(schedule.ordered or ())
+    unknown = named - set(RULES)
     if unknown: raise CallsatError(f"schedule {schedule.name!r} names unknown rules {sorted(unknown)}")
     self.egraph = eb.EGraph()
+    if schedule.ordered is not None:
+      if schedule.rules is not None: raise CallsatError(f"schedule {schedule.name!r}: give either rules or ordered, not both")
+      order = list(dict.fromkeys(schedule.ordered))
+      text = [program([]), _ORDERED_EXTRA]
+      for n in order:
+        text += [f"(ruleset {ordered_ruleset(n)})", ordered_rule_text(n)]
+      self._cmd("\n".join(text), "declaring the callify language (ordered mode)")
+      return
+    rules = [r for r in RULES.values() if r.phase != "optimize" or schedule.rules is None or r.name in schedule.rules]
     self._cmd(program(rules), "declaring the callify language")
+
+  @property
+  def ordered(self) -> bool: return self.schedule.ordered is not None
 
   def _cmd(self, text: str, what: str):
     return guarded(what, lambda: self.egraph.run_program(*self.egraph.parse_program(text)))
 
-  def load(self, rows: dict[str, list[tuple]]) -> None:
-    """Bulk-load rows with `input` (one TSV file per relation), then lift them into terms."""
+  def load(self, rows: dict[str, list[tuple]], encoding=None) -> None:
+    """Bulk-load rows with `input` (one TSV file per relation), then lift them into terms. With `encoding` (the
+    Encoding the rows come from) the canary also checks shapes and dtypes; without it only constants."""
+    if encoding is not None: self.encoding = encoding
     t0 = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix="callsat-")
     try:
@@ -82,7 +166,12 @@ class Runner:
     self.stats.seconds["insert"] = time.perf_counter() - t0
     self._phase("load", "(run-schedule (saturate (run load)))")
 
-  def materialize(self) -> None: self._phase("materialize", "(run-schedule (saturate (run materialize)))")
+  def materialize(self) -> None:
+    """The all-stored baseline. In ordered mode the materialize rules run inside the sequence instead; this only
+    records each realize point's starting form for the fallback."""
+    if self.ordered: self._phase("materialize", "(run-schedule (saturate (run capture)))"); return
+    self._phase("materialize", "(run-schedule (saturate (run materialize)))")
+    self.check_canary("the materialize phase")
 
   def _phase(self, name: str, text: str) -> None:
     t0 = time.perf_counter()
@@ -92,7 +181,10 @@ class Runner:
   def _count(self, out) -> bool:
     if not isinstance(out, eb.RunScheduleOutput): return False
     for rule, n in out.report.num_matches_per_rule.items():
-      if rule in RULES and n: self.stats.matches[rule] = self.stats.matches.get(rule, 0) + n
+      if rule in RULES and n:
+        self.stats.matches[rule] = self.stats.matches.get(rule, 0) + n
+        self._since[rule] = self._since.get(rule, 0) + n
+        self.stats.trace.append((self.stats.iterations, rule, n))
     return out.report.updated
 
   def size(self) -> int:
@@ -100,7 +192,9 @@ class Runner:
     return sum(n for name, n in out[0].sizes if name in CONSTRUCTORS)
 
   def optimize(self, limits: Limits) -> None:
-    """Run the optimize rules one iteration at a time until saturated or a limit is hit."""
+    """Run the optimize rules one iteration at a time until saturated or a limit is hit. Ordered mode: one round is
+    every rule of the sequence run to saturation in turn; rounds repeat until a round changes nothing."""
+    if self.ordered: return self._optimize_ordered(limits)
     t0 = time.perf_counter()
     cap = limits.iterations if self.schedule.max_iterations is None else min(limits.iterations, self.schedule.max_iterations)
     reason = "saturated"
@@ -110,8 +204,69 @@ class Runner:
       if time.perf_counter() - t0 > limits.seconds: reason = "time_limit"; break
       changed = any([self._count(o) for o in self._cmd("(run optimize 1)", "running the optimize phase")])
       self.stats.iterations += 1
+      self.check_canary(f"optimize iteration {self.stats.iterations}")
       if not changed: break
     self.stats.stop_reason = reason
     self.stats.seconds["optimize"] = time.perf_counter() - t0
+
+  def _optimize_ordered(self, limits: Limits) -> None:
+    t0 = time.perf_counter()
+    cap = limits.iterations if self.schedule.max_iterations is None else min(limits.iterations, self.schedule.max_iterations)
+    reason, done = "saturated", False
+    while not done:
+      if self.stats.iterations >= cap: reason = "iteration_limit"; break
+      changed = False
+      for name in self.schedule.ordered:
+        if self.size() > limits.nodes: reason, done = "node_limit", True; break
+        if time.perf_counter() - t0 > limits.seconds: reason, done = "time_limit", True; break
+        outs = self._cmd(f"(run-schedule (saturate (run {ordered_ruleset(name)})))", f"running rule {name} (ordered mode)")
+        changed |= any([self._count(o) for o in outs])
+        self.check_canary(f"rule {name} in round {self.stats.iterations + 1}")
+      self.stats.iterations += 1
+      if not changed: break
+    for o in self._cmd("(run-schedule (saturate (run fallback)))", "adding the materialized fallbacks"): self._count(o)
+    self.stats.stop_reason = reason
+    self.stats.seconds["optimize"] = time.perf_counter() - t0
+
+  # ---- the bad-merge canary ------------------------------------------------------------------------------------------
+
+  def class_conflicts(self) -> list[str]:
+    """E-classes that hold two shapes, two dtypes or two different constants, described. Shapes and dtypes need the
+    Encoding (load(..., encoding=)); constants are checked from the e-graph alone."""
+    fr = self.freeze()
+    fns, eg = fr.functions, self.egraph
+    enc = self.encoding
+    out = []
+    consts: dict = {}
+    if "L" in fns:
+      for r in fns["L"].rows:
+        if r.subsumed or eg.value_to_string(r.inputs[0]) != "CONST": continue
+        consts.setdefault(r.output, set()).add(eg.value_to_i64(r.inputs[1]))
+    for k, args in consts.items():
+      if len(args) > 1:
+        vals = sorted(str(enc.args[a]) if enc is not None else f"arg#{a}" for a in args)
+        out.append(f"an e-class holds different constants {', '.join(vals)}")
+    if enc is None or "N" not in fns: return out
+    members: dict = {}
+    for r in fns["N"].rows:
+      i = eg.value_to_i64(r.inputs[0])
+      if i < len(enc.nodes) and (n := enc.nodes[i]) is not None: members.setdefault(r.output, []).append(n)
+    for k, ns in members.items():
+      sigs = {(n.shape, n.dtype) for n in ns}
+      if len(sigs) > 1:
+        ex = sorted({f"{n.op.name} {n.dtype.name if n.dtype else None} {n.shape}" for n in ns})
+        out.append("an e-class holds " + " and ".join(ex[:4]))
+    return out
+
+  def check_canary(self, where: str, force: bool = False) -> None:
+    """Raise EngineError if an e-class is inconsistent, naming the rules that fired since the last clean check."""
+    if not (self.canary or force): return
+    self.stats.canary_checks += 1
+    bad = self.class_conflicts()
+    if bad:
+      rules = ", ".join(f"{r} ({n} matches)" for r, n in sorted(self._since.items())) or "none (the inserted graph itself)"
+      raise EngineError(f"bad merge after {where}: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
+                        + f"; rules fired since the last clean check: {rules}")
+    self._since.clear()
 
   def freeze(self): return guarded("reading the e-graph", self.egraph.freeze)

@@ -1,6 +1,10 @@
 """Soundness of the rules, checked on the saturated e-graph itself: every e-node of an e-class must evaluate (numpy
 reference) to the same value as the class's extracted representative. A rule that unions unequal terms shows up
-as a class whose members disagree, named with the rules that ran."""
+as a class whose members disagree, named with the rules that ran.
+
+Values are compared on the given storage and on re-randomized copies of it (`storages=2` by default): a view that
+aliases the wrong buffer or the wrong range can agree by value on one storage, never on independent contents. The
+bad-merge canary runs after every step (a class with two shapes, dtypes or constants raises EngineError)."""
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
@@ -18,13 +22,35 @@ class Violation:
   got: np.ndarray
   def __str__(self): return f"unsound union by one of {self.rules}: {self.enode}\n expected {self.expected}\n got {self.got}"
 
-def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = None, atol: float = 1e-5) -> tuple[list[Violation], dict[str, int]]:
-  """Saturate `roots` with the given optimize rules and compare every e-node with its class. Returns (violations, matches)."""
-  from lower.numpy import evaluate
+def rerandomized(storage, seed: int):
+  """A copy of `storage` with every buffer refilled with fresh random contents of its dtype."""
+  from rules.strategies import random_data
+  from egraph.dtypes import dtypes
+  rng = np.random.default_rng(seed)
+  out = storage.copy()
+  for uid in list(out):
+    a = out[uid]
+    dt = dtypes.from_numpy(a.dtype)
+    a[...] = random_data(rng, a.size, dt).reshape(a.shape)
+  return out
+
+def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = None, atol: float = 1e-5,
+                 storages: int = 2, canary: bool = True) -> tuple[list[Violation], dict[str, int]]:
+  """Saturate `roots` with the given optimize rules and compare every e-node with its class, on `storage` and on
+  `storages - 1` re-randomized copies of it. Returns (violations, matches). The canary raises EngineError."""
   enc = encode(roots)
   if not enc.keys: return [], {}
-  runner = Runner(Schedule("check", rules=rules))
-  runner.load(enc.rows); runner.materialize(); runner.optimize(Limits(iterations=50))
+  runner = Runner(Schedule("check", rules=rules, canary=canary))
+  runner.load(enc.rows, encoding=enc); runner.materialize(); runner.optimize(Limits(iterations=50))
+  violations: list[Violation] = []
+  for i in range(max(1, storages)):
+    st = storage if i == 0 else rerandomized(storage, 1000 + i)
+    violations += _compare(roots, st, enc, runner, atol)
+    if violations: break
+  return violations, dict(runner.stats.matches)
+
+def _compare(roots, storage, enc, runner, atol) -> list[Violation]:
+  from lower.numpy import evaluate
   g = EGraphView(runner.freeze(), runner.egraph, enc)
   costs = g.local_costs(COST_PRESETS["bytes"])
   _, choice = knuth(g, costs)
@@ -53,4 +79,4 @@ def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = Non
     want = np.asarray(ref[k])
     if got.shape != want.shape or not np.allclose(got, want, atol=atol, rtol=1e-5, equal_nan=True):
       violations.append(Violation(fired, f"{op} in e-class {k} ({g.info[k]}) of\n{render(list(roots))}", want, got))
-  return violations, dict(runner.stats.matches)
+  return violations
