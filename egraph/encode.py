@@ -8,11 +8,12 @@ import math
 from dataclasses import dataclass, field
 from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, HOST_DEVICES
 from egraph.dtypes import dtypes
-from egraph.errors import UnsupportedOpError
+from egraph.errors import UnsupportedOpError, DeviceError
 from egraph.view import contiguous_range
 
 COMPUTED_TARGET = "computed-target"  # arg marker of an AFTER whose target is not storage (it is never extracted)
 _VARIADIC = (Ops.CALL, Ops.FUNCTION, Ops.SINK, Ops.TUPLE)
+_DISK_OK = GroupOp.Movement | GroupOp.Storage | {Ops.COPY, Ops.AFTER, Ops.STORE, Ops.CONTIGUOUS, Ops.DETACH, Ops.BITCAST}
 
 def is_host(device) -> bool: return isinstance(device, str) and device.startswith(HOST_DEVICES)
 
@@ -126,8 +127,8 @@ def encode(roots: list[Node]) -> Encoding:
   for n in topo:
     if n.op in (Ops.MULTI, Ops.BIND):
       raise UnsupportedOpError(f"callify: {n.op.name} is not supported yet (it comes with the seed-coverage issue)")
-    if n.op is Ops.COPY and (is_host(n.device) and n.device.startswith("DISK")):
-      raise UnsupportedOpError(f"callify: COPY to {n.device} is not supported yet")
+    if isinstance(n.device, str) and n.device.startswith("DISK:") and n.op not in _DISK_OK:
+      raise DeviceError(f"callify: {n.op.name} {n.shape} on {n.device}: DISK tensors only support copies and movement ops")
     if n.id in enc.ids: wrapped.setdefault(n.id, enc.ids[n.id]); continue   # already inserted as a wrapper
     if n.op is Ops.CONTIGUOUS and n.device is None:          # nothing to allocate on: a no-op on values
       wrapped[n.id] = wrapped[n.src[0].id]; enc.ids[n.id] = wrapped[n.id]; continue

@@ -162,7 +162,11 @@ class Tensor:
   def zeros(*shape, dtype=None, device=None) -> Tensor: return Tensor.full(_argfix(shape), 0.0, dtype or dtypes.default_float, device)
   @staticmethod
   def empty(*shape, dtype=None, device=None) -> Tensor:
-    return Tensor(empty_view(_argfix(shape), dtypes.from_any(dtype or dtypes.default_float), canonical_device(device or DEFAULT_DEVICE)))
+    v = empty_view(_argfix(shape), dtypes.from_any(dtype or dtypes.default_float), canonical_device(device or DEFAULT_DEVICE))
+    if v.device.startswith("DISK:"):   # a disk tensor is the file's bytes: map them now (they may already hold data)
+      from lower.runtime import STORAGE
+      STORAGE.allocate(v.base)
+    return Tensor(v)
   @staticmethod
   def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
     if stop is None: start, stop = 0, start

@@ -5,6 +5,7 @@ backend (lower/llvm.py); a CALL that touches device "PYTHON" runs through the nu
 CUDA and DISK: come in later issues.
 """
 from __future__ import annotations
+import os
 from typing import Iterator
 import numpy as np
 from egraph.dtypes import DType, dtypes
@@ -28,6 +29,9 @@ class Storage:
   def get(self, x: int | Node, default=None) -> np.ndarray | None: return self._bufs.get(_uid(x), default)
 
   def allocate(self, buf: Node) -> np.ndarray:
+    if buf.op is Ops.BUFFER and buf.arg.device.startswith("DISK:") and buf.arg.uid not in self._bufs:
+      a = self._bufs[buf.arg.uid] = disk_map(buf)
+      return a
     """The array of `buf`, zero-filled on first use."""
     if buf.op is not Ops.BUFFER: raise CallsatError(f"allocate: expected a BUFFER, got {buf.op.name}")
     if (a := self._bufs.get(buf.arg.uid)) is None: a = self._bufs[buf.arg.uid] = np.zeros(buf.arg.size, dtype=buf.dtype.np)
@@ -60,7 +64,18 @@ def host_buffer(array, dtype: DType | str | None = None, storage: Storage = STOR
   storage.set_data(buf, a)
   return buf
 
-RUNNABLE = ("CPU", "PYTHON", "NPY")
+def disk_map(buf: Node) -> np.ndarray:
+  """A DISK:/path BUFFER is the first size*itemsize bytes of that file (created or grown with zeros), memory-mapped:
+  every buffer on one path aliases the same bytes, as in the reference."""
+  path, nbytes = buf.arg.device[5:], buf.arg.size * buf.dtype.itemsize
+  try:
+    if not os.path.exists(path) or os.path.getsize(path) < nbytes:
+      with open(path, "ab") as f: f.truncate(nbytes)
+    if nbytes == 0: return np.zeros(0, dtype=buf.dtype.np)
+    return np.memmap(path, dtype=buf.dtype.np, mode="r+", shape=(buf.arg.size,))
+  except OSError as e: raise DeviceError(f"{buf.arg.device}: cannot map {nbytes} bytes of {path!r}: {e}") from e
+
+RUNNABLE = ("CPU", "PYTHON", "NPY", "DISK")
 
 def check_device(d) -> None:
   """Raise DeviceError unless `d` (a canonical device, a tuple of them, or None) runs here."""
@@ -69,7 +84,7 @@ def check_device(d) -> None:
     for x in d: check_device(x)
     return
   if d.partition(":")[0] not in RUNNABLE:
-    raise DeviceError(f"device {d!r} cannot execute yet: only {', '.join(RUNNABLE)} (CPU:n) run; CUDA and DISK: come in a later issue")
+    raise DeviceError(f"device {d!r} cannot execute yet: only {', '.join(RUNNABLE)} (CPU:n, DISK:/path) run; CUDA comes in a later issue")
 
 def run_call(call: Node, storage: Storage = STORAGE) -> None:
   """Execute a CALL from callify: its SINK body runs with PARAM(slot=i) bound to `call.src[1+i]` (BUFFER or SLICE(BUFFER)).

@@ -11,7 +11,7 @@ from lower.numpy import evaluate
 from graphgen import graphs
 
 def storage_of(v: Node) -> Node:
-  while v.op in GroupOp.Movement or v.op is Ops.SLICE: v = v.src[0]
+  while v.op in GroupOp.Movement or v.op in (Ops.SLICE, Ops.AFTER): v = v.src[0]
   return v
 
 def test_ex4_bitcast_of_a_contiguous_view_is_a_retyped_slice():
