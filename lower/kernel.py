@@ -97,6 +97,10 @@ class Idx:
     quo = Idx._make(q, self.c // d)
     if rest.vmin >= 0 and rest.vmax < d: return quo
     if not rest.terms: return quo + rest.c // d
+    if rest.vmin < 0:   # keep Div atoms over non-negative values, so truncating division is floor division
+      m = -(rest.vmin // d)
+      r2 = rest + m * d
+      return quo - m if r2.vmax < d else quo - m + Idx(((Div(r2, d), 1),), 0)
     # peel the largest common factor of the rest: (g*x + c) // d == (x + c//g) // (d//g) when g | d
     g = math.gcd(d, *(k for _, k in rest.terms))
     if g > 1 and rest.vmin >= 0:
@@ -107,6 +111,8 @@ class Idx:
   def __mod__(self, d: int) -> "Idx":
     if d == 1: return Idx((), 0)
     x = Idx._make({a: k for a, k in self.terms if k % d}, self.c % d)
+    if x.vmin >= 0 and x.vmax < d: return x
+    if x.vmin < 0: x = x + (-(x.vmin // d)) * d   # non-negative, so truncating remainder is floor remainder
     if x.vmin >= 0 and x.vmax < d: return x
     return Idx(((Mod(x, d), 1),), 0)
 

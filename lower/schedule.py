@@ -18,7 +18,7 @@
   goes to a temporary and is copied back by a second kernel.
 """
 from __future__ import annotations
-import itertools, math
+import itertools, math, sys
 from dataclasses import dataclass, field
 from egraph.dtypes import DType, dtypes
 from egraph.errors import CallsatError, UnsupportedOpError
@@ -139,6 +139,18 @@ def _realize_set(root: Node, cap: int) -> set:
     size[n.id] = s
   return realize
 
+def _realize_order(root: Node, realize: set) -> list:
+  """(node, reached-through-AFTER) for every realized node, children first."""
+  if not realize: return []
+  order = toposort([root], enter_calls=False)
+  flags: dict = {root.id: {False}}
+  for n in reversed(order):
+    fs = flags.get(n.id, set())
+    for i, s in enumerate(n.src):
+      if n.op in (Ops.STORE, Ops.CALL): continue
+      flags.setdefault(s.id, set()).update({True} if n.op is Ops.AFTER and i == 0 else fs if n.op is not Ops.AFTER else set())
+  return [(n, f) for n in order if n.id in realize for f in sorted(flags.get(n.id, ()))]
+
 # ---------------------------------------------------------------------------------------------------------------------
 # building kernels for one store group
 
@@ -192,9 +204,7 @@ class _Builder:
       return self.load(m, flat_index(idx, n.shape), valid, False, n.dtype)
     if op is Ops.CONST: return const(n.arg[0], n.dtype)
     if op is Ops.AFTER: return self.value(n.src[0], idx, valid, True, bcast)
-    if op in IDENTITY:
-      if op is Ops.COPY and isinstance(n.src[0].device, str) and n.src[0].device.startswith("DISK"):
-        raise UnsupportedOpError("LLVM backend: COPY from a DISK buffer is not supported yet")
+    if op in IDENTITY:   # COPY between host devices (NPY, DISK memmaps, CPU) is a read of the source's storage
       return self.value(n.src[0], idx, valid, after, bcast)
     if op in GroupOp.Movement:
       cidx, cvalid = _through(n, idx, valid)
@@ -224,7 +234,9 @@ class _Builder:
       v = self.value(n.src[0], idx, valid, after, bcast)
       return v if n.src[0].dtype == n.dtype else Expr(Ops.CAST, n.dtype, (v,))
     if op in GroupOp.ALU:
-      return Expr(op, n.dtype, tuple(self.value(s, idx, valid, after, bcast) for s in n.src))
+      srcs = []
+      for s in n.src: srcs.append(self.value(s, idx, valid, after, bcast))
+      return Expr(op, n.dtype, tuple(srcs))
     if op is Ops.REDUCE:
       if bcast and not top:
         m = g.temp_of(n, after)
@@ -301,6 +313,7 @@ def _arg_mem(a: Node, bind: dict) -> Mem:
 def schedule(body: Node, bind: dict, ctx: _Ctx | None = None) -> Program:
   """Kernels for the SINK `body` with PARAM(slot) bound to bind[slot] (a Mem)."""
   ctx = ctx or _Ctx()
+  if sys.getrecursionlimit() < 20000: sys.setrecursionlimit(20000)   # value building recurses up to ~FUSE_CAP deep
   from lower.inline import inline_functions   # plain FUNCTIONs are inlined; precompiled ones are nested CALLs
   body = inline_functions(body)
   for n in toposort([body], enter_calls=False):
@@ -318,6 +331,7 @@ def schedule(body: Node, bind: dict, ctx: _Ctx | None = None) -> Program:
     m, index = _target(tgt, bind)
     g = _Group(ctx, bind)
     g.realize = _realize_set(val, FUSE_CAP)
+    for n, after in _realize_order(val, g.realize): g.temp_of(n, after)   # children first: bounded recursion
     g.kernel(tgt.shape, m, index, val, False)
     keys = [k for s in g.specs for k in _loads(s.value, [])]
     groups.append(_GroupPlan(g.specs, None, [m] if tgt.numel else [],
