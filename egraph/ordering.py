@@ -1,0 +1,213 @@
+"""Ordered vs saturated: run a corpus of graphs under equality saturation and under rule orders (the reference pass's
+order, materialize-first, and K random orders, each in the ordered destructive mode of egraph/schedule.py), and report
+per graph the extracted cost, e-graph size, time, and whether the result depends on the order.
+
+`callsat order` is the command line for this module. Sweeps scale out over processes with `workers`."""
+from __future__ import annotations
+import csv, io, json, math, time
+from dataclasses import dataclass, field, asdict
+import numpy as np
+from egraph.errors import CallsatError
+
+ORDERABLE_PHASES = ("materialize", "optimize")
+
+def orderable_rules() -> list[str]:
+  from rules import RULES
+  return [r.name for r in RULES.values() if r.phase in ORDERABLE_PHASES]
+
+def random_orders(k: int, seed: int = 0) -> list[tuple[str, ...]]:
+  """K random permutations of every materialize and optimize rule (deterministic in `seed`)."""
+  rng = np.random.default_rng(seed)
+  names = orderable_rules()
+  return [tuple(names[i] for i in rng.permutation(len(names))) for _ in range(k)]
+
+# ---- the corpus ------------------------------------------------------------------------------------------------------
+
+def _buf(storage, rng, shape, device="CPU"):
+  from egraph.ir import new_buffer
+  from egraph.dtypes import dtypes
+  b = new_buffer(math.prod(shape), dtypes.float32, device)
+  storage.set_data(b, rng.standard_normal(math.prod(shape)).astype(np.float32))
+  return b.reshape(shape)
+
+def generated_graph(seed: int, steps: int = 12):
+  """A deterministic random graph (numpy rng, no hypothesis) rich in what orders disagree on: contiguous views of
+  buffers and of realized values, CONTIGUOUS of CONTIGUOUS, assigns into buffers then CONTIGUOUS, assigns into computed
+  values, DETACH markers. Returns (roots, storage)."""
+  from egraph.ir import Node, Ops, const
+  from egraph.dtypes import dtypes
+  from lower.runtime import Storage
+  rng = np.random.default_rng(seed)
+  storage = Storage()
+  pool = [_buf(storage, rng, (4, 8)) for _ in range(1 + seed % 2)]
+  c2 = lambda x: const(2.0, dtypes.float32, "CPU").reshape((1,) * len(x.shape)).expand(x.shape)
+  for _ in range(steps):
+    x = pool[rng.integers(len(pool))]
+    k = rng.choice(["alu", "alu", "view", "view", "contig", "contig2", "assign", "assign_computed", "detach", "reduce"])
+    if k == "alu": y = Node(Ops.ADD if rng.random() < .5 else Ops.MUL, None, (x, c2(x)))
+    elif k == "view":
+      if x.shape[0] < 2: continue
+      a = int(rng.integers(0, x.shape[0] - 1))
+      y = x.shrink(((a, x.shape[0]),) + tuple((0, d) for d in x.shape[1:]))
+      y = (y if y.has_buffer_identity() else y).contiguous() if not y.has_buffer_identity() else Node(Ops.DETACH, y.dtype, (y,)).contiguous()
+    elif k == "contig": y = x.contiguous() if not x.has_buffer_identity() and x.op is not Ops.CONTIGUOUS else Node(Ops.NEG, None, (x,)).contiguous()
+    elif k == "contig2": y = Node(Ops.NEG, None, (x,)).contiguous().contiguous()
+    elif k == "assign":
+      t = _buf(storage, rng, x.shape)
+      y = t.after(t.store(Node(Ops.ADD, None, (t, x)))).contiguous()
+    elif k == "assign_computed":
+      t = Node(Ops.MUL, None, (x, c2(x)))
+      y = t.after(t.store(Node(Ops.ADD, None, (x, c2(x)))))
+    elif k == "detach": y = Node(Ops.DETACH, x.dtype, (Node(Ops.ADD, None, (x, x)),))
+    else:
+      if len(x.shape) < 2: continue
+      y = Node(Ops.REDUCE, None, (x,), (Ops.ADD, (len(x.shape) - 1,)))
+    pool.append(y)
+  roots = list(dict.fromkeys(pool[-3:]))
+  return roots, storage
+
+def model_graph(name: str):
+  """The roots of a named model of egraph/cli.py (its output tensor's graph)."""
+  from egraph.cli import MODELS
+  from egraph import Tensor
+  if name not in MODELS: raise CallsatError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+  out, _ = MODELS[name](Tensor)
+  return [out.node], None
+
+def corpus_names(generated: int = 8) -> list[str]:
+  from egraph.cli import MODELS
+  return [f"model:{m}" for m in sorted(MODELS)] + [f"gen:{i}" for i in range(generated)]
+
+def build(name: str):
+  kind, _, arg = name.partition(":")
+  if kind == "model": return model_graph(arg)
+  if kind == "gen": return generated_graph(int(arg))
+  raise CallsatError(f"corpus entry {name!r}: expected model:NAME or gen:SEED")
+
+# ---- one graph under every schedule ---------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+  schedule: str
+  cost: int
+  e_nodes: int
+  seconds: float
+  stores: int
+  views: int
+  iterations: int
+
+@dataclass
+class GraphResult:
+  graph: str
+  graph_nodes: int
+  baseline_cost: int
+  saturated: Run
+  reference: Run
+  materialize_first: Run
+  orders: list[Run] = field(default_factory=list)
+
+  @property
+  def order_costs(self) -> list[int]: return [r.cost for r in self.orders]
+  @property
+  def order_dependent(self) -> bool:
+    return len({r.cost for r in self.orders + [self.reference, self.materialize_first]}) > 1
+  @property
+  def saturated_best(self) -> bool:
+    return all(self.saturated.cost <= r.cost for r in self.orders + [self.reference, self.materialize_first])
+
+  def row(self) -> dict:
+    oc = self.order_costs or [self.reference.cost]
+    return {"graph": self.graph, "graph_nodes": self.graph_nodes, "baseline_cost": self.baseline_cost,
+            "saturated_cost": self.saturated.cost, "reference_cost": self.reference.cost,
+            "materialize_first_cost": self.materialize_first.cost, "orders": len(self.orders),
+            "order_cost_min": min(oc), "order_cost_max": max(oc), "distinct_order_costs": len(set(oc)),
+            "orders_matching_saturated": sum(c == self.saturated.cost for c in oc),
+            "order_dependent": self.order_dependent, "saturated_best": self.saturated_best,
+            "saturated_e_nodes": self.saturated.e_nodes, "reference_e_nodes": self.reference.e_nodes,
+            "saturated_ms": round(1e3 * self.saturated.seconds, 2), "reference_ms": round(1e3 * self.reference.seconds, 2),
+            "orders_mean_ms": round(1e3 * sum(r.seconds for r in self.orders) / max(1, len(self.orders)), 2)}
+
+def _run(roots, schedule) -> tuple[Run, object]:
+  from egraph.callify import callify
+  t0 = time.perf_counter()
+  res = callify(*roots, schedule=schedule, cache=False)
+  rep = res.report
+  return Run(rep.schedule, rep.cost, rep.e_nodes, time.perf_counter() - t0, rep.stores, rep.views, rep.iterations), rep
+
+def run_graph(name: str, k: int = 8, seed: int = 0) -> GraphResult:
+  """`name` (a corpus entry) under saturation, the reference order, materialize-first and `k` random orders."""
+  from egraph.schedule import SCHEDULE_PRESETS, ordered_schedule
+  from egraph.ir import toposort
+  roots, _ = build(name)
+  sat, rep = _run(roots, "saturate")
+  ref, _ = _run(roots, SCHEDULE_PRESETS["reference"])
+  mf, _ = _run(roots, SCHEDULE_PRESETS["materialize_first"])
+  orders = [_run(roots, ordered_schedule(o, name=f"random{i}"))[0] for i, o in enumerate(random_orders(k, seed))]
+  return GraphResult(name, len(toposort(roots, enter_calls=False)), rep.baseline_cost, sat, ref, mf, orders)
+
+def _job(args): return run_graph(*args)
+
+def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1) -> list[GraphResult]:
+  """Every corpus entry; with workers > 1 the entries run in separate processes (each builds its own graph)."""
+  jobs = [(n, k, seed) for n in names]
+  if workers <= 1: return [run_graph(*j) for j in jobs]
+  from concurrent.futures import ProcessPoolExecutor
+  import multiprocessing as mp
+  with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+    return list(ex.map(_job, jobs))
+
+# ---- output ----------------------------------------------------------------------------------------------------------
+
+COLUMNS = ("graph", "graph_nodes", "baseline_cost", "saturated_cost", "reference_cost", "materialize_first_cost",
+           "order_cost_min", "order_cost_max", "distinct_order_costs", "orders_matching_saturated", "order_dependent",
+           "saturated_e_nodes", "saturated_ms", "reference_ms", "orders_mean_ms")
+
+def table(results: list[GraphResult]) -> str:
+  rows = [r.row() for r in results]
+  heads = ["graph", "nodes", "baseline", "saturated", "reference", "mat-first", "orders min..max", "distinct",
+           "=sat", "depends", "e-nodes", "sat ms", "ref ms"]
+  body = [[r["graph"], r["graph_nodes"], r["baseline_cost"], r["saturated_cost"], r["reference_cost"],
+           r["materialize_first_cost"], f'{r["order_cost_min"]}..{r["order_cost_max"]}', r["distinct_order_costs"],
+           f'{r["orders_matching_saturated"]}/{r["orders"]}', "yes" if r["order_dependent"] else "no",
+           r["saturated_e_nodes"], r["saturated_ms"], r["reference_ms"]] for r in rows]
+  widths = [max(len(str(x)) for x in col) for col in zip(heads, *body)]
+  fmt = lambda xs: "  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(xs, widths)))
+  return "\n".join([fmt(heads), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
+
+def to_csv(results: list[GraphResult]) -> str:
+  out = io.StringIO()
+  w = csv.DictWriter(out, fieldnames=list(results[0].row()) if results else list(COLUMNS))
+  w.writeheader()
+  for r in results: w.writerow(r.row())
+  return out.getvalue()
+
+def to_json(results: list[GraphResult]) -> str:
+  return json.dumps([{**r.row(), "runs": {"saturated": asdict(r.saturated), "reference": asdict(r.reference),
+                                           "materialize_first": asdict(r.materialize_first),
+                                           "orders": [asdict(o) for o in r.orders]}} for r in results], indent=1)
+
+def require_matplotlib():
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+  except ImportError as e:
+    raise CallsatError("plotting needs matplotlib: pip install -e '.[plot]' (or pip install callsat[plot])") from e
+
+def plot(results: list[GraphResult], path: str) -> None:
+  """A PNG: per graph, each schedule's cost relative to the all-materialized baseline (random orders as dots)."""
+  plt = require_matplotlib()
+  fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(results) + 2), 4.5))
+  xs = range(len(results))
+  rel = lambda r, c: c / r.baseline_cost if r.baseline_cost else 1.0
+  for i, r in enumerate(results):
+    ax.scatter([i] * len(r.orders), [rel(r, o.cost) for o in r.orders], color="tab:gray", alpha=.5, s=18,
+               label="random orders" if i == 0 else None)
+  ax.plot(xs, [rel(r, r.saturated.cost) for r in results], "o", color="tab:green", label="saturated", ms=9, mfc="none", mew=2)
+  ax.plot(xs, [rel(r, r.reference.cost) for r in results], "x", color="tab:blue", label="reference order", ms=8, mew=2)
+  ax.plot(xs, [rel(r, r.materialize_first.cost) for r in results], "s", color="tab:red", label="materialize first", ms=5)
+  ax.set_xticks(list(xs)); ax.set_xticklabels([r.graph for r in results], rotation=45, ha="right")
+  ax.set_ylabel("extracted cost / all-materialized baseline"); ax.set_title("callify: saturation vs rule orders")
+  ax.axhline(1.0, color="k", lw=.5); ax.legend(fontsize=8); fig.tight_layout()
+  fig.savefig(path, dpi=110); plt.close(fig)
