@@ -8,7 +8,8 @@ from egraph.report import CallifyReport
 from egraph.callify import callify, CallifyResult
 from egraph.tensor import Tensor
 from egraph.function import function
+from egraph.symbolic import Variable
 
 __all__ = ["CallsatError", "ShapeError", "DTypeError", "DeviceError", "UnsupportedOpError", "LimitError", "EngineError",
            "dtypes", "DType", "Node", "Ops", "GroupOp", "Limits", "Schedule", "CostModel", "CallifyReport", "callify",
-           "CallifyResult", "Tensor", "function"]
+           "CallifyResult", "Tensor", "function", "Variable"]

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses, time
 from collections import OrderedDict
 from dataclasses import dataclass
-from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer
+from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer, map_args
 from egraph.dtypes import dtypes
-from egraph.errors import CallsatError, EngineError
+from egraph.errors import CallsatError, EngineError, ShapeError
+from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode
 from egraph.schedule import Runner, Limits, Schedule, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
 from egraph.cost import CostModel, COST_PRESETS
@@ -35,7 +36,8 @@ def storage_view(n: Node) -> Node:
   return n
 
 def parameterize(body: Node) -> tuple[Node, list[Node]]:
-  """Replace global BUFFERs and whole SLICE(BUFFER)s by PARAM(slot) in first-visit pre-order (spec §4.4)."""
+  """Replace global BUFFERs and whole SLICE(BUFFER)s by PARAM(slot) in first-visit pre-order (spec §4.4), then bound
+  symbolic dimensions by their variables, passing each value as a trailing BIND arg: the body is the cache key."""
   args, slots, seen, stack = [], {}, set(), [body]
   while stack:
     n = stack.pop()
@@ -44,7 +46,25 @@ def parameterize(body: Node) -> tuple[Node, list[Node]]:
     if n.op is Ops.BUFFER or (n.op is Ops.SLICE and n.src[0].op is Ops.BUFFER):
       slots[n] = Node(Ops.PARAM, n.dtype, (), ParamArg(len(args), n.shape, n.device)); args.append(n); continue
     stack.extend(reversed(n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))
-  return substitute([body], slots)[0], args
+  body = substitute([body], slots)[0]
+  bound: dict = {}
+  for n in toposort([body], enter_calls=False):
+    for d in dims_in(n.arg.shape if n.op is Ops.PARAM else n.arg if n.op not in (Ops.CALL, Ops.FUNCTION, Ops.BIND) else ()):
+      if isinstance(d, BoundVar):
+        if bound.setdefault(d.var.key, d) != d:
+          raise ShapeError(f"callify: variable {d.var.name} is bound to {int(bound[d.var.key])} and {int(d)} in one graph")
+  if bound: body = map_args([body], lambda d: d.var if isinstance(d, BoundVar) else d)[0]
+  return body, args + [Node(Ops.BIND, dtypes.int32, (), (d.var, int(d))) for d in bound.values()]
+
+def bindings(call: Node) -> tuple[Node, dict]:
+  """(the CALL without its BIND args and with plain sizes for its variables, {variable key: value}): what runs."""
+  for a in call.src[1:]:
+    if a.op is Ops.BIND and not (a.src == () and isinstance(a.arg, tuple) and isinstance(a.arg[0], Variable)):
+      raise CallsatError(f"CALL: a BIND argument must bind a Variable to a value, got {a.arg!r}")
+  binds = {a.arg[0].key: int(a.arg[0].bind(a.arg[1])) for a in call.src[1:] if a.op is Ops.BIND}
+  if not binds: return call, {}
+  body = map_args([call.src[0]], lambda d: binds.get(d.key, d) if isinstance(d, Variable) else d)[0]
+  return Node(Ops.CALL, dtypes.void, (body, *(a for a in call.src[1:] if a.op is not Ops.BIND)), call.arg), binds
 
 def _nodes(xs) -> list[Node]:
   out = []
@@ -71,20 +91,27 @@ def graph_key(roots: list[Node]) -> tuple[tuple, list[Node]]:
   topo = toposort(roots, enter_calls=False)
   pos = {n.id: i for i, n in enumerate(topo)}
   parts = tuple((n.op, n.dtype, (n.arg.size, n.arg.device) if n.op is Ops.BUFFER else
-                 (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else n.arg,
+                 (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else map_dims(n.arg, _unbind),
                  tuple(pos[s.id] for s in (n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))) for n in topo)
   return (parts, tuple(pos[r.id] for r in roots)), topo
 
+def _unbind(d): return d.var if isinstance(d, BoundVar) else d
+
 def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
-  """The cached result rebound to this graph's buffers, with freshly minted output buffers."""
+  """The cached result rebound to this graph's buffers and variable values, with freshly minted output buffers."""
   m = {o: n for o, n in zip(e.topo, topo) if o.op is Ops.BUFFER and o is not n}
+  binds: dict = {}
+  for n in topo: dims_in(n.arg.shape if n.op is Ops.PARAM else n.arg if n.op not in (Ops.CALL, Ops.FUNCTION) else (), binds)
+  new_value = {d.var.key: d for d in binds if isinstance(d, BoundVar)}
+  rebind = lambda d: new_value.get(d.var.key, d) if isinstance(d, BoundVar) else d
   old = e.result
   for v in [*old.call.src[1:], *old.buffer_map.values()]:
     for b in toposort([v]):
       if b.op is Ops.BUFFER and b.arg.uid in e.fresh and b not in m: m[b] = new_buffer(b.arg.size, b.dtype, b.arg.device)
   pos = {o.id: i for i, o in enumerate(e.topo)}
-  args = substitute(list(old.call.src[1:]), m)
-  values = substitute(list(old.buffer_map.values()), m)
+  args = [Node(Ops.BIND, a.dtype, (), (a.arg[0], int(new_value[a.arg[0].key]))) if a.op is Ops.BIND else a
+          for a in substitute(list(old.call.src[1:]), m)]
+  values = map_args(substitute(list(old.buffer_map.values()), m), rebind)
   report = dataclasses.replace(old.report, cache_hit=True, seconds={"cache": time.perf_counter() - t0})
   return CallifyResult(Node(Ops.CALL, dtypes.void, (old.call.src[0], *args), old.call.arg),
                        {topo[pos[k.id]]: v for k, v in zip(old.buffer_map, values)}, report)

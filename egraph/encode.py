@@ -10,6 +10,7 @@ from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_
 from egraph.dtypes import dtypes
 from egraph.errors import UnsupportedOpError, DeviceError
 from egraph.view import contiguous_range
+from egraph.symbolic import is_symbolic
 
 COMPUTED_TARGET = "computed-target"  # arg marker of an AFTER whose target is not storage (it is never extracted)
 _VARIADIC = (Ops.CALL, Ops.FUNCTION, Ops.SINK, Ops.TUPLE)
@@ -195,6 +196,7 @@ def _slice_view(enc: Encoding, x: Node, out: Node) -> Node | None:
   of storage: a buffer, a SLICE, a PARAM, or a value realized in this CALL (its CONTIGUOUS wrapper)."""
   b = x.base
   if b.device is None or isinstance(b.device, tuple) or (b is x and x.dtype == out.dtype): return None
+  if any(map(is_symbolic, x.shape + out.shape)): return None   # a SLICE has a fixed size: no views of symbolic shapes
   if b.op in GroupOp.Storage: stor = b
   elif b.op is Ops.CONTIGUOUS or (b.op is Ops.AFTER and b.src[0].has_buffer_identity()): stor = b
   elif b.id in enc.key_ids: stor = b.contiguous()   # the wrapper consumers read

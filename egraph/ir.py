@@ -10,6 +10,7 @@ from enum import Enum, auto
 from typing import Any
 from egraph.dtypes import DType, dtypes
 from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
+from egraph.symbolic import is_symbolic, max_value, map_dims
 
 class Ops(Enum):
   # storage and calls
@@ -130,13 +131,13 @@ class Node:
 
   # small constructors, so callers read like tinygrad
   def alu(self, op: Ops, *srcs: Node) -> Node: return Node(op, None, (self, *srcs))
-  def reshape(self, shape) -> Node: return self if tuple(shape) == self.shape else Node(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
-  def expand(self, shape) -> Node: return self if tuple(shape) == self.shape else Node(Ops.EXPAND, self.dtype, (self,), tuple(shape))
+  def reshape(self, shape) -> Node: return self if repr(tuple(shape)) == repr(self.shape) else Node(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
+  def expand(self, shape) -> Node: return self if repr(tuple(shape)) == repr(self.shape) else Node(Ops.EXPAND, self.dtype, (self,), tuple(shape))
   def permute(self, order) -> Node:
     return self if tuple(order) == tuple(range(len(self.shape))) else Node(Ops.PERMUTE, self.dtype, (self,), tuple(order))
   def shrink(self, arg) -> Node:
-    arg = tuple((int(s), int(e)) for s, e in arg)
-    return self if arg == tuple((0, s) for s in self.shape) else Node(Ops.SHRINK, self.dtype, (self,), arg)
+    arg = tuple((_dim(s), _dim(e)) for s, e in arg)
+    return self if repr(arg) == repr(tuple((0, s) for s in self.shape)) else Node(Ops.SHRINK, self.dtype, (self,), arg)
   def pad(self, arg) -> Node:
     arg = tuple((int(b), int(a)) for b, a in arg)
     return self if all(b == 0 and a == 0 for b, a in arg) else Node(Ops.PAD, self.dtype, (self,), arg)
@@ -146,6 +147,8 @@ class Node:
   def after(self, *deps: Node) -> Node: return Node(Ops.AFTER, self.dtype, (self, *deps)) if deps else self
   def store(self, value: Node) -> Node: return Node(Ops.STORE, dtypes.void, (self, value))
   def sink(*srcs: Node) -> Node: return Node(Ops.SINK, dtypes.void, tuple(srcs))
+
+def _dim(x): return x if is_symbolic(x) else int(x)
 
 def const(value, dtype: DType, device=None) -> Node:
   """A scalar constant; its device may be None (a pure-constant expression stays device-less)."""
@@ -165,8 +168,24 @@ def new_buffer(size: int, dtype: DType, device: str) -> Node:
   return Node(Ops.BUFFER, dtype, (), BufferArg(next(_buffer_uids), int(size), canonical_device(device)))
 
 def empty_view(shape: tuple[int, ...], dtype: DType, device: str) -> Node:
-  """A fresh buffer viewed with `shape` (BUFFER for 1-D, RESHAPE(BUFFER) otherwise)."""
-  return new_buffer(math.prod(shape), dtype, device).reshape(shape)
+  """A fresh buffer viewed with `shape` (BUFFER for 1-D, RESHAPE(BUFFER) otherwise). Symbolic dimensions get a buffer
+  of their maximum size, shrunk to the bound size."""
+  big = tuple(max_value(d) for d in shape)
+  v = new_buffer(math.prod(big), dtype, device).reshape(big)
+  return v.shrink(tuple((0, d) for d in shape)) if big != tuple(map(int, shape)) or any(map(is_symbolic, shape)) else v
+
+def map_args(roots: list[Node], fn) -> list[Node]:
+  """Rebuild `roots` with every symbolic dimension in args (and PARAM shapes) replaced by fn(dim); bodies not entered."""
+  new: dict[int, Node] = {}
+  for n in toposort(roots, enter_calls=False):
+    body = n.op in (Ops.CALL, Ops.FUNCTION)
+    srcs = tuple(s if body and i == 0 else new[s.id] for i, s in enumerate(n.src))
+    arg = (ParamArg(n.arg.slot, map_dims(n.arg.shape, fn), n.arg.device, n.arg.name, n.arg.vmin_vmax) if n.op is Ops.PARAM
+           else n.arg if body or n.op is Ops.BIND else map_dims(n.arg, fn))
+    new[n.id] = n if srcs == n.src and arg is n.arg or (srcs == n.src and arg == n.arg and _same_dims(arg, n.arg)) else Node(n.op, n.dtype, srcs, arg)
+  return [new[r.id] for r in roots]
+
+def _same_dims(a, b) -> bool: return repr(a) == repr(b)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # inference
@@ -270,9 +289,9 @@ def _movement_shape(op: Ops, shape: tuple[int, ...], arg) -> tuple[int, ...]:
     _check_perm(op, arg, n)
     return tuple(shape[i] for i in arg)
   if op is Ops.SHRINK:
-    if len(arg) != n or any(not 0 <= s <= e <= d for (s, e), d in zip(arg, shape)):
+    if len(arg) != n or any(not 0 <= s <= e <= max_value(d) for (s, e), d in zip(arg, shape)):
       raise ShapeError(f"SHRINK: {arg} is out of range for shape {shape}")
-    return tuple(e - s for s, e in arg)
+    return tuple(e if s == 0 and not is_symbolic(s) else e - s for s, e in arg)   # (0, v) keeps v symbolic
   if op is Ops.PAD:
     if len(arg) != n or any(b < 0 or a < 0 for b, a in arg): raise ShapeError(f"PAD: bad padding {arg} for shape {shape}")
     return tuple(b + d + a for (b, a), d in zip(arg, shape))

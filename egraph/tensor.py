@@ -11,6 +11,7 @@ import numpy as np
 from egraph.dtypes import DType, dtypes, least_upper_dtype, sum_acc_dtype
 from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
 from egraph.ir import Node, Ops, const, empty_view, substitute, canonical_device
+from egraph.symbolic import is_symbolic, max_value
 
 DEFAULT_DEVICE = "CPU"
 
@@ -485,7 +486,7 @@ class Tensor:
     pad+reshape+shrink trick for steps > 1, and a final RESHAPE that drops int dims and adds None dims."""
     idx = idx if isinstance(idx, tuple) else (idx,)
     for i in idx:
-      if isinstance(i, bool) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))):
+      if isinstance(i, bool) or is_symbolic(i) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))):
         raise UnsupportedOpError(f"getitem: unsupported index {i!r} (only ints, slices, None and ...)")
     if sum(i is Ellipsis for i in idx) > 1: raise ShapeError("getitem: an index can only have a single ellipsis")
     n_real = sum(i is not None and i is not Ellipsis for i in idx)
@@ -496,7 +497,10 @@ class Tensor:
     for i in idx:
       if i is None: out.append(1); continue
       size = self.shape[d]; d += 1
-      if isinstance(i, slice):
+      if isinstance(i, slice) and is_symbolic(i.stop) and i.start in (None, 0) and i.step in (None, 1):
+        if not i.stop.var.vmax <= max_value(size): raise TensorIndexError(f"getitem: {i.stop!r} can exceed axis {d - 1} of shape {self.shape}")
+        bounds.append((0, i.stop)); flips.append(False); steps.append(1); lens.append(i.stop); out.append(i.stop)   # a[:v]
+      elif isinstance(i, slice):
         start, stop, step = i.indices(size)
         n = len(range(start, stop, step))
         if n == 0: b = (0, 0)

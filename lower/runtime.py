@@ -91,8 +91,9 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
   Output buffers are allocated on demand."""
   if call.op is not Ops.CALL: raise CallsatError(f"run_call: expected a CALL, got {call.op.name}")
   if call.src[0].op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {call.src[0].op.name}")
+  from egraph.callify import bindings
+  call, _ = bindings(call)   # symbolic dimensions take their bound values; BIND args leave the call
   for i, a in enumerate(call.src[1:]):
-    if a.op is Ops.BIND: raise UnsupportedOpError("run_call: BIND arguments (symbolic shapes) are not supported yet")
     if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER)):
       raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
   python = False
