@@ -1,0 +1,130 @@
+"""LLVM backend kernels vs numpy, in one process, contenders interleaved per round; medians.
+
+  elementwise (a+b)*a-1 on 16M float32   vs numpy (out= passes and the plain expression) and vs a STREAM triad
+                                         (a = b + s*c, our kernel) measured in the same run
+  row sum of 4096x4096                   vs numpy x.sum(axis=1)
+  matmul 512^3                           vs numpy A@B (OpenBLAS; both at the same thread count, checked with threadpoolctl)
+  compile latency per kernel (cold: the kernel cache cleared) and on a cache hit (compiles: 0)
+
+Run (OpenBLAS's CORETYPE override slows a current numpy; unset it for this command only, see the env notes):
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/kernels.py --rounds 15 --out notes/benchmarks.md
+"""
+from __future__ import annotations
+import argparse, datetime, os, statistics, sys, time
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import numpy as np
+from egraph import callify
+from egraph.dtypes import dtypes
+from egraph.ir import Node, Ops, new_buffer, const
+from lower.runtime import Storage, run_call
+from lower import llvm
+from lower.cache import CACHE
+
+def timeit(f) -> float:
+  t0 = time.perf_counter(); f(); return (time.perf_counter() - t0) * 1e3
+
+def buf(S, a):
+  b = new_buffer(a.size, dtypes.float32, "CPU"); S.set_data(b, a.reshape(-1)); return b
+
+def cst(v, shape): return const(v, dtypes.float32, "CPU").reshape((1,) * len(shape)).expand(shape)
+
+def blas_info() -> str:
+  try:
+    from threadpoolctl import threadpool_info
+    i = [x for x in threadpool_info() if x["user_api"] == "blas"][0]
+    return f"{i['internal_api']} {i['version']} {i['architecture']} threads={i['num_threads']}"
+  except Exception as e: return f"threadpoolctl unavailable ({e}); OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}"
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--rounds", type=int, default=15)
+  ap.add_argument("--out", default=None)
+  ap.add_argument("--n", type=int, default=16 * 1024 * 1024)
+  args = ap.parse_args()
+  rng = np.random.default_rng(0)
+  S = Storage()
+  N = args.n
+  a_np, b_np = rng.standard_normal(N, dtype=np.float32), rng.standard_normal(N, dtype=np.float32)
+  a, b = buf(S, a_np), buf(S, b_np)
+  ew = callify(Node(Ops.SUB, None, (Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)), a)), cst(1.0, (N,)))))
+  triad = callify(Node(Ops.ADD, None, (b, Node(Ops.MUL, None, (a, cst(3.0, (N,)))))))
+  R = 4096
+  x_np = rng.standard_normal((R, R), dtype=np.float32)
+  x = buf(S, x_np).reshape((R, R))
+  rs = callify(Node(Ops.REDUCE, None, (x,), (Ops.ADD, (1,))))
+  M = 512
+  A_np, B_np = rng.standard_normal((M, M), dtype=np.float32), rng.standard_normal((M, M), dtype=np.float32)
+  A, B = buf(S, A_np).reshape((M, M)), buf(S, B_np).reshape((M, M))
+  prod = Node(Ops.MUL, None, (A.reshape((M, 1, M)).expand((M, M, M)), B.permute((1, 0)).reshape((1, M, M)).expand((M, M, M))))
+  mm = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M)))
+
+  # compile latency: cold (cache cleared), per kernel, each compiled alone; then a cache hit
+  from lower.llvm import _arg_binding
+  from lower.schedule import schedule
+  llvm._llvm()
+  cold = {}
+  for name, res in [("elementwise", ew), ("row sum", rs), ("matmul (tiled)", mm), ("triad", triad)]:
+    ks = [s.kernel for s in schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if s.kernel]
+    ts = []
+    for _ in range(5):
+      CACHE.clear()
+      ts.append(timeit(lambda: CACHE.get(ks)))
+    cold[name] = (statistics.median(ts[1:]), len(ks))
+  CACHE.clear()
+  for res in (ew, triad, rs, mm): run_call(res.call, S)        # warm: schedule + compile once
+  c0 = CACHE.compiled
+  hit = statistics.median([timeit(lambda: CACHE.get([s.kernel for s in schedule(ew.call.src[0], _arg_binding(ew.call)[0]).steps]))
+                           for _ in range(5)])
+  hit_compiles = CACHE.compiled - c0
+
+  out_t = np.empty(N, np.float32)
+  def np_out(): np.add(a_np, b_np, out=out_t); np.multiply(out_t, a_np, out=out_t); np.subtract(out_t, 1, out=out_t)
+  contenders = {
+    "ew llvm": lambda: run_call(ew.call, S), "ew llvm 1t": None, "ew numpy out=": np_out, "ew numpy expr": lambda: (a_np + b_np) * a_np - 1,
+    "triad llvm": lambda: run_call(triad.call, S),
+    "rowsum llvm": lambda: run_call(rs.call, S), "rowsum numpy": lambda: x_np.sum(axis=1),
+    "matmul llvm": lambda: run_call(mm.call, S), "matmul numpy": lambda: A_np @ B_np,
+  }
+  def one_thread(call):
+    old = llvm.THREADS; llvm.THREADS = 1
+    try: run_call(call, S)
+    finally: llvm.THREADS = old
+  contenders["ew llvm 1t"] = lambda: one_thread(ew.call)
+  contenders["matmul llvm 1t"] = lambda: one_thread(mm.call)
+  times = {k: [] for k in contenders}
+  for _ in range(args.rounds):
+    for k, f in contenders.items(): times[k].append(timeit(f))
+  med = {k: statistics.median(v) for k, v in times.items()}
+  # correctness of what was timed
+  np.testing.assert_allclose(S[ew.buffer_map[next(iter(ew.buffer_map))].base if False else ew.call.src[1]], (a_np + b_np) * a_np - 1, rtol=1e-6)
+  np.testing.assert_allclose(S[rs.call.src[1]], x_np.sum(axis=1), rtol=1e-3, atol=1e-3)
+  np.testing.assert_allclose(S[mm.call.src[1]].reshape(M, M), A_np @ B_np, rtol=1e-3, atol=1e-3)
+
+  gbs = lambda nbytes, ms: nbytes / ms / 1e6
+  triad_bw = gbs(12 * N, med["triad llvm"])
+  ew_bw = gbs(12 * N, med["ew llvm"])
+  gfl = lambda ms: 2 * M ** 3 / ms / 1e6
+  cpu, _ = llvm.host_cpu()
+  lines = [f"## LLVM backend kernels ({datetime.date.today().isoformat()})", "",
+           f"`{'env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ' if 'OPENBLAS_CORETYPE' not in os.environ else ''}python bench/kernels.py "
+           f"--rounds {args.rounds}" + (f" --out {args.out}" if args.out else "") + f"` — medians of {args.rounds} interleaved rounds in one "
+           f"process, ms; host CPU `{cpu}`, llvm threads={llvm.THREADS}; BLAS: {blas_info()}.", "",
+           "| kernel | llvm | reference | ratio (ref / llvm) | note |", "|---|---|---|---|---|",
+           f"| elementwise (a+b)*a-1, 16M f32 | {med['ew llvm']:.2f} ({ew_bw:.1f} GB/s) | numpy out=: {med['ew numpy out=']:.2f}; expr: {med['ew numpy expr']:.2f} | "
+           f"{med['ew numpy out='] / med['ew llvm']:.2f}x / {med['ew numpy expr'] / med['ew llvm']:.2f}x | 1 thread {med['ew llvm 1t']:.2f}; "
+           f"{100 * ew_bw / triad_bw:.0f}% of triad |",
+           f"| STREAM triad a=b+s*c, 16M f32 | {med['triad llvm']:.2f} ({triad_bw:.1f} GB/s) | | | 12 B/elem, same run |",
+           f"| row sum 4096x4096 f32 | {med['rowsum llvm']:.2f} ({gbs(4 * R * R, med['rowsum llvm']):.1f} GB/s) | numpy: {med['rowsum numpy']:.2f} | "
+           f"{med['rowsum numpy'] / med['rowsum llvm']:.2f}x | |",
+           f"| matmul 512^3 f32 | {med['matmul llvm']:.2f} ({gfl(med['matmul llvm']):.0f} GFLOPS) | numpy: {med['matmul numpy']:.2f} "
+           f"({gfl(med['matmul numpy']):.0f} GFLOPS) | {med['matmul numpy'] / med['matmul llvm']:.2f}x | 1 thread {med['matmul llvm 1t']:.2f} "
+           f"({gfl(med['matmul llvm 1t']):.0f} GFLOPS) |", "",
+           "| compile (cold, kernel alone) | ms | kernels |", "|---|---|---|"]
+  lines += [f"| {k} | {v[0]:.1f} | {v[1]} |" for k, v in cold.items()]
+  lines += [f"| cache hit (elementwise: schedule + lookup) | {hit:.2f} | compiles: {hit_compiles} |", ""]
+  text = "\n".join(lines)
+  print(text)
+  if args.out:
+    with open(args.out, "a") as f: f.write("\n" + text + "\n")
+
+if __name__ == "__main__": main()
