@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses, time
 from collections import OrderedDict
 from dataclasses import dataclass
-from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer, map_args
+from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer, map_args, const_key
 from egraph.dtypes import dtypes
 from egraph.errors import CallsatError, EngineError, ShapeError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
@@ -91,7 +91,8 @@ def graph_key(roots: list[Node]) -> tuple[tuple, list[Node]]:
   topo = toposort(roots, enter_calls=False)
   pos = {n.id: i for i, n in enumerate(topo)}
   parts = tuple((n.op, n.dtype, (n.arg.size, n.arg.device) if n.op is Ops.BUFFER else
-                 (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else map_dims(n.arg, _unbind),
+                 (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else const_key(n.arg) if n.op is Ops.CONST else
+                 map_dims(n.arg, _unbind),
                  tuple(pos[s.id] for s in (n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))) for n in topo)
   return (parts, tuple(pos[r.id] for r in roots)), topo
 
@@ -147,7 +148,7 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   if not enc.keys:
     return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)
   runner = Runner(sched)
-  runner.load(enc.rows)
+  runner.load(enc.rows, encoding=enc)
   runner.materialize()
   runner.optimize(lim)
   st = runner.stats

@@ -6,7 +6,7 @@ Every inserted node gets an integer id; the handle `(N id)` names its e-class. R
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, HOST_DEVICES
+from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, HOST_DEVICES, const_key
 from egraph.dtypes import dtypes
 from egraph.errors import UnsupportedOpError, DeviceError
 from egraph.view import contiguous_range
@@ -57,13 +57,14 @@ class Encoding:
   fresh_buffers: set[int] = field(default_factory=set)       # BufferArg uids minted here
   pins: dict[int, int] = field(default_factory=dict)         # assign id -> id of the target it must write
   stores_into_computed: set[int] = field(default_factory=set)  # STORE ids under an AFTER into a computed value
+  computed_args: set[int] = field(default_factory=set)       # arg ids marking AFTERs into computed values
   original: dict[int, tuple] = field(default_factory=dict)   # id -> (op, arg id, child ids) of the original e-node
   calls: dict[int, tuple] = field(default_factory=dict)      # precompiled FUNCTION Node.id -> (outputs, CALL)
   nil: int = -1
 
-  def arg_id(self, dtype, arg) -> int:
-    k = (dtype, arg)
-    if (i := self.arg_ids.get(k)) is None: i = self.arg_ids[k] = len(self.args); self.args.append(k)
+  def arg_id(self, dtype, arg, op: str = "") -> int:
+    k = (op, dtype, const_key(arg) if op == "CONST" else arg)   # True == 1 and -0.0 == 0.0: the op and bits tell them apart
+    if (i := self.arg_ids.get(k)) is None: i = self.arg_ids[k] = len(self.args); self.args.append((dtype, arg))
     return i
 
   def row(self, rel: str, *vals) -> None: self.rows.setdefault(rel, []).append(vals)
@@ -76,7 +77,7 @@ class Encoding:
   def emit(self, n: Node, child_ids: list[int], arg_id: int | None = None, original: bool = True) -> int:
     """One row for node n with the given child ids; returns its id."""
     i = self.new_id(n)
-    a = self.arg_id(n.dtype, (n.arg, n.src[0]) if n.op in (Ops.CALL, Ops.FUNCTION) else n.arg) if arg_id is None else arg_id
+    a = self.arg_id(n.dtype, (n.arg, n.src[0]) if n.op in (Ops.CALL, Ops.FUNCTION) else n.arg, n.op.name) if arg_id is None else arg_id
     op = n.op.name
     if n.op in _VARIADIC or (n.op is Ops.AFTER and len(child_ids) != 2) or len(child_ids) > 3:
       child_ids = [self.cons(child_ids)]
@@ -138,8 +139,10 @@ def encode(roots: list[Node]) -> Encoding:
     computed = n.op is Ops.AFTER and assigns_into_computed(n)
     if computed and not (len(n.src) == 2 and n.src[1].op is Ops.STORE):
       raise UnsupportedOpError(f"callify: AFTER into a computed {n.src[0].op.name} must have exactly one STORE dependency")
-    i = enc.emit(n, child_ids, enc.arg_id(n.dtype, COMPUTED_TARGET) if computed else None)
-    if computed: enc.mint_fresh(i, n); enc.stores_into_computed.add(child_ids[1])
+    i = enc.emit(n, child_ids, enc.arg_id(n.dtype, COMPUTED_TARGET, "AFTER") if computed else None)
+    if computed:
+      enc.mint_fresh(i, n); enc.stores_into_computed.add(child_ids[1])
+      if (a := enc.arg_id(n.dtype, COMPUTED_TARGET, "AFTER")) not in enc.computed_args: enc.computed_args.add(a); enc.row("computed_arg", a)
     elif n.op is Ops.AFTER and n.device is not None:
       enc.pins[i] = child_ids[0]     # an assign writes its own target: extraction must keep that storage
       v = n.src[1].src[1] if len(n.src) == 2 and n.src[1].op is Ops.STORE else None

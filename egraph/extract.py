@@ -44,7 +44,7 @@ class EGraphView:
     self.parents: list[list[int]] = [[] for _ in range(self.n_classes)]
     for e, ks in enumerate(self.kids):
       for k in set(ks): self.parents[k].append(e)
-    self.forbidden_args = {a for (dt, arg), a in enc.arg_ids.items() if arg == COMPUTED_TARGET}
+    self.forbidden_args = set(enc.computed_args)
 
   @property
   def n_enodes(self) -> int: return len(self.op)

@@ -83,7 +83,7 @@ def canonical_device(d: str | tuple | None) -> str | tuple | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Node
 
-def _key(arg):
+def const_key(arg):
   """Float constants are keyed by their bits, so -0.0 and 0.0 stay two nodes and a NaN constant is shared."""
   v, d = arg
   return (struct.pack("<d", v), d) if isinstance(v, float) else arg
@@ -99,7 +99,7 @@ class Node:
   def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[Node, ...] = (), arg: Any = None):
     src = tuple(src)
     if dtype is None: dtype = _infer_dtype(op, src, arg)
-    key = (op, dtype, tuple(s.id for s in src), _key(arg) if op is Ops.CONST else arg)
+    key = (op, dtype, tuple(s.id for s in src), const_key(arg) if op is Ops.CONST else arg)
     if (ret := _cache.get(key)) is not None: return ret
     shape, device = _infer(op, dtype, src, arg)
     ret = object.__new__(cls)

@@ -25,6 +25,7 @@ DECLARATIONS = """
 (relation zero_row (i64))
 (relation copy_into_row (i64 i64))
 (relation precompiled_row (i64 i64))
+(relation computed_arg (i64))
 (relation fresh (T T))
 (relation view (T T))
 (relation storage (T))
@@ -49,7 +50,7 @@ LIFT_RULES = """
 (rule ((precompiled_row g r)) ((precompiled (N g) (N r))) :ruleset load :name "lift_precompiled")
 """
 ROW_RELATIONS = ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row",
-                 "fresh_row", "view_row", "storage_row", "zero_row", "copy_into_row", "precompiled_row")
+                 "fresh_row", "view_row", "storage_row", "zero_row", "copy_into_row", "precompiled_row", "computed_arg")
 CONSTRUCTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
 
 def program(rules=None) -> str:

@@ -97,7 +97,6 @@ class RunStats:
 # fallback that adds its all-materialized form at the end
 _ORDERED_EXTRA = """
 (relation fallback_of (T T T))
-(relation computed_arg (i64))
 (ruleset capture)
 (ruleset fallback)
 (rule ((= c (U "CONTIGUOUS" a x)) (fresh c f)) ((fallback_of c f x)) :ruleset capture :name "capture_contiguous")
@@ -107,19 +106,7 @@ _ORDERED_EXTRA = """
 
 def ordered_ruleset(name: str) -> str: return "o_" + name
 
-# Guards a destructive application needs that a pure union does not. `materialize_assign` asks `(fresh u f)` of the
-# AFTER's e-class, and that fact spreads with merges: the materialized form AFTER(f, STORE(f, x)) of a CONTIGUOUS, or an
-# in-place assign merged with its CONTIGUOUS by `contiguous_of_assign`, then match too. As unions those matches only
-# add alternatives that extraction never picks; destructively they subsume the very form the class needs (an in-place
-# write into its buffer). Only an original assign into a computed value is its left side: its arg id is one of those
-# (`computed_arg`, loaded from the rows: AFTER rows that got a fresh buffer). (Requested in rules/callify.py.)
-ORDERED_GUARDS = {"materialize_assign": ("(B \"AFTER\" a t", "(computed_arg a)")}
-
-def ordered_rule_text(name: str) -> str:
-  r = RULES[name]
-  if (g := ORDERED_GUARDS.get(name)) and g[0] in r.query and g[1] not in r.query:
-    r = dataclasses.replace(r, query=f"{r.query} {g[1]}")
-  return r.egglog(ruleset=ordered_ruleset(name), destructive=True)
+def ordered_rule_text(name: str) -> str: return RULES[name].egglog(ruleset=ordered_ruleset(name), destructive=True)
 
 def canary_enabled(schedule: Schedule) -> bool:
   return schedule.canary or os.environ.get("CALLSAT_CANARY", "") not in ("", "0")
@@ -166,10 +153,6 @@ class Runner:
         cmds.append(f'(input {rel} "{path}")')
       if cmds: self._cmd(" ".join(cmds), "reading the inserted rows")
     finally: shutil.rmtree(tmp, ignore_errors=True)
-    if self.ordered:
-      fresh = {r[0] for r in rows.get("fresh_row", ())}
-      args = sorted({r[2] for rel in ("bin_row", "var_row") for r in rows.get(rel, ()) if r[1] == "AFTER" and r[0] in fresh})
-      if args: self._cmd(" ".join(f"(computed_arg {a})" for a in args), "adding the computed-assign facts")
     self.stats.seconds["insert"] = time.perf_counter() - t0
     self._phase("load", "(run-schedule (saturate (run load)))")
 

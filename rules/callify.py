@@ -9,7 +9,7 @@ register(
   Rule("materialize_contiguous", "CONTIGUOUS(x) = AFTER(f, STORE(f, x)) with f a fresh buffer view", "materialize",
        '(= c (U "CONTIGUOUS" a x)) (fresh c f)', '(union c (B "AFTER" 0 f (B "STORE" 0 f x)))', lhs='(U "CONTIGUOUS" a x)'),
   Rule("materialize_assign", "AFTER(t, STORE(t, v)) into a computed t = AFTER(f, STORE(f, v)) with f fresh", "materialize",
-       '(= u (B "AFTER" a t (B "STORE" s t2 v))) (fresh u f)', '(union u (B "AFTER" 0 f (B "STORE" 0 f v)))', lhs='(B "AFTER" a t (B "STORE" s t2 v))'),
+       '(= u (B "AFTER" a t (B "STORE" s t2 v))) (computed_arg a) (fresh u f)', '(union u (B "AFTER" 0 f (B "STORE" 0 f v)))', lhs='(B "AFTER" a t (B "STORE" s t2 v))'),
   Rule("precompile_call", "GETTUPLE(FUNCTION[precompile], j) = AFTER(out_j, CALL(body writing outs, ins, outs))", "materialize",
        '(= g (U "GETTUPLE" a f)) (precompiled g r)', '(union g r)', lhs='(U "GETTUPLE" a f)'),
   Rule("zero_size", "CONTIGUOUS(x) with no elements = its fresh empty buffer view, nothing to store", "materialize",

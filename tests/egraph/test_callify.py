@@ -245,3 +245,11 @@ def test_cache_misses_on_other_structure_and_options():
   assert callify(Node(Ops.ADD, None, (a, a))).report.cache_hit
   b, c = buf((4,)), buf((4,))
   assert not callify(Node(Ops.ADD, None, (b, c))).report.cache_hit          # two buffers where there was one
+
+def test_cache_and_encoding_tell_signed_zeros_and_flip_from_permute_apart():
+  from egraph import Tensor
+  a = Tensor([1., 2]).realize()
+  np.testing.assert_equal((1 / (a * -0.0)).numpy(), [-np.inf, -np.inf])
+  np.testing.assert_equal((1 / (a * 0.0)).numpy(), [np.inf, np.inf])
+  m = Tensor(np.arange(4, dtype=np.float32).reshape(2, 2)).realize()
+  np.testing.assert_equal((m.flip(0) + m.T).numpy(), np.flip(np.arange(4).reshape(2, 2), 0) + np.arange(4).reshape(2, 2).T)

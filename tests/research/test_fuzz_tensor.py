@@ -129,10 +129,8 @@ def test_fuzz_covers_both_devices_and_every_step_kind():
     assert len(got) == 13
   check(prog)
 
-@pytest.mark.xfail(strict=True, reason="egraph/encode.py Encoding.arg_id interns (dtype, arg) by ==, so PERMUTE (1, 0) "
-                   "gets FLIP's (True, False) arg id and decodes as PERMUTE((True, False)); numpy's transpose refuses it "
-                   "(found by the slow fuzz run; not in this kit's files)")
 def test_repro_permute_arg_collides_with_flip_arg():
+  """Regression (found by the slow fuzz run): arg ids interned by == gave PERMUTE (1, 0) the FLIP arg (True, False)."""
   a = Tensor(np.arange(16, dtype=np.float32).reshape(2, 8), device="PYTHON").realize()
   s = a + a
   f = s.flip(0)          # FLIP arg (True, False)
