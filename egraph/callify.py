@@ -27,7 +27,7 @@ def storage_view(n: Node) -> Node:
   chain = []
   while n.op is not Ops.BUFFER and n.op is not Ops.PARAM:
     if n.op is Ops.AFTER: n = n.src[0]; continue
-    if n.op not in GroupOp.Movement and n.op is not Ops.SLICE:
+    if n.op not in GroupOp.Movement and n.op not in (Ops.SLICE, Ops.MULTI):
       raise EngineError(f"extraction chose a non-storage form {n.op.name} for a realized value")
     chain.append(n); n = n.src[0]
   for m in reversed(chain):

@@ -6,7 +6,7 @@ Every inserted node gets an integer id; the handle `(N id)` names its e-class. R
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, HOST_DEVICES, const_key
+from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, empty_multi, shard_axes, HOST_DEVICES, const_key
 from egraph.dtypes import dtypes
 from egraph.errors import UnsupportedOpError, DeviceError
 from egraph.view import contiguous_range
@@ -60,6 +60,7 @@ class Encoding:
   computed_args: set[int] = field(default_factory=set)       # arg ids marking AFTERs into computed values
   original: dict[int, tuple] = field(default_factory=dict)   # id -> (op, arg id, child ids) of the original e-node
   calls: dict[int, tuple] = field(default_factory=dict)      # precompiled FUNCTION Node.id -> (outputs, CALL)
+  axes: dict[int, int | None] = field(default_factory=dict)  # Node.id -> shard axis of multi-device values
   nil: int = -1
 
   def arg_id(self, dtype, arg, op: str = "") -> int:
@@ -107,8 +108,11 @@ class Encoding:
     return self.ids[n.id]
 
   def mint_fresh(self, realize_id: int, n: Node) -> None:
-    f = empty_view(n.shape, n.dtype, n.device)
-    self.fresh_buffers.add(f.base.arg.uid)
+    f = empty_multi(n, self.axes.get(n.id, self.axes.get(n.src[0].id) if n.src else None)) if isinstance(n.device, tuple) else \
+        empty_view(n.shape, n.dtype, n.device)
+    b = f
+    while b.op is not Ops.BUFFER: b = b.src[0]
+    self.fresh_buffers.add(b.arg.uid)
     self.fresh[realize_id] = self.emit_tree(f)
     self.row("fresh_row", realize_id, self.fresh[realize_id])
 
@@ -117,6 +121,7 @@ def encode(roots: list[Node]) -> Encoding:
   enc = Encoding(list(roots))
   topo = toposort(roots, enter_calls=False)
   enc.keys = realize_points(roots, topo)
+  if any(isinstance(n.device, tuple) for n in topo): enc.axes = shard_axes(roots)
   is_key = {k.id for k in enc.keys}
   wrapped: dict[int, int] = {}   # Node.id -> id that consumers reference
   contigs: list[tuple[int, Node]] = []
@@ -127,8 +132,7 @@ def encode(roots: list[Node]) -> Encoding:
     for s in n.src: uses[s.id] = uses.get(s.id, 0) + 1
   for r in roots: uses[r.id] = uses.get(r.id, 0) + 1
   for n in topo:
-    if n.op in (Ops.MULTI, Ops.BIND):
-      raise UnsupportedOpError(f"callify: {n.op.name} is not supported yet (it comes with the seed-coverage issue)")
+    if n.op is Ops.BIND: raise UnsupportedOpError("callify: BIND nodes belong in CALL args; bind a Variable in a shape instead")
     if isinstance(n.device, str) and n.device.startswith("DISK:") and n.op not in _DISK_OK:
       raise DeviceError(f"callify: {n.op.name} {n.shape} on {n.device}: DISK tensors only support copies and movement ops")
     if n.id in enc.ids: wrapped.setdefault(n.id, enc.ids[n.id]); continue   # already inserted as a wrapper

@@ -10,7 +10,7 @@ from egraph.cost import CostModel
 from egraph.errors import EngineError
 
 _CTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
-_STORAGE_FORMS = frozenset({"AFTER", "SLICE", "BUFFER", "PARAM", "RESHAPE", "SHRINK", "PERMUTE", "FLIP"})
+_STORAGE_FORMS = frozenset({"AFTER", "SLICE", "BUFFER", "PARAM", "RESHAPE", "SHRINK", "PERMUTE", "FLIP", "MULTI"})
 
 class EGraphView:
   """The frozen e-graph as flat Python lists: e-nodes (class, op, arg id, child classes) and class facts."""

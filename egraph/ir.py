@@ -162,8 +162,8 @@ def const(value, dtype: DType, device=None) -> Node:
 
 _buffer_uids = itertools.count(1)
 
-def new_buffer(size: int, dtype: DType, device: str) -> Node:
-  """A fresh global buffer (a new uid every call)."""
+def new_buffer(size: int, dtype: DType, device: str | tuple) -> Node:
+  """A fresh global buffer (a new uid every call); on a tuple of devices each device holds `size` elements."""
   if dtype == dtypes.void: raise DTypeError("BUFFER: cannot allocate a void buffer")
   return Node(Ops.BUFFER, dtype, (), BufferArg(next(_buffer_uids), int(size), canonical_device(device)))
 
@@ -173,6 +173,40 @@ def empty_view(shape: tuple[int, ...], dtype: DType, device: str) -> Node:
   big = tuple(max_value(d) for d in shape)
   v = new_buffer(math.prod(big), dtype, device).reshape(big)
   return v.shrink(tuple((0, d) for d in shape)) if big != tuple(map(int, shape)) or any(map(is_symbolic, shape)) else v
+
+def is_shard(n: Node) -> bool:
+  """A per-device value (each device of a tuple holds its own array of `n.shape`): a tuple-device BUFFER/PARAM and views
+  of it. MULTI turns one into a logical value; everything else on a tuple device is logical (replicated)."""
+  while isinstance(n.device, tuple):
+    if n.op in (Ops.BUFFER, Ops.PARAM): return True
+    if n.op not in GroupOp.Movement and n.op not in (Ops.AFTER, Ops.SLICE, Ops.DETACH): return False
+    n = n.src[0]
+  return False
+
+def shard_axes(roots: list[Node]) -> dict[int, int | None]:
+  """Node.id -> the axis along which a logical multi-device value is split over its devices (None: replicated)."""
+  ax: dict[int, int | None] = {}
+  for n in toposort(roots, enter_calls=False):
+    if not isinstance(n.device, tuple) or not n.src: ax[n.id] = None; continue
+    if n.op is Ops.MULTI: ax[n.id] = n.arg; continue
+    if n.op in (Ops.CALL, Ops.FUNCTION): ax[n.id] = None; continue
+    srcs = [ax[s.id] for s in n.src if isinstance(s.device, tuple) and s.shape is not None and s.shape == n.src[0].shape and ax[s.id] is not None]
+    a = srcs[0] if srcs and not is_shard(n) else None
+    if a is not None and n.op is Ops.PERMUTE: a = n.arg.index(a)
+    elif a is not None and n.op is Ops.REDUCE and a in n.arg[1]: a = None
+    elif a is not None and n.op in (Ops.SHRINK, Ops.PAD) and n.shape[a] != n.src[0].shape[a]: a = None
+    elif a is not None and n.op is Ops.RESHAPE:
+      pre = math.prod(n.src[0].shape[:a])
+      a = next((i for i in range(len(n.shape)) if math.prod(n.shape[:i]) == pre and n.shape[i] == n.src[0].shape[a]), None)
+    ax[n.id] = a
+  return ax
+
+def empty_multi(n: Node, axis: int | None) -> Node:
+  """Fresh storage for a logical multi-device value: one shard per device along `axis`, or a full copy on every device."""
+  devs = n.device
+  if axis is None or n.shape[axis] % len(devs): return empty_view(n.shape, n.dtype, devs)   # replicated
+  shard = tuple(d // len(devs) if i == axis else d for i, d in enumerate(n.shape))
+  return Node(Ops.MULTI, n.dtype, (empty_view(shard, n.dtype, devs),), axis)
 
 def map_args(roots: list[Node], fn) -> list[Node]:
   """Rebuild `roots` with every symbolic dimension in args (and PARAM shapes) replaced by fn(dim); bodies not entered."""
@@ -242,6 +276,7 @@ def _infer(op: Ops, dtype: DType, src: tuple[Node, ...], arg) -> tuple[tuple[int
   if op is Ops.COPY: return x.shape, canonical_device(arg)
   if op is Ops.MULTI:
     if not isinstance(x.device, tuple): raise DeviceError(f"MULTI: source must live on a tuple of devices, got {x.device!r}")
+    if not isinstance(arg, int) or not 0 <= arg < len(x.shape): raise ShapeError(f"MULTI: axis {arg!r} out of range for shape {x.shape}")
     shp = list(x.shape); shp[arg] *= len(x.device)
     return tuple(shp), x.device
   if op in GroupOp.Marker or op is Ops.CAST: return x.shape, dev

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import numpy as np
 from egraph.dtypes import DType, dtypes, least_upper_dtype, sum_acc_dtype
 from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
-from egraph.ir import Node, Ops, const, empty_view, substitute, canonical_device
+from egraph.ir import Node, Ops, const, empty_view, substitute, canonical_device, new_buffer
 from egraph.symbolic import is_symbolic, max_value
 
 DEFAULT_DEVICE = "CPU"
@@ -232,6 +232,24 @@ class Tensor:
       consts = [n for n in self.node.toposort() if n.op is Ops.CONST and n.arg[1] is None]
       return Tensor(substitute([self.node], {c: const(c.arg[0], c.dtype, dev) for c in consts})[0])
     return Tensor(Node(Ops.COPY, self.dtype, (self.node,), dev))
+
+  def shard(self, devices, axis: int | None = 0) -> Tensor:
+    """Place this tensor's values on a tuple of devices: split along `axis` (each device holds one shard, a MULTI view),
+    or replicated on every device with axis=None. The values are realized and placed now (a data-loading step)."""
+    from lower.runtime import STORAGE
+    devs = canonical_device(tuple(devices) if isinstance(devices, (list, tuple)) else devices)
+    if not isinstance(devs, tuple) or len(devs) < 1: raise DeviceError(f"shard: need a tuple of devices, got {devices!r}")
+    arr = self.numpy()
+    if axis is None:
+      buf = new_buffer(arr.size, self.dtype, devs)
+      STORAGE.set_data(buf, np.broadcast_to(arr.reshape(-1), (len(devs), arr.size)))
+      return Tensor(buf.reshape(self.shape))
+    axis = self._axis(axis)
+    if self.shape[axis] % len(devs): raise ShapeError(f"shard: axis {axis} of shape {self.shape} does not split over {len(devs)} devices")
+    shards = np.stack(np.split(arr, len(devs), axis))
+    buf = new_buffer(shards[0].size, self.dtype, devs)
+    STORAGE.set_data(buf, shards)
+    return Tensor(Node(Ops.MULTI, self.dtype, (buf.reshape(shards.shape[1:]),), axis))
 
   def contiguous(self) -> Tensor:
     n = self.node

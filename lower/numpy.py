@@ -13,11 +13,11 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 from egraph.dtypes import dtypes
 from egraph.errors import CallsatError, DTypeError, UnsupportedOpError
-from egraph.ir import Node, Ops, GroupOp
+from egraph.ir import Node, Ops, GroupOp, is_shard
 from lower.runtime import UnallocatedBufferError
 if TYPE_CHECKING: from lower.runtime import Storage
 
-LATER = frozenset({Ops.BIND, Ops.MULTI})
+LATER = frozenset({Ops.BIND})
 # ops a STORE target may go through and still be a view of storage (EXPAND/PAD/compute are not)
 WRITABLE = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.AFTER, Ops.DETACH, Ops.SLICE})
 
@@ -77,6 +77,18 @@ def _slice(n: Node, src: np.ndarray) -> np.ndarray:
 def _shrink(n: Node, x: np.ndarray) -> np.ndarray: return x[tuple(slice(s, e) for s, e in n.arg) + (...,)]
 def _flip(n: Node, x: np.ndarray) -> np.ndarray: return x[tuple(slice(None, None, -1) if f else slice(None) for f in n.arg) + (...,)]
 
+# per-device values (egraph.ir.is_shard) carry a leading device axis: movement ops skip it, MULTI concatenates the shards
+def _lead(idx: tuple) -> tuple: return (slice(None),) + idx
+_SHARD: dict[Ops, Any] = {
+  Ops.RESHAPE: lambda n, x: np.reshape(x, (x.shape[0],) + tuple(n.arg)),
+  Ops.EXPAND: lambda n, x: np.broadcast_to(x, (x.shape[0],) + tuple(n.arg)),
+  Ops.PAD: lambda n, x: np.pad(x, ((0, 0),) + tuple(n.arg)),
+  Ops.SHRINK: lambda n, x: x[_lead(tuple(slice(s, e) for s, e in n.arg))],
+  Ops.PERMUTE: lambda n, x: np.transpose(x, (0,) + tuple(p + 1 for p in n.arg)),
+  Ops.FLIP: lambda n, x: x[_lead(tuple(slice(None, None, -1) if f else slice(None) for f in n.arg))],
+  Ops.DETACH: lambda n, x: x,
+}
+
 _PURE: dict[Ops, Any] = {
   Ops.CONST: _const, Ops.SLICE: _slice, Ops.REDUCE: _reduce, Ops.BITCAST: _bitcast,
   Ops.CAST: lambda n, x: x.astype(n.dtype.np),
@@ -89,6 +101,7 @@ _PURE: dict[Ops, Any] = {
   Ops.CONTIGUOUS: lambda n, x: np.array(x, copy=True, order="C"),
   Ops.COPY: lambda n, x: np.array(x, copy=True, order="C"),
   Ops.CONTIGUOUS_BACKWARD: lambda n, x: x, Ops.DETACH: lambda n, x: x,
+  Ops.MULTI: lambda n, x: np.concatenate(list(x), axis=n.arg),
   **{op: _alu for op in GroupOp.ALU},
 }
 
@@ -109,7 +122,7 @@ def _schedule(roots: list[Node]) -> list[Node]:
   return order
 
 def _target_base(n: Node) -> Node:
-  while n.op in GroupOp.Movement or n.op in WRITABLE: n = n.src[0]
+  while n.op in GroupOp.Movement or n.op in WRITABLE or n.op is Ops.MULTI: n = n.src[0]
   return n
 
 def _keeps_view(n: Node, i: int) -> bool:
@@ -158,21 +171,27 @@ def _buffer(n: Node, storage: Storage, allocate: bool) -> np.ndarray:
       raise UnallocatedBufferError(f"BUFFER uid={n.arg.uid} ({n.arg.size} x {n.dtype.name} on {n.arg.device}) is read but was never "
                                    "allocated or written")
     a = storage.allocate(n)
-  if a.shape != (n.arg.size,) or a.dtype != n.dtype.np:
-    raise CallsatError(f"BUFFER uid={n.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {n.dtype.name}({n.arg.size},)")
-  return a
+  want = (n.arg.size * len(n.device),) if isinstance(n.device, tuple) else (n.arg.size,)
+  if a.shape != want or a.dtype != n.dtype.np:
+    raise CallsatError(f"BUFFER uid={n.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {n.dtype.name}{want}")
+  return a.reshape(len(n.device), n.arg.size) if isinstance(n.device, tuple) else a
 
 def _param(n: Node, params: list[np.ndarray] | None) -> np.ndarray:
   slot = n.arg.slot
   if params is None or slot >= len(params): raise CallsatError(f"PARAM slot={slot}: no such argument ({0 if params is None else len(params)} given)")
   a = params[slot]
-  if not isinstance(a, np.ndarray) or a.shape != n.shape or a.dtype != n.dtype.np:
+  shape = ((len(n.device),) if isinstance(n.device, tuple) else ()) + tuple(n.shape)
+  if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != n.dtype.np:
     got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
     raise CallsatError(f"PARAM slot={slot}: argument is {got}, the PARAM says {n.dtype.name}{n.shape}")
   return a
 
 def _store(n: Node, tgt: np.ndarray, val: np.ndarray, memo: dict[int, Any]) -> None:
-  chain, b = [], n.src[0]
+  b = n.src[0]
+  if b.op is Ops.MULTI:   # a logical value into per-device storage: each device gets its shard
+    b, tgt, val = b.src[0], memo[b.src[0].id], np.stack(np.split(val, len(b.device), b.arg))
+  elif is_shard(b) and not is_shard(n.src[1]): val = np.broadcast_to(val, tgt.shape)   # replicated: every device a copy
+  chain = []
   while b.op not in (Ops.BUFFER, Ops.PARAM):
     if b.op not in WRITABLE: raise CallsatError(f"STORE: the target goes through {b.op.name} {b.shape}, which is not a writable view of storage")
     chain.append(b); b = b.src[0]
@@ -211,8 +230,11 @@ def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, c
       if any(a is None for a in args): raise CallsatError(f"CALL: argument {[a is None for a in args].index(True)} has no value")
       _run([n.src[0]], storage, args, cache)
       v = None
+    elif op in _SHARD and is_shard(n): v = np.asarray(_SHARD[op](n, *srcs(n)))
     elif (f := _PURE.get(op)) is not None:
-      v = np.asarray(f(n, *srcs(n)))
+      # a logical op reading a per-device value without MULTI reads a replicated value: any device's copy will do
+      xs = srcs(n) if op is Ops.MULTI or not any(is_shard(s) for s in n.src) else (x[0] if is_shard(s) else x for s, x in zip(n.src, srcs(n)))
+      v = np.asarray(f(n, *xs))
       if v.shape != n.shape or v.dtype != n.dtype.np:
         raise CallsatError(f"numpy executor: {op.name} gave {v.dtype}{v.shape}, the node says {n.dtype.name}{n.shape}")
     else: raise UnsupportedOpError(f"numpy executor: unknown op {op}")

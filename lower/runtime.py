@@ -10,12 +10,15 @@ from typing import Iterator
 import numpy as np
 from egraph.dtypes import DType, dtypes
 from egraph.errors import CallsatError, DeviceError, ShapeError, UnsupportedOpError
-from egraph.ir import Node, Ops, new_buffer, toposort
+from egraph.ir import Node, Ops, new_buffer, toposort, is_shard
 
 class UnallocatedBufferError(CallsatError, LookupError):
   """A BUFFER is read but storage never allocated it."""
 
 def _uid(x: int | Node) -> int: return x.arg.uid if isinstance(x, Node) else x
+def _elements(buf: Node) -> int:
+  """Elements of storage: on a tuple of devices every device holds its own `size` (device-major)."""
+  return buf.arg.size * (len(buf.arg.device) if isinstance(buf.arg.device, tuple) else 1)
 
 class Storage:
   """uid -> 1-D numpy array holding a BUFFER's elements. Keys may be given as uids or BUFFER nodes."""
@@ -29,18 +32,18 @@ class Storage:
   def get(self, x: int | Node, default=None) -> np.ndarray | None: return self._bufs.get(_uid(x), default)
 
   def allocate(self, buf: Node) -> np.ndarray:
-    if buf.op is Ops.BUFFER and buf.arg.device.startswith("DISK:") and buf.arg.uid not in self._bufs:
+    if buf.op is Ops.BUFFER and isinstance(buf.arg.device, str) and buf.arg.device.startswith("DISK:") and buf.arg.uid not in self._bufs:
       a = self._bufs[buf.arg.uid] = disk_map(buf)
       return a
     """The array of `buf`, zero-filled on first use."""
     if buf.op is not Ops.BUFFER: raise CallsatError(f"allocate: expected a BUFFER, got {buf.op.name}")
-    if (a := self._bufs.get(buf.arg.uid)) is None: a = self._bufs[buf.arg.uid] = np.zeros(buf.arg.size, dtype=buf.dtype.np)
+    if (a := self._bufs.get(buf.arg.uid)) is None: a = self._bufs[buf.arg.uid] = np.zeros(_elements(buf), dtype=buf.dtype.np)
     return a
 
   def set_data(self, buf: Node, data) -> np.ndarray:
     """Write `data` (any shape, buf.arg.size elements) into `buf`; in place if allocated, so existing views see it."""
     a = np.asarray(data).astype(buf.dtype.np, copy=False).reshape(-1)
-    if a.size != buf.arg.size: raise ShapeError(f"set_data: {a.size} elements for BUFFER uid={buf.arg.uid} of size {buf.arg.size}")
+    if a.size != _elements(buf): raise ShapeError(f"set_data: {a.size} elements for BUFFER uid={buf.arg.uid} of size {_elements(buf)}")
     dst = self.allocate(buf)
     dst[...] = a
     return dst
@@ -101,6 +104,10 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
     check_device(n.device)
     if n.op is Ops.PARAM: check_device(n.arg.device)
     python = python or _on_python(n.device) or (n.op is Ops.PARAM and _on_python(n.arg.device))
+  multi = any(isinstance(n.device, tuple) for n in toposort([call]))
+  if multi and not python:
+    raise UnsupportedOpError("run_call: multi-device (sharded) CALLs run on PYTHON devices only for now; the LLVM backend has no "
+                             "per-shard kernels yet (shard over ('PYTHON', 'PYTHON:1'), ...)")
   if python:
     from lower.numpy import evaluate
     evaluate([call], storage)
@@ -119,4 +126,5 @@ def read(node: Node, storage: Storage = STORAGE) -> np.ndarray:
     if n.op in (Ops.STORE, Ops.CALL): raise CallsatError(f"read: the graph contains {n.op.name}; run it (run_call) and read the buffer instead")
   if node.shape is None: raise CallsatError(f"read: {node.op.name} has no value")
   from lower.numpy import evaluate
-  return np.array(evaluate([node], storage)[0], copy=True, order="C")
+  v = evaluate([node], storage)[0]
+  return np.array(v[0] if is_shard(node) else v, copy=True, order="C")   # a replicated value: device 0's copy

@@ -387,7 +387,7 @@ def test_unallocated_read(S):
 def test_unsupported_ops_have_no_partial_effects(S):
   a = host_buffer(np.array([1, 2], dtype=np.float32), storage=S)
   q = P(0, (2,))
-  g = Node(Ops.MULTI, dtypes.float32, (new_buffer(2, dtypes.float32, ("CPU", "CPU:1")),), 0)
+  g = Node(Ops.PARAM, dtypes.int32, (), ParamArg(-1, (), None, "v", (1, 8)))   # a symbolic PARAM: not evaluable
   effect = a.after(a.store(full(9.0, (2,), dtypes.float32)))
   with pytest.raises(UnsupportedOpError, match="later"): evaluate([Node.sink(effect, g)], S)
   np.testing.assert_array_equal(S[a], [1, 2])
