@@ -44,7 +44,8 @@ def parameterize(body: Node) -> tuple[Node, list[Node]]:
     if n.id in seen: continue
     seen.add(n.id)
     if n.op is Ops.BUFFER or (n.op is Ops.SLICE and n.src[0].op is Ops.BUFFER):
-      slots[n] = Node(Ops.PARAM, n.dtype, (), ParamArg(len(args), n.shape, n.device)); args.append(n); continue
+      slots[n] = Node(Ops.PARAM, n.dtype, (), ParamArg(len(args), n.shape, n.device, shard=isinstance(n.device, tuple)))
+      args.append(n); continue
     stack.extend(reversed(n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))
   body = substitute([body], slots)[0]
   bound: dict = {}

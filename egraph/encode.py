@@ -178,7 +178,7 @@ def precompiled_call(enc: Encoding, f: Node) -> tuple[list[Node], Node]:
   enc.fresh_buffers.update(o.base.arg.uid for o in outs)
   items, subs = [], {}
   for j, s in enumerate(body.src):
-    t = Node(Ops.PARAM, s.dtype, (), ParamArg(n_in + j, s.shape, s.device))
+    t = Node(Ops.PARAM, s.dtype, (), ParamArg(n_in + j, s.shape, s.device, shard=isinstance(s.device, tuple)))   # writes every device
     if s.op is Ops.CONTIGUOUS and s not in subs: subs[s] = t.after(t.store(s.src[0])); items.append(s)
     else: items.append(t.after(t.store(s)))
   sink = Node(Ops.SINK, dtypes.void, tuple(substitute(items, subs)))

@@ -58,6 +58,7 @@ class ParamArg:
   device: str | tuple[str, ...] | None
   name: str | None = None
   vmin_vmax: tuple[int, int] | None = None
+  shard: bool = False     # on a tuple of devices: a per-device value (it replaced a BUFFER), not a logical one
 
 @dataclass(frozen=True)
 class CallInfo:
@@ -178,7 +179,7 @@ def is_shard(n: Node) -> bool:
   """A per-device value (each device of a tuple holds its own array of `n.shape`): a tuple-device BUFFER/PARAM and views
   of it. MULTI turns one into a logical value; everything else on a tuple device is logical (replicated)."""
   while isinstance(n.device, tuple):
-    if n.op in (Ops.BUFFER, Ops.PARAM): return True
+    if n.op is Ops.BUFFER or (n.op is Ops.PARAM and n.arg.shard): return True
     if n.op not in GroupOp.Movement and n.op not in (Ops.AFTER, Ops.SLICE, Ops.DETACH): return False
     n = n.src[0]
   return False
@@ -214,7 +215,7 @@ def map_args(roots: list[Node], fn) -> list[Node]:
   for n in toposort(roots, enter_calls=False):
     body = n.op in (Ops.CALL, Ops.FUNCTION)
     srcs = tuple(s if body and i == 0 else new[s.id] for i, s in enumerate(n.src))
-    arg = (ParamArg(n.arg.slot, map_dims(n.arg.shape, fn), n.arg.device, n.arg.name, n.arg.vmin_vmax) if n.op is Ops.PARAM
+    arg = (ParamArg(n.arg.slot, map_dims(n.arg.shape, fn), n.arg.device, n.arg.name, n.arg.vmin_vmax, n.arg.shard) if n.op is Ops.PARAM
            else n.arg if body or n.op is Ops.BIND else map_dims(n.arg, fn))
     new[n.id] = n if srcs == n.src and arg is n.arg or (srcs == n.src and arg == n.arg and _same_dims(arg, n.arg)) else Node(n.op, n.dtype, srcs, arg)
   return [new[r.id] for r in roots]

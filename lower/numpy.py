@@ -180,7 +180,7 @@ def _param(n: Node, params: list[np.ndarray] | None) -> np.ndarray:
   slot = n.arg.slot
   if params is None or slot >= len(params): raise CallsatError(f"PARAM slot={slot}: no such argument ({0 if params is None else len(params)} given)")
   a = params[slot]
-  shape = ((len(n.device),) if isinstance(n.device, tuple) else ()) + tuple(n.shape)
+  shape = ((len(n.device),) if n.arg.shard else ()) + tuple(n.shape)
   if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != n.dtype.np:
     got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
     raise CallsatError(f"PARAM slot={slot}: argument is {got}, the PARAM says {n.dtype.name}{n.shape}")
