@@ -63,6 +63,58 @@ def order(args) -> int:
   if args.plot: ordering.plot(results, args.plot); print(f"plot written to {args.plot}")
   return 0
 
+def load_tensors(args) -> tuple[list, list[str]]:
+  """(output tensors, labels) from `--model NAME` (its output, labelled "out") or `--script PATH --entry FN`: FN() may
+  return a Tensor, a list/tuple of Tensors (labelled out0, out1, ...) or a dict {label: Tensor}."""
+  from egraph import Tensor
+  if args.script is None:
+    if args.model not in MODELS: raise CallsatError(f"unknown model {args.model!r}; choose one of {sorted(MODELS)}")
+    out, _ = MODELS[args.model](Tensor)
+    return [out], ["out"]
+  import runpy
+  try: ns = runpy.run_path(args.script, run_name="callsat_script")
+  except FileNotFoundError as e: raise CallsatError(f"script {args.script!r} not found") from e
+  fn = ns.get(args.entry)
+  if not callable(fn): raise CallsatError(f"script {args.script!r} defines no function {args.entry!r} (use --entry NAME)")
+  res = fn()
+  if isinstance(res, Tensor): pairs = [("out0", res)]
+  elif isinstance(res, dict): pairs = [(str(k), v) for k, v in res.items()]
+  elif isinstance(res, (list, tuple)): pairs = [(f"out{i}", v) for i, v in enumerate(res)]
+  else: raise CallsatError(f"{args.entry}() returned {type(res).__name__}; return a Tensor, a list of Tensors or a dict of them")
+  bad = [k for k, v in pairs if not isinstance(v, Tensor)]
+  if bad or not pairs: raise CallsatError(f"{args.entry}() must return Tensors; not Tensors: {bad or 'nothing returned'}")
+  return [v for _, v in pairs], [k for k, _ in pairs]
+
+def explain(args) -> int:
+  import json
+  from egraph.explain import explain as run_explain
+  tensors, labels = load_tensors(args)
+  ex = run_explain(*tensors, labels=labels, cost=args.cost, schedule=args.schedule)
+  ex = ex.select([int(t) if t.isdigit() else t for t in args.tensors or []])
+  if args.json == "-": print(json.dumps(ex.to_dict(), indent=1)); return 0
+  print(ex)
+  if args.json:
+    with open(args.json, "w") as f: json.dump(ex.to_dict(), f, indent=1)
+    print(f"\nexplanation written to {args.json}")
+  return 0
+
+def export(args) -> int:
+  from egraph.export import export as run_export, require_graphviz
+  if not (args.egg or args.json or args.svg): raise CallsatError("export: give at least one of --egg, --json, --svg")
+  if args.svg: require_graphviz()
+  tensors, _ = load_tensors(args)
+  for path in run_export(*tensors, egg=args.egg, json_path=args.json, svg_path=args.svg, cost=args.cost,
+                         schedule=args.schedule, raw_json=args.raw_json):
+    print(f"wrote {path}")
+  return 0
+
+def _source_args(p) -> None:
+  p.add_argument("--model", default="views", help=f"a demo model: {', '.join(sorted(MODELS))} (default views)")
+  p.add_argument("--script", metavar="PATH", help="a Python file defining a function that returns output Tensors")
+  p.add_argument("--entry", default="build", help="the function in --script (default build)")
+  p.add_argument("--cost", default="bytes", help="cost model preset: bytes, kernels, buffers, nodes")
+  p.add_argument("--schedule", default="saturate", help="schedule preset")
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="callsat", description="Schedule tensor graphs by equality saturation.")
   sub = p.add_subparsers(dest="cmd", required=True)
@@ -78,7 +130,19 @@ def main(argv=None) -> int:
   o.add_argument("--workers", type=int, default=1, help="processes")
   o.add_argument("--ray", metavar="ADDRESS", help="(not implemented) run the sweep on a ray cluster")
   o.add_argument("--csv"); o.add_argument("--json"); o.add_argument("--plot", metavar="PNG")
+  e = sub.add_parser("explain", help="why each realized tensor became a view, a fresh buffer, an alias or a shared buffer")
+  _source_args(e)
+  e.add_argument("--tensor", dest="tensors", action="append", metavar="NAME",
+                 help="an output index (0), label (out0, or a --script dict key) or realize index (#2); repeatable; default all")
+  e.add_argument("--json", metavar="PATH", help="also write the explanation as JSON ('-': print only the JSON)")
+  x = sub.add_parser("export", help="write the e-graph as a replayable .egg, egraph-serialize JSON, and/or SVG drawings")
+  _source_args(x)
+  x.add_argument("--egg", metavar="PATH", help="egglog program: prelude, inserted rows as facts, schedule")
+  x.add_argument("--json", metavar="PATH", help="egraph-serialize JSON (extraction-gym), costs from --cost")
+  x.add_argument("--raw-json", action="store_true", help="egglog's serialization untouched (all tables, unit costs)")
+  x.add_argument("--svg", metavar="PATH", help="the CALL to PATH and the e-graph to PATH minus .svg plus .egraph.svg "
+                                               "(needs pip install -e '.[graph]' and Graphviz's dot)")
   args = p.parse_args(argv)
-  try: return {"demo": demo, "order": order}[args.cmd](args)
+  try: return {"demo": demo, "order": order, "explain": explain, "export": export}[args.cmd](args)
   except CallsatError as e:
     print(f"callsat: error: {e}", file=sys.stderr); return 2

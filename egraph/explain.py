@@ -1,0 +1,393 @@
+"""Why did a realized tensor end up where it is? `explain(*tensors)` re-runs callify's phases on the encoded graph one
+rule at a time, records which rules changed each realize point's e-class (new members, merged classes, new facts), then
+extracts exactly as callify does and reports, per realize point: what it became (a zero-copy view, a fresh buffer, an
+alias of an assigned buffer, a buffer shared with another realize point), the rules that fired on its e-class, its
+e-class members with their costs, and the costs that decided extraction.
+
+Provenance comes from snapshots: after every rule step that matched, the e-graph is frozen and each realize class's
+members (op, arg id), inserted handles `(N id)` and facts are compared with the previous snapshot. The rules are pure
+unions, so applying them one at a time reaches the same fixpoint as callify's phased saturation (the e-graph sizes
+agree; tests check it). Only saturation schedules are explained (`rules` subsets included); the ordered, destructive
+mode is compared with saturation by `callsat order`."""
+from __future__ import annotations
+import re, time
+from collections import Counter
+from dataclasses import dataclass, field, asdict
+from egraph.ir import Node, Ops, GroupOp, toposort
+from egraph.errors import CallsatError
+from egraph.encode import encode, COMPUTED_TARGET
+from egraph.schedule import Runner, Schedule, Limits, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve, guarded
+from egraph.cost import CostModel, COST_PRESETS
+from egraph.extract import EGraphView, knuth, dag_cost, decode, baseline_cost
+from egraph.language import CONSTRUCTORS
+from egraph.callify import storage_view, _nodes
+import egglog.bindings as eb
+from rules import RULES
+
+KINDS = ("view", "fresh", "alias", "shared", "existing")
+_FACTS = ("storage", "view", "fresh", "zero", "copy_into", "precompiled")
+_PREFIX = "explain__"   # per-rule rulesets and rule names in the explain e-graph
+
+@dataclass
+class RuleEvent:
+  """One rule step that changed a realize point's e-class."""
+  phase: str
+  round: int
+  rule: str
+  matches: int                                   # matches of the rule in that step (whole e-graph)
+  added: list[str] = field(default_factory=list)    # e-node kinds new in the class ("AFTER", "RESHAPE (1, 4)")
+  merged: list[str] = field(default_factory=list)   # inserted nodes whose class was merged into this one
+  facts: list[str] = field(default_factory=list)    # facts newly true of the class ("storage")
+
+@dataclass
+class Member:
+  """One e-node of a realize point's e-class."""
+  enode: int
+  op: str
+  arg: str
+  children: list[str]            # child classes as "c<k> OP shape"
+  local_cost: int | None         # None: unextractable
+  tree_cost: int | None          # local + best of each child; None when it cannot be chosen
+  introduced_by: str             # "inserted" or the rule whose step first put such an e-node in the class
+  status: str                    # "chosen", "alternative", or why it cannot be chosen
+
+@dataclass
+class PointExplanation:
+  index: int                     # position among the realize points ("#index")
+  names: list[str]               # labels it answers to: "#i", output labels ("out0", user labels)
+  node: str                      # the original node: op, dtype, shape
+  e_class: int
+  kind: str                      # one of KINDS
+  summary: str                   # one sentence: what it became and why
+  storage: str                   # the buffer_map value (storage view) of the extracted term
+  buffer: str                    # "buf<uid>" of the storage it lives in
+  shared_with: list[str]         # other realize points living in the same buffer
+  decided_by: str                # the rule (or "inserted") that put the chosen e-node in the class
+  chosen_cost: int               # tree cost of the chosen e-node
+  alternative: str | None        # the cheapest other extractable member ("OP by RULE") ...
+  alternative_cost: int | None   # ... and its tree cost
+  materialized_cost: int | None  # tree cost of the all-materialized form (a STORE into this point's fresh buffer)
+  rules: list[str]               # rules that changed this class, in firing order (no repeats)
+  matching: list[str]            # rules whose left side matches this class at the fixpoint (checked by egglog)
+  events: list[RuleEvent]
+  members: list[Member]
+
+  def __str__(self) -> str:
+    alt = (f"; cheapest alternative {self.alternative} costs {self.alternative_cost}" if self.alternative else
+           "; no extractable alternative")
+    mat = f"; all-materialized form {self.materialized_cost}" if self.materialized_cost is not None else ""
+    lines = [f"{'/'.join(self.names)}: {self.node}  [e-class c{self.e_class}]",
+             f"  => {self.kind}: {self.summary}",
+             f"  storage   {self.storage}" + (f"  (shared with {', '.join(self.shared_with)})" if self.shared_with else ""),
+             f"  decided   by {self.decided_by}: chosen costs {self.chosen_cost}{alt}{mat}",
+             "  rules     " + (", ".join(self.rules) or "none changed this e-class")
+             + (f"   (left sides matching at the fixpoint: {', '.join(self.matching)})" if self.matching else "")]
+    for ev in self.events:
+      what = [*(f"+{a}" for a in ev.added), *(f"merged {m}" for m in ev.merged), *(f"fact {f}" for f in ev.facts)]
+      lines.append(f"    {ev.phase} round {ev.round}: {ev.rule} ({ev.matches} matches): {'; '.join(what)}")
+    lines.append("  members (tree cost = own cost + cheapest form of each child class)")
+    w = max(len(f"{m.op} {m.arg}") for m in self.members) if self.members else 0
+    for m in sorted(self.members, key=lambda m: (m.status != "chosen", m.tree_cost is None, m.tree_cost or 0)):
+      mark = "*" if m.status == "chosen" else " "
+      cost = f"local {'-' if m.local_cost is None else m.local_cost:>6} tree {'-' if m.tree_cost is None else m.tree_cost:>8}"
+      lines.append(f"   {mark} {f'{m.op} {m.arg}':<{w}}  {cost}  via {m.introduced_by:<24} {m.status}"
+                   + (f"  <- {', '.join(m.children)}" if m.children else ""))
+    return "\n".join(lines)
+
+@dataclass
+class Explanation:
+  points: list[PointExplanation]
+  cost: int                      # the extracted CALL's cost (each shared e-class once), as callify's report
+  baseline_cost: int             # the all-materialized CALL's cost
+  cost_model: str
+  schedule: str
+  e_nodes: int
+  e_classes: int
+  matches: dict[str, int]        # total matches per rule over the rule-at-a-time run
+  rounds: dict[str, int]         # rounds per phase until nothing changed
+  stop_reason: str
+  seconds: float
+
+  def point(self, name) -> PointExplanation:
+    """A realize point by output index (int or "out0"), user label, or realize index ("#2")."""
+    key = f"out{name}" if isinstance(name, int) else str(name)
+    for p in self.points:
+      if key in p.names: return p
+    names = [n for p in self.points for n in p.names]
+    raise CallsatError(f"explain: no realize point named {name!r}; the realize points are {', '.join(names)} "
+                       "(an output that is already storage, e.g. a realized input, is not a realize point)")
+
+  def select(self, names) -> "Explanation":
+    """The same explanation restricted to the named points (None or empty: all)."""
+    if not names: return self
+    picked = list(dict.fromkeys(id(p) for p in (self.point(n) for n in names)))
+    return Explanation(**{**self.__dict__, "points": [p for p in self.points if id(p) in picked]})
+
+  def to_dict(self) -> dict: return asdict(self)
+
+  def __str__(self) -> str:
+    saved = 1 - self.cost / self.baseline_cost if self.baseline_cost else 0.0
+    head = [f"explain: {len(self.points)} realize point(s); schedule {self.schedule}, cost model {self.cost_model}",
+            f"  e-graph {self.e_nodes} e-nodes, {self.e_classes} e-classes; rounds " +
+            ", ".join(f"{k} {v}" for k, v in self.rounds.items()) + f"; stop: {self.stop_reason}",
+            f"  CALL cost {self.cost} vs {self.baseline_cost} all-materialized baseline ({saved:.0%} saved)",
+            "  kinds: view = zero-copy SLICE of existing storage; fresh = a new buffer written by a STORE; "
+            "alias = the assigned buffer itself; shared = a buffer minted for another realize point"]
+    return "\n\n".join(["\n".join(head), *(str(p) for p in self.points)])
+
+# ---- running the rules one at a time ---------------------------------------------------------------------------------
+
+def _explain_runner(sched: Schedule) -> tuple[Runner, list[tuple[str, list[str]]]]:
+  if sched.ordered is not None:
+    raise CallsatError(f"explain follows saturation schedules; {sched.name!r} is ordered (destructive). "
+                       "Compare orders with `callsat order` instead")
+  if sched.max_iterations is not None:
+    raise CallsatError(f"explain runs to saturation; schedule {sched.name!r} stops after {sched.max_iterations} iteration(s)")
+  runner = Runner(Schedule("explain", rules=()))      # declares the language, the load and the materialize rules
+  phases = [("materialize", [r.name for r in RULES.values() if r.phase == "materialize"]),
+            ("optimize", [r.name for r in RULES.values() if r.phase == "optimize"
+                          and (sched.rules is None or r.name in sched.rules)])]
+  text = []
+  for _, names in phases:
+    for n in names:
+      r = RULES[n]
+      text += [f"(ruleset {_PREFIX}{n})",
+               f'(rule ({r.query}) ({r.actions}) :ruleset {_PREFIX}{n} :name "{_PREFIX}{n}")']
+  runner._cmd("\n".join(text), "declaring the per-rule rulesets for explain")
+  return runner, phases
+
+class _Snapshots:
+  """Members (op, arg id) counts, inserted handles and facts of each tracked e-class, read from a frozen e-graph."""
+  def __init__(self, runner: Runner, tracked: list[int]):
+    self.runner, self.tracked, self._strs = runner, tracked, {}
+
+  def take(self) -> dict[int, tuple[Counter, frozenset, Counter]]:
+    eg = self.runner.egraph
+    fns = self.runner.freeze().functions
+    i64 = eg.value_to_i64
+    def s(v):
+      if (r := self._strs.get(v)) is None: r = self._strs[v] = eg.value_to_string(v)
+      return r
+    handles: dict = {}
+    val = {}
+    for r in fns["N"].rows:
+      i = i64(r.inputs[0]); val[i] = r.output; handles.setdefault(r.output, set()).add(i)
+    want = {val[t] for t in self.tracked}
+    members = {v: Counter() for v in want}
+    facts = {v: Counter() for v in want}
+    low = {v: min(h) for v, h in handles.items()}
+    for name in CONSTRUCTORS:
+      if name not in fns: continue
+      for r in fns[name].rows:
+        if r.subsumed or r.output not in want: continue
+        kids = r.inputs if name in ("Cons", "Nil") else r.inputs[2:]
+        key = ((name, 0) if name in ("Cons", "Nil") else (s(r.inputs[0]), i64(r.inputs[1]))) + (tuple(low.get(k, -1) for k in kids),)
+        members[r.output][key] += 1
+    for name in _FACTS:
+      if name not in fns: continue
+      for r in fns[name].rows:
+        if r.inputs and r.inputs[0] in want: facts[r.inputs[0]][name] += 1
+    return {t: (members[val[t]], frozenset(handles[val[t]]), facts[val[t]]) for t in self.tracked}
+
+def _describe_node(n: Node | None) -> str:
+  if n is None: return "(list)"
+  dt = n.dtype.name if n.dtype is not None else "-"
+  return f"{n.op.name} {dt} {n.shape}" if n.shape is not None else f"{n.op.name} {dt}"
+
+def arg_text(enc, op: str, arg_id: int) -> str:
+  if op in ("Cons", "Nil"): return ""
+  _, arg = enc.args[arg_id]
+  if arg is None: return ""
+  if op == "BUFFER": return f"buf{arg.uid}[{arg.size}]"
+  if arg == COMPUTED_TARGET: return "(into a computed value)"
+  if op in ("CALL", "FUNCTION"): return "(call)"
+  t = repr(arg)
+  return t if len(t) <= 40 else t[:37] + "..."
+
+def _chain_has_slice(t: Node) -> bool:
+  if t.op is Ops.AFTER: return False
+  while True:
+    if t.op is Ops.SLICE: return True
+    if not t.src or t.op not in GroupOp.Movement: return False
+    t = t.src[0]
+
+def _buffer_of(sv: Node) -> Node:
+  while sv.op not in (Ops.BUFFER, Ops.PARAM): sv = sv.src[0]
+  return sv
+
+def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
+            limits: str | Limits | None = None) -> Explanation:
+  """Explain every realize point of the graph under `tensors` (Tensors or Nodes). `labels` names the outputs (default
+  out0, out1, ...); `Explanation.point(name)` picks one by label, output index or "#i" (realize index)."""
+  t0 = time.perf_counter()
+  model: CostModel = resolve(cost, COST_PRESETS, "cost model")
+  sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
+  lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
+  roots = _nodes(tensors)
+  labels = list(labels) if labels is not None else [f"out{i}" for i in range(len(roots))]
+  if len(labels) != len(roots): raise CallsatError(f"explain: {len(labels)} labels for {len(roots)} outputs")
+  enc = encode(roots)
+  if not enc.keys:
+    return Explanation([], 0, 0, model.name, sched.name, 0, 0, {}, {}, "saturated", time.perf_counter() - t0)
+  runner, phases = _explain_runner(sched)
+  runner.load(enc.rows, encoding=enc)
+  tracked = [enc.key_ids[k.id] for k in enc.keys]
+  snaps = _Snapshots(runner, tracked)
+  snap = snaps.take()
+  events: dict[int, list[RuleEvent]] = {t: [] for t in tracked}
+  first: dict[int, dict[tuple, str]] = {t: {} for t in tracked}   # (op, arg, child handles) and (op, arg) -> rule
+  for t in tracked:
+    for m in snap[t][0]: first[t].setdefault(m, "inserted"); first[t].setdefault(m[:2], "inserted")
+  matches: dict[str, int] = {}
+  rounds: dict[str, int] = {}
+  stop = "saturated"
+  for phase, names in phases:
+    rnd = 0
+    while names:
+      if phase == "optimize":
+        if runner.size() > lim.nodes: stop = "node_limit"; break
+        if rnd >= lim.iterations: stop = "iteration_limit"; break
+        if time.perf_counter() - t0 > lim.seconds: stop = "time_limit"; break
+      rnd += 1
+      changed = False
+      for name in names:
+        outs = guarded(f"running rule {name} (explain)",
+                       lambda: runner.egraph.run_program(*runner.egraph.parse_program(f"(run {_PREFIX}{name} 1)")))
+        n = sum(o.report.num_matches_per_rule.get(_PREFIX + name, 0) for o in outs if isinstance(o, eb.RunScheduleOutput))
+        upd = any(o.report.updated for o in outs if isinstance(o, eb.RunScheduleOutput))
+        if not n: continue
+        matches[name] = matches.get(name, 0) + n
+        changed |= upd
+        new = snaps.take()
+        for t in tracked:
+          (m0, h0, f0), (m1, h1, f1) = snap[t], new[t]
+          added, merged, facts = m1 - m0, sorted(h1 - h0), f1 - f0
+          if not (added or merged or facts): continue
+          for m in added: first[t].setdefault(m, name); first[t].setdefault(m[:2], name)
+          events[t].append(RuleEvent(phase, rnd, name, n, [f"{op} {arg_text(enc, op, a)}".strip() for op, a, _ in added],
+                                     [f"#{i} {_describe_node(enc.nodes[i])}" for i in merged], sorted(facts)))
+        snap = new
+      if not changed: break
+    rounds[phase] = rnd
+    if stop != "saturated": break
+
+  # ---- extract as callify does, then read the decision off every realize class ----
+  g = EGraphView(runner.freeze(), runner.egraph, enc)
+  costs = g.local_costs(model)
+  allowed = g.pinned_allowed()
+  best, choice = knuth(g, costs, allowed)
+  root_classes = [g.class_of_id[t] for t in tracked]
+  terms = decode(g, choice, root_classes)
+  total = dag_cost(g, costs, choice, root_classes)
+  by_class: dict[int, list[int]] = {}
+  for e, k in enumerate(g.cls): by_class.setdefault(k, []).append(e)
+  pin = {g.class_of_id[a]: g.class_of_id[t] for a, t in enc.pins.items()}
+  low_handle: dict[int, int] = {}
+  for i, c in g.class_of_id.items(): low_handle[c] = min(i, low_handle.get(c, i))
+  matching = _matching_rules(runner, [r for _, names in phases for r in names], tracked)
+
+  names: list[list[str]] = [[f"#{j}"] for j in range(len(enc.keys))]
+  index = {k.id: j for j, k in enumerate(enc.keys)}
+  for i, (lab, r) in enumerate(zip(labels, roots)):
+    for cand in (r, r.base):
+      if cand.id in index:
+        for nm in (f"out{i}", lab):
+          if nm not in names[index[cand.id]]: names[index[cand.id]].append(nm)
+        break
+  # the buffer each realize point lives in, and whose fresh buffer each minted uid is
+  owner: dict[int, int] = {}
+  for j, t in enumerate(tracked):
+    if (f := enc.fresh.get(t)) is not None: owner.setdefault(_buffer_of(enc.nodes[f]).arg.uid, j)
+  storages = [storage_view(terms[k]) for k in root_classes]
+  bufs = [_buffer_of(sv) for sv in storages]
+  def bufname(b: Node) -> str:
+    if b.op is Ops.PARAM: return f"param{b.arg.slot}" if hasattr(b.arg, "slot") else "param"
+    return f"buf{b.arg.uid}"
+  def bufdesc(b: Node) -> str:
+    if b.op is Ops.BUFFER and (j := owner.get(b.arg.uid)) is not None: return f"fresh buffer {bufname(b)} of #{j}"
+    return f"input buffer {bufname(b)}" if b.op is Ops.BUFFER else f"parameter {bufname(b)}"
+  def uid(b: Node): return b.arg.uid if b.op is Ops.BUFFER else ("param", id(b))
+
+  def kid_text(k: int) -> str:
+    return f"c{k} " + (_describe_node(g.info[k]) if g.info[k] is not None else (g.op[choice[k]] if choice[k] >= 0 else "?"))
+
+  points = []
+  for j, (key, t, k) in enumerate(zip(enc.keys, tracked, root_classes)):
+    members = []
+    for e in by_class.get(k, []):
+      op = g.op[e]
+      tree = None
+      if costs[e] is not None and allowed[e] and all(best[x] != float("inf") for x in g.kids[e]):
+        tree = costs[e] + sum(best[x] for x in g.kids[e])
+      if e == choice[k]: status = "chosen"
+      elif costs[e] is None:
+        status = ("unextractable: a CONTIGUOUS marker (its value must be stored, viewed or merged)" if op == "CONTIGUOUS"
+                  else "unextractable: an AFTER into a computed value" if op == "AFTER"
+                  else "unextractable: only the CALL form of a precompiled FUNCTION runs")
+      elif not allowed[e]:
+        status = ("not allowed: an assign must be extracted as a write into its own target" if k in pin
+                  else "not allowed: a realized value must be a storage form (a write, a view, a buffer)")
+      elif tree is None: status = "no extractable children"
+      else: status = "alternative"
+      full = (op, g.arg[e], tuple(low_handle.get(x, -1) for x in g.kids[e]))
+      members.append(Member(e, op, arg_text(enc, op, g.arg[e]), [kid_text(x) for x in g.kids[e]], costs[e], tree,
+                            first[t].get(full, first[t].get(full[:2], "inserted")), status))
+    chosen = next(m for m in members if m.status == "chosen")
+    alts = [m for m in members if m.status == "alternative"]
+    alt = min(alts, key=lambda m: m.tree_cost) if alts else None
+    fresh_here = g.fresh_class.get(k, set())
+    mats = [m for e, m in zip(by_class.get(k, []), members)
+            if g.op[e] == "AFTER" and g.kids[e][:1] and g.kids[e][0] in fresh_here and m.tree_cost is not None]
+    materialized = min((m.tree_cost for m in mats), default=None)
+
+    term, sv, b = terms[k], storages[j], bufs[j]
+    others = [f"#{i}" for i in range(len(enc.keys)) if i != j and uid(bufs[i]) == uid(b)]
+    mine = b.op is Ops.BUFFER and owner.get(b.arg.uid) == j
+    if _chain_has_slice(term):
+      kind = "view"
+      sl = next(n for n in toposort([sv]) if n.op is Ops.SLICE)
+      summary = (f"a zero-copy view: SLICE of {bufdesc(b)} at element {sl.arg[0]}, {sl.arg[1]} elements; nothing is stored")
+    elif b.op is Ops.BUFFER and b.arg.uid in enc.fresh_buffers and not mine and b.arg.uid in owner:
+      kind = "shared"
+      summary = f"lives in the fresh buffer {bufname(b)} minted for #{owner[b.arg.uid]}: their e-classes hold the same value"
+    elif b.op is Ops.BUFFER and b.arg.uid in enc.fresh_buffers:
+      kind = "fresh"
+      summary = f"a fresh buffer {bufname(b)} ({b.nbytes if hasattr(b, 'nbytes') else '?'} B) written by a STORE"
+    elif term.op is Ops.AFTER:
+      kind = "alias"
+      summary = f"an alias of the assigned {bufdesc(b)}: the assign's own write serves it, no copy"
+    else:
+      kind = "existing"
+      summary = f"already storage: {bufdesc(b)}, no copy"
+    if chosen.introduced_by != "inserted":
+      summary += f" (the form {chosen.introduced_by} added)"
+    points.append(PointExplanation(
+      j, names[j], _describe_node(key), k, kind, summary, _term_text(sv), bufname(b), others, chosen.introduced_by,
+      chosen.tree_cost, f"{alt.op} {alt.arg}".strip() + f" by {alt.introduced_by}" if alt else None,
+      alt.tree_cost if alt else None, materialized, list(dict.fromkeys(ev.rule for ev in events[t])), matching[t],
+      events[t], members))
+  return Explanation(points, total, baseline_cost(enc, model), model.name, sched.name, g.n_enodes, g.n_classes,
+                     matches, rounds, stop, time.perf_counter() - t0)
+
+_BOUND = re.compile(r"^\(= (\w+) ")
+
+def _matching_rules(runner: Runner, names: list[str], tracked: list[int]) -> dict[int, list[str]]:
+  """Per tracked handle id: the rules whose query holds with its first bound variable equal to that e-class, asked of
+  egglog with `check` at the fixpoint. The rules are unions, so these are the rules that did (or would) apply to it;
+  the events say which one changed the class first."""
+  out: dict[int, list[str]] = {t: [] for t in tracked}
+  for name in names:
+    q = RULES[name].query
+    if (m := _BOUND.match(q)) is None: continue
+    for t in tracked:
+      try: runner.egraph.run_program(*runner.egraph.parse_program(f"(check {q} (= {m.group(1)} (N {t})))"))
+      except Exception: continue    # the check failed: the rule does not match this class
+      out[t].append(name)
+  return out
+
+def _term_text(n: Node) -> str:
+  """A storage view as text: RESHAPE((2, 4), SLICE(4, 4, buf7))."""
+  if n.op is Ops.BUFFER: return f"buf{n.arg.uid}"
+  if n.op is Ops.PARAM: return "PARAM"
+  arg = n.arg if n.op is not Ops.SLICE else f"{n.arg[0]}, {n.arg[1]}"
+  return f"{n.op.name}({arg}, {_term_text(n.src[0])})" if n.src else n.op.name
