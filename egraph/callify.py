@@ -182,5 +182,5 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
 def _chain(n: Node):
   while True:
     yield n
-    if not n.src or (n.op not in GroupOp.Movement and n.op is not Ops.SLICE): return
+    if not n.src or (n.op not in GroupOp.Movement and n.op not in (Ops.SLICE, Ops.MULTI)): return
     n = n.src[0]

@@ -198,10 +198,45 @@ def _bitcast_facts(enc: Encoding, i: int, c: Node) -> None:
   """A BITCAST of one contiguous range of storage is that range, retyped (spec rule 3)."""
   if c.numel and (view := _slice_view(enc, c.src[0], c)) is not None: enc.row("view_row", i, enc.emit_tree(view, original=False))
 
+def _into_shards(x: Node, m: Node) -> tuple[Node, int] | None:
+  """The movement chain x over MULTI m applied to each shard instead (tinygrad's multi rewrite), with the new shard
+  axis; None if a movement op cuts across the sharded axis."""
+  chain, n = [], x
+  while n is not m: chain.append(n); n = n.src[0]
+  cur, axis, D = m.src[0], m.arg, len(m.device)
+  for op in reversed(chain):
+    full = op.src[0].shape[axis]
+    if op.op is Ops.RESHAPE:
+      pre = math.prod(op.src[0].shape[:axis])
+      new = next((i for i in range(len(op.arg)) if math.prod(op.arg[:i]) == pre and op.arg[i] % D == 0), None)
+      if new is None: return None
+      cur, axis = cur.reshape(tuple(d // D if i == new else d for i, d in enumerate(op.arg))), new
+    elif op.op is Ops.SHRINK and op.arg[axis] == (0, full):
+      cur = cur.shrink(tuple((0, cur.shape[axis]) if i == axis else r for i, r in enumerate(op.arg)))
+    elif op.op is Ops.PERMUTE: cur, axis = cur.permute(op.arg), op.arg.index(axis)
+    elif op.op is Ops.FLIP and not op.arg[axis]: cur = cur.flip(op.arg)
+    elif op.op is Ops.EXPAND and op.arg[axis] == full:
+      cur = cur.expand(tuple(cur.shape[axis] if i == axis else d for i, d in enumerate(op.arg)))
+    else: return None
+  return cur, axis
+
+def _shard_view(x: Node, m: Node, out: Node) -> Node | None:
+  """A contiguous range of every shard of a sharded buffer: MULTI(SLICE(buffer).reshape(shard shape)), retyped to
+  out.dtype (the reference loses the dtype here, quirk Q2)."""
+  if (r := _into_shards(x, m)) is None: return None
+  cur, axis = r
+  buf = cur.base
+  if buf.op is not Ops.BUFFER or (out.dtype != x.dtype and axis == len(out.shape) - 1): return None
+  if (rng := contiguous_range(cur, buf)) is None: return None
+  shard = tuple(d // len(m.device) if i == axis else d for i, d in enumerate(out.shape))
+  view = Node(Ops.SLICE, out.dtype, (buf,), (rng[0], math.prod(shard))).reshape(shard)
+  return Node(Ops.MULTI, out.dtype, (view,), axis)
+
 def _slice_view(enc: Encoding, x: Node, out: Node) -> Node | None:
   """`out` (x's value, maybe retyped) as SLICE(storage, offset, count).reshape(out.shape) if x is one contiguous range
   of storage: a buffer, a SLICE, a PARAM, or a value realized in this CALL (its CONTIGUOUS wrapper)."""
   b = x.base
+  if b.op is Ops.MULTI and b is not x and b.src[0].has_buffer_identity(): return _shard_view(x, b, out)
   if b.device is None or isinstance(b.device, tuple) or (b is x and x.dtype == out.dtype): return None
   if any(map(is_symbolic, x.shape + out.shape)): return None   # a SLICE has a fixed size: no views of symbolic shapes
   if b.op in GroupOp.Storage: stor = b

@@ -198,7 +198,7 @@ def shard_axes(roots: list[Node]) -> dict[int, int | None]:
     elif a is not None and n.op in (Ops.SHRINK, Ops.PAD) and n.shape[a] != n.src[0].shape[a]: a = None
     elif a is not None and n.op is Ops.RESHAPE:
       pre = math.prod(n.src[0].shape[:a])
-      a = next((i for i in range(len(n.shape)) if math.prod(n.shape[:i]) == pre and n.shape[i] == n.src[0].shape[a]), None)
+      a = next((i for i in range(len(n.shape)) if math.prod(n.shape[:i]) == pre and n.shape[i] % len(n.device) == 0), None)
     ax[n.id] = a
   return ax
 

@@ -87,6 +87,7 @@ _SHARD: dict[Ops, Any] = {
   Ops.PERMUTE: lambda n, x: np.transpose(x, (0,) + tuple(p + 1 for p in n.arg)),
   Ops.FLIP: lambda n, x: x[_lead(tuple(slice(None, None, -1) if f else slice(None) for f in n.arg))],
   Ops.DETACH: lambda n, x: x,
+  Ops.SLICE: lambda n, x: x.view(np.uint8)[:, n.arg[0]*x.dtype.itemsize:n.arg[0]*x.dtype.itemsize + n.arg[1]*n.dtype.itemsize].view(n.dtype.np),
 }
 
 _PURE: dict[Ops, Any] = {

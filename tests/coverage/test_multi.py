@@ -2,7 +2,7 @@
 the PYTHON devices (the LLVM backend has no per-shard kernels yet and says so)."""
 import numpy as np
 import pytest
-from egraph import Tensor, callify, ShapeError, UnsupportedOpError
+from egraph import Tensor, callify, dtypes, ShapeError, UnsupportedOpError
 from egraph.ir import Ops, toposort
 
 DEVS = ("PYTHON", "PYTHON:1")
@@ -51,3 +51,26 @@ def test_same_graph_on_new_shards_hits_the_cache():
 def test_errors():
   with pytest.raises(ShapeError, match="split"): Tensor(np.ones((3, 2), np.float32), device="PYTHON").shard(DEVS, axis=0)
   with pytest.raises(UnsupportedOpError, match="PYTHON devices only"): (Tensor([1., 2]).shard(("CPU", "CPU:1")) + 1).numpy()
+
+def test_contiguous_view_of_a_sharded_tensor_is_a_per_shard_slice():
+  Y = np.arange(16, dtype=np.float32).reshape(4, 4)
+  a = Tensor(Y, device="PYTHON").shard(DEVS, axis=0)
+  c = a.reshape(2, 2, 4)[:, 1:2].contiguous()
+  res = callify(c)
+  v = res.buffer_map[c.node]
+  assert v.op is Ops.MULTI and v.src[0].src[0].op is Ops.SLICE and res.report.views == 1 and res.report.stores == 0
+  np.testing.assert_equal(c.numpy(), Y.reshape(2, 2, 4)[:, 1:2])
+
+def test_bitcast_view_of_a_sharded_tensor_keeps_its_dtype_q2_fixed():
+  Y = np.arange(16, dtype=np.float32).reshape(4, 4)
+  a = Tensor(Y, device="PYTHON").shard(DEVS, axis=0)
+  b = a.reshape(2, 2, 4)[:, 1:2].bitcast(dtypes.int32)
+  v = callify(b).buffer_map[b.node]
+  assert v.dtype == dtypes.int32 and v.src[0].src[0].dtype == dtypes.int32
+  np.testing.assert_equal(b.numpy(), Y.reshape(2, 2, 4)[:, 1:2].view(np.int32))
+
+def test_a_view_across_shards_is_stored():
+  Y = np.arange(16, dtype=np.float32).reshape(4, 4)
+  c = Tensor(Y, device="PYTHON").shard(DEVS, axis=0)[1:3].contiguous()
+  assert callify(c).report.views == 0
+  np.testing.assert_equal(c.numpy(), Y[1:3])
