@@ -1,0 +1,180 @@
+"""Render the CUDA test corpus ahead of time for bench/gpu_check.sh (which runs on a GPU machine without egglog).
+
+    python bench/make_gpu_corpus.py [--out bench/gpu_corpus] [--random N]
+
+Writes, under --out:
+  corpus.cu            one translation unit with every kernel of every case (compiled once on the GPU machine)
+  manifest.json        per case: the launch plan (lower/cuda_driver.py format, without the source), buffer dtypes and
+                       tolerances; plus the benchmark cases (sizes only: their inputs are generated on the GPU machine)
+  cases/NAME.npz       the case's inputs (every non-temporary buffer before the CALL: in_<buffer>) and the expected
+                       values of the buffers it writes (out_<buffer>), from the numpy reference (lower/numpy.py)
+
+`corpus()` is also the corpus of tests/lower/test_cuda*.py: the example models of egraph/cli.py, hand-written Tensor
+programs (tiled matmuls with ragged edges, block reductions, softmax, every ALU op per dtype, casts, views), and random
+programs from rules/strategies.py's graphs() and tests/lower/test_llvm_random.py's programs()."""
+from __future__ import annotations
+import argparse, json, math, os, sys
+from dataclasses import dataclass
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path: sys.path.insert(0, ROOT)
+
+@dataclass
+class Case:
+  name: str
+  call: object              # the CALL node
+  storage: object           # lower.runtime.Storage holding its inputs
+
+def _draw_many(strategy, n: int) -> list:
+  from hypothesis import given, settings, HealthCheck
+  out = []
+  @settings(max_examples=n, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+  @given(strategy)
+  def collect(x): out.append(x)
+  collect()
+  return out[:n]
+
+def _tensor_cases() -> list:
+  """Tensor programs; each returns its output tensors (inputs are realized in lower.runtime.STORAGE)."""
+  from egraph import Tensor
+  def rnd(*shape, seed): Tensor.manual_seed(seed); return Tensor.randn(*shape).realize()
+  def mm_ragged(): return [(rnd(70, 45, seed=1) @ rnd(45, 100, seed=2)).contiguous()]
+  def mm_square(): return [(rnd(128, 96, seed=3) @ rnd(96, 64, seed=4)).contiguous()]
+  def mm_transposed(): return [(rnd(40, 33, seed=5).T @ rnd(40, 64, seed=6)).contiguous()]
+  def row_sum(): return [rnd(8, 1000, seed=7).sum(axis=1)]
+  def full_sum(): return [rnd(5000, seed=8).sum()]
+  def col_max(): return [rnd(300, 20, seed=9).max(axis=0)]
+  def softmax():
+    x = rnd(16, 300, seed=10)
+    e = (x - x.max(axis=1, keepdim=True)).exp()
+    return [e / e.sum(axis=1, keepdim=True)]
+  def elementwise():
+    a, b = rnd(1000, seed=11), rnd(1000, seed=12)
+    return [(a + b) * a - 1]
+  def views():
+    x = rnd(6, 8, seed=13)
+    return [x.flip(0).permute(1, 0).pad(((1, 2), (0, 3))).contiguous(), x[1:5, 2:7].sum(axis=0)]
+  return [("mm_ragged", mm_ragged), ("mm_square", mm_square), ("mm_transposed", mm_transposed), ("row_sum", row_sum),
+          ("full_sum", full_sum), ("col_max", col_max), ("softmax", softmax), ("elementwise", elementwise), ("views", views)]
+
+def _alu_cases() -> list:
+  """Every ALU op, cast and bitcast per dtype (as tests/lower/test_llvm_ops.py), as raw graphs over CPU buffers."""
+  from egraph.dtypes import dtypes
+  from egraph.ir import Node, Ops, new_buffer
+  from lower.runtime import Storage
+  rng = np.random.default_rng(0)
+  vals = {dtypes.float32: rng.standard_normal(24) * 3, dtypes.float16: rng.standard_normal(24) * 3,
+          dtypes.int32: np.array([-7, 7, 0, 5, -5, 3, 2**31 - 1, -2**31, 1, -1, 9, 100] * 2),
+          dtypes.int64: np.array([-7, 7, 0, 5, -5, 3, 2**63 - 1, -2**63, 1, -1, 9, 100] * 2),
+          dtypes.uint8: np.array([0, 1, 2, 3, 255, 128, 7, 9, 100, 5, 250, 17] * 2),
+          dtypes.bool: np.array([0, 1, 1, 0, 1, 0, 0, 0, 1, 1, 0, 1] * 2)}
+  unary = [Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC]
+  binary = [Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR]
+  def ok(op, dt):
+    if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV): return dt.is_float()
+    if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD): return not dt.is_float()
+    return True
+  out = []
+  for dt, v in vals.items():
+    S = Storage()
+    def buf(data, d):
+      b = new_buffer(len(data), d, "CPU"); S.set_data(b, np.asarray(data).astype(d.np)); return b
+    a, b = buf(v, dt).reshape((4, 6)), buf(np.roll(v, 5), dt).reshape((4, 6))
+    roots = [Node(op, None, (a,)) for op in unary if ok(op, dt)]
+    roots += [Node(op, None, (a, b)) for op in binary if ok(op, dt)]
+    roots.append(Node(Ops.WHERE, None, (Node(Ops.CMPLT, None, (a, b)), a, b)))
+    cv = np.clip(v, -100, 100) if dt.is_float() else v
+    c = buf(cv, dt).reshape((4, 6))
+    roots += [c.cast(to) for to in vals if to != dt]
+    if dt in (dtypes.float32, dtypes.int32):
+      roots.append(Node(Ops.BITCAST, dtypes.int32 if dt == dtypes.float32 else dtypes.float32, (Node(Ops.ADD, None, (a, a)),)))
+    out.append((f"alu_{dt.name}", [r.contiguous() for r in roots], S))
+  return out
+
+def corpus(random: int = 24, graphs: int = 16) -> list[Case]:
+  """The CUDA test corpus (see the module docstring); `random`/`graphs`: how many hypothesis programs of each kind."""
+  from egraph import Tensor, callify
+  from egraph.cli import MODELS
+  from lower.runtime import STORAGE
+  cases = []
+  for name in sorted(MODELS):
+    out, _ = MODELS[name](Tensor)
+    cases.append(Case(f"model_{name}", callify(out).call, STORAGE.copy()))
+  for name, f in _tensor_cases():
+    cases.append(Case(f"tensor_{name}", callify(*f()).call, STORAGE.copy()))
+  for name, roots, S in _alu_cases():
+    cases.append(Case(name, callify(*roots).call, S))
+  if graphs:
+    from rules.strategies import graphs as G
+    for i, g in enumerate(_draw_many(G(dtype=None), graphs)):
+      cases.append(Case(f"graphs_{i}", callify(*g.roots).call, g.storage))
+  if random:
+    sys.path.insert(0, os.path.join(ROOT, "tests", "lower"))
+    try: from test_llvm_random import programs
+    finally: sys.path.remove(os.path.join(ROOT, "tests", "lower"))
+    for i, (roots, S) in enumerate(_draw_many(programs(), random)):
+      cases.append(Case(f"random_{i}", callify(*roots).call, S))
+  return cases
+
+def tolerance(dtype: str) -> tuple[float, float]:
+  """(rtol, atol) for comparing a GPU/emulated buffer with the numpy reference."""
+  return {"float16": (2e-3, 2e-3), "float32": (1e-4, 1e-5)}.get(dtype, (0.0, 0.0))
+
+def bench_cases() -> list:
+  """CALLs whose inputs the GPU machine generates: elementwise bandwidth and a tiled matmul."""
+  from egraph.dtypes import dtypes
+  from egraph.ir import Node, Ops, new_buffer, ParamArg, CallInfo
+  def P(slot, n): return Node(Ops.PARAM, dtypes.float32, (), ParamArg(slot, (n,), "CUDA"))
+  def call(body, *args): return Node(Ops.CALL, dtypes.void, (body, *args), CallInfo())
+  n = 1 << 26
+  o, a, b = P(0, n), P(1, n), P(2, n)
+  one = Node(Ops.CONST, dtypes.float32, (), (1.0,), "CUDA") if False else None
+  from egraph.ir import const
+  v = Node(Ops.SUB, None, (Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)), a)), const(1.0, dtypes.float32, "CUDA").reshape((1,)).expand((n,))))
+  ew = call(o.after(o.store(v)).sink(), *(new_buffer(n, dtypes.float32, "CUDA") for _ in range(3)))
+  m = 2048
+  c, x, y = P(0, m * m), P(1, m * m), P(2, m * m)
+  prod = Node(Ops.MUL, None, (x.reshape((m, m, 1)).expand((m, m, m)), y.reshape((1, m, m)).expand((m, m, m))))
+  mm = Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (1,))).reshape((m * m,))
+  mmc = call(c.after(c.store(mm)).sink(), *(new_buffer(m * m, dtypes.float32, "CUDA") for _ in range(3)))
+  return [("bandwidth_elementwise", ew, {"bytes": 12 * n}), ("matmul_2048", mmc, {"flops": 2 * m ** 3})]
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", default=os.path.join(ROOT, "bench", "gpu_corpus"))
+  ap.add_argument("--random", type=int, default=24)
+  ap.add_argument("--graphs", type=int, default=16)
+  args = ap.parse_args(argv)
+  from lower import cuda
+  from lower.numpy import evaluate
+  cases = corpus(args.random, args.graphs)
+  benches = bench_cases()
+  lows = cuda.plans([c.call for c in cases] + [b[1] for b in benches])
+  os.makedirs(os.path.join(args.out, "cases"), exist_ok=True)
+  for f in os.listdir(os.path.join(args.out, "cases")): os.remove(os.path.join(args.out, "cases", f))
+  with open(os.path.join(args.out, "corpus.cu"), "w") as f: f.write(lows[0].plan["source"])
+  manifest = {"kernels": lows[0].plan["kernels"], "cases": [], "bench": []}
+  for c, lw in zip(cases, lows):
+    ref = c.storage.copy()
+    evaluate([c.call], ref)
+    arrays = {}
+    for name, b in lw.plan["buffers"].items():
+      if b["kind"] == "tmp": continue
+      n = lw.nodes[name]
+      a = c.storage.get(n.arg.uid)
+      arrays[f"in_{name}"] = a if a is not None else np.zeros(n.arg.size, n.dtype.np)
+      if b["written"]: arrays[f"out_{name}"] = ref[n.arg.uid]
+    np.savez_compressed(os.path.join(args.out, "cases", c.name + ".npz"), **arrays)
+    plan = {k: v for k, v in lw.plan.items() if k not in ("source", "kernels")}
+    manifest["cases"].append({"name": c.name, "plan": plan, "tolerance": {n: tolerance(b["dtype"]) for n, b in plan["buffers"].items() if b["kind"] != "tmp"}})
+  for (name, _, extra), lw in zip(benches, lows[len(cases):]):
+    plan = {k: v for k, v in lw.plan.items() if k not in ("source", "kernels")}
+    manifest["bench"].append({"name": name, "plan": plan, **extra})
+  with open(os.path.join(args.out, "manifest.json"), "w") as f: json.dump(manifest, f, indent=1)
+  total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(args.out) for fn in fns)
+  print(f"{len(cases)} cases + {len(benches)} benchmarks, {len(manifest['kernels'])} kernels, {total / 1024:.0f} KiB in {args.out}")
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())
