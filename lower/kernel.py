@@ -14,7 +14,8 @@ Index expressions (`Idx`) are affine sums of atoms (loop `Var`s, floor `Div`s an
 constant; they simplify on construction using the vars' ranges, so movement ops (reshape/permute/expand/shrink/pad/flip)
 lower to plain strides whenever they are strides. Tiling is IR too: `Kernel.tile` names a register-tiled form
 (`("matmul", MR, NR)`: C[i, j] = sum_k A[i, k] * B[k, j] over the domain (i, j) and the reduce var k), which a renderer
-may emit instead of the plain nest; `Kernel.matmul` carries the strides it needs.
+may emit instead of the plain nest; `Kernel.matmul` carries the strides it needs. `Kernel.stream` marks a large
+contiguous output written once and never read in the kernel: a renderer may use non-temporal (streaming) stores.
 
 `Param` is the signature: dtype, size (elements), the natural alignment that can be claimed, and whether the buffer is
 provably disjoint from every other param (`noalias`) and only read / only written.
@@ -122,6 +123,16 @@ class Idx:
       if isinstance(a, Var): out.add(a)
       else: out |= a.x.vars()
     return out
+  def subst(self, m: dict) -> "Idx":
+    """The Idx with each Var in `m` replaced by m[var] (an Idx), inside Div/Mod atoms too (re-simplified)."""
+    out = Idx.const(self.c)
+    for a, k in self.terms:
+      if isinstance(a, Var): x = m.get(a, Idx(((a, 1),), 0))
+      else:
+        inner = a.x.subst(m)
+        x = inner // a.d if isinstance(a, Div) else inner % a.d
+      out = out + x * k
+    return out
   def coef(self, v: Var) -> int | None:
     """The coefficient of `v` if the Idx is affine in it (0 if absent); None if v occurs under a Div/Mod."""
     k = 0
@@ -211,6 +222,8 @@ class Kernel:
   tile: tuple | None = None     # ("matmul", MR, NR) when a renderer may register-tile it
   matmul: tuple | None = None   # (a param, a Idx, b param, b Idx, k Var) for the tiled form
   checked: bool = False         # CHECK_BOUNDS: every index is checked, a violation reports (param + 1)
+  stream: bool = False          # the store is contiguous over domain[0] (the only live axis) to a write-only, disjoint
+                                # output that nothing in the kernel reads: a renderer may use non-temporal stores
 
   def ops(self) -> int: return self.store.value.count()
   def key(self) -> str:
@@ -242,5 +255,5 @@ def render(k: Kernel, with_name: bool = True) -> str:
     (" wo" if p.writeonly else "") for i, p in enumerate(k.params)) + ")")
   loops = " ".join(f"for {v.name}<{v.size}" for v in k.domain)
   tail = f"  {loops}: p{k.store.param}[{k.store.idx!r}] = {names[id(k.store.value)]}"
-  extra = ([f"  tile {k.tile} matmul {k.matmul!r}"] if k.tile else []) + (["  checked"] if k.checked else [])
+  extra = ([f"  tile {k.tile} matmul {k.matmul!r}"] if k.tile else []) + (["  checked"] if k.checked else []) + (["  stream"] if k.stream else [])
   return "\n".join([head] + lines + [tail] + extra)

@@ -13,7 +13,7 @@ CHECK_BOUNDS=1: every load and store index is checked against its param's size; 
 the extra `err` out-param and returns; the runner raises BoundsError naming the kernel and the buffer.
 """
 from __future__ import annotations
-import ctypes, math, os, struct, sys, time
+import ctypes, itertools, math, os, struct, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from egraph.dtypes import DType, dtypes
@@ -40,6 +40,9 @@ def _llvm():
   if _LLVM is None:
     import llvmlite.binding as llvm
     llvm.initialize_native_target(); llvm.initialize_native_asmprinter(); llvm.initialize_native_asmparser()
+    # no vectorized epilogue loops (remainders run scalar): ~2 ms less compile per vectorized loop, for kernels that
+    # are memory-bound or dominated by their main vector loop (process-global LLVM option)
+    llvm.set_option("", "--enable-epilogue-vectorization=false")
     target = llvm.Target.from_default_triple()
     cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
     make = lambda: target.create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
@@ -337,9 +340,123 @@ def _signature(k: Kernel, fname: str) -> str:
   ps += ["i64 %start", "i64 %end"] + (["ptr %err"] if k.checked else [])
   return f"define void @{fname}({', '.join(ps)}) nounwind"
 
+_LOOP_IDS = itertools.count(9100, 2)
+
+def _noloop(decls: set) -> str:
+  """`, !llvm.loop !N` for a latch branch: a loop the vectorizer and unroller leave alone (hand-written vector code or
+  a scalar edge; compile time), with its metadata added to `decls`."""
+  n = next(_LOOP_IDS)
+  decls.add(f"!{n} = distinct !{{!{n}, !9001, !9002}}")
+  decls |= {'!9001 = !{!"llvm.loop.vectorize.enable", i1 false}', '!9002 = !{!"llvm.loop.unroll.disable"}'}
+  return f", !llvm.loop !{n}"
+
+STREAM_STAGE = 8192      # bytes of the on-stack staging block of a streaming kernel (L1-resident)
+NT_MD = "!9000 = !{i32 1}"
+
+def _streams(k: Kernel) -> bool:
+  return k.stream and not k.checked and len(k.domain) == 1 and _llvm()[0].get_process_triple().startswith("x86_64")
+
+def _render_stream(k: Kernel, fname: str) -> tuple[str, set]:
+  """A `stream` kernel: out[i + c] = value(i) for i in [start, end), written with non-temporal stores.
+
+  The non-temporal store must be a 64-byte aligned vector store (scalar `!nontemporal` stores block the loop
+  vectorizer; numpy buffers are only 16-byte aligned), while the value is any scalar expression. So the range is cut
+  into segments that end on 64-byte boundaries of the output, at most STREAM_STAGE bytes each; each segment's values
+  are computed by the plain (auto-vectorized) loop into a stack block, which is then copied out: a masked vector store
+  up to the first aligned address (only the first segment of a range has one), aligned <64 bytes> `!nontemporal`
+  stores, a masked store for the last partial vector (masked-off lanes never touch memory). An sfence ends the kernel, so the stores are visible to whichever thread
+  joins this one."""
+  f = _Fn(k)
+  p = k.params[k.store.param]
+  v0 = k.domain[0]
+  ty, isz = MT[p.dtype.name], p.dtype.itemsize
+  lanes, blk, c = 64 // isz, STREAM_STAGE // isz, k.store.idx.c
+  vt = f"<{lanes} x {ty}>"
+  sh = isz.bit_length() - 1
+  E = f.emit
+  f.allocas += [f"%stage = alloca {ty}, i64 {blk + lanes}, align 64", "%seg.addr = alloca i64", "%cp.addr = alloca i64"]
+  E(f"%obase = ptrtoint ptr %{p.name} to i64")
+  E("store i64 %start, ptr %seg.addr")
+  E("br label %seg.cond")
+  f.label("%seg.cond")
+  E("%b = load i64, ptr %seg.addr")
+  E("%seg.more = icmp slt i64 %b, %end")
+  E("br i1 %seg.more, label %seg.body, label %seg.exit")
+  f.label("%seg.body")
+  # segment end: the last 64-byte boundary of the output at or below b + blk, or end
+  E(f"%nx = add i64 %b, {blk}")
+  E(f"%nx.g = add i64 %nx, {c}")
+  E(f"%nx.b = shl i64 %nx.g, {sh}")
+  E("%nx.a = add i64 %obase, %nx.b")
+  E("%nx.m = and i64 %nx.a, 63")
+  E(f"%nx.me = lshr i64 %nx.m, {sh}")
+  E("%nx2 = sub i64 %nx, %nx.me")
+  E("%nx.lt = icmp slt i64 %nx2, %end")
+  E("%e = select i1 %nx.lt, i64 %nx2, i64 %end")
+  def body():
+    val = f.value(k.store.value)
+    li = f.t(); E(f"{li} = sub i64 {f.vars[v0]}, %b")
+    g = f.t("p"); E(f"{g} = getelementptr inbounds {ty}, ptr %stage, i64 {li}")
+    if p.dtype == dtypes.bool:
+      y = f.t(); E(f"{y} = zext i1 {val} to i8"); val = y
+    E(f"store {ty} {val}, ptr {g}, align {isz}")
+  f.loop(v0, "%b", "%e", body)
+  # copy the stage out: head (scalar, to the first aligned address), aligned NT vectors, tail (scalar)
+  E("%n = sub i64 %e, %b")
+  E(f"%dg = add i64 %b, {c}")
+  E(f"%dst = getelementptr inbounds {ty}, ptr %{p.name}, i64 %dg")
+  E(f"%d.b = shl i64 %dg, {sh}")
+  E("%d.a = add i64 %obase, %d.b")
+  E("%d.m = and i64 %d.a, 63")
+  E("%d.r = sub i64 64, %d.m")
+  E("%d.r2 = and i64 %d.r, 63")
+  E(f"%h0 = lshr i64 %d.r2, {sh}")
+  E("%h.lt = icmp slt i64 %h0, %n")
+  E("%h = select i1 %h.lt, i64 %h0, i64 %n")
+  E("%nv0 = sub i64 %n, %h")
+  E(f"%nv1 = lshr i64 %nv0, {(lanes).bit_length() - 1}")
+  E(f"%nv = shl i64 %nv1, {(lanes).bit_length() - 1}")
+  E("%vend = add i64 %h, %nv")
+  mt = f"<{lanes} x i1>"
+  msk = f.intrinsic(f"llvm.masked.store.v{lanes}{SUF[p.dtype.name] if p.dtype != dtypes.bool else 'i8'}", "void", f"{vt}, ptr, i32, {mt}")
+  iota = "<" + ", ".join(f"i64 {j}" for j in range(lanes)) + ">"
+  def masked(tag, at, count):   # stage[at:at+count] -> dst[at:at+count], count < lanes: one masked vector store
+    E(f"%{tag}.sp = getelementptr inbounds {ty}, ptr %stage, i64 {at}")
+    E(f"%{tag}.v = load {vt}, ptr %{tag}.sp, align {isz}")
+    E(f"%{tag}.dp = getelementptr inbounds {ty}, ptr %dst, i64 {at}")
+    E(f"%{tag}.c0 = insertelement <{lanes} x i64> poison, i64 {count}, i64 0")
+    E(f"%{tag}.c = shufflevector <{lanes} x i64> %{tag}.c0, <{lanes} x i64> poison, <{lanes} x i32> zeroinitializer")
+    E(f"%{tag}.m = icmp ult <{lanes} x i64> {iota}, %{tag}.c")
+    E(f"call void @{msk}({vt} %{tag}.v, ptr %{tag}.dp, i32 {isz}, {mt} %{tag}.m)")
+  masked("hd", "0", "%h")
+  E("store i64 %h, ptr %cp.addr")
+  E("br label %nt.cond")
+  f.label("%nt.cond")
+  E("%nt.j = load i64, ptr %cp.addr")
+  E("%nt.ok = icmp slt i64 %nt.j, %vend")
+  E("br i1 %nt.ok, label %nt.body, label %nt.exit")
+  f.label("%nt.body")
+  E(f"%nt.sp = getelementptr inbounds {ty}, ptr %stage, i64 %nt.j")
+  E(f"%nt.v = load {vt}, ptr %nt.sp, align {isz}")
+  E(f"%nt.dp = getelementptr inbounds {ty}, ptr %dst, i64 %nt.j")
+  E(f"store {vt} %nt.v, ptr %nt.dp, align 64, !nontemporal !9000")
+  E(f"%nt.n = add nuw nsw i64 %nt.j, {lanes}")
+  E("store i64 %nt.n, ptr %cp.addr")
+  E("br label %nt.cond" + _noloop(f.decls))
+  f.label("%nt.exit")
+  E("%tl.r = sub i64 %n, %vend")
+  masked("tl", "%vend", "%tl.r")
+  E("store i64 %e, ptr %seg.addr")
+  E("br label %seg.cond" + _noloop(f.decls))
+  f.label("%seg.exit")
+  E("call void @llvm.x86.sse.sfence()")
+  out = [_signature(k, fname) + " {", "entry:"] + ["  " + a for a in f.allocas] + f.lines + ["  ret void", "}"]
+  return "\n".join(out), f.decls | {"declare void @llvm.x86.sse.sfence()", NT_MD}
+
 def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
   """One kernel as an LLVM function (text) and the intrinsic declarations it needs."""
-  if k.tile and k.tile[0] == "matmul" and not k.checked: return _render_matmul(k, fname), set()
+  if k.tile and k.tile[0] == "matmul" and not k.checked: return _render_matmul(k, fname)
+  if _streams(k): return _render_stream(k, fname)
   f = _Fn(k)
   def body():
     v = f.value(k.store.value)
@@ -362,9 +479,19 @@ def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
     out += [f"fail{pi}:", f"  store i32 {pi + 1}, ptr %err", "  ret void"]
   return "\n".join(out + ["}"]), f.decls
 
+MM_KC = 256       # K block: one packed B micro-panel (KC x 32 floats, 32 KiB) stays in L1 with the packed A tile (8 KiB)
+MM_PB = 8         # 32-column panels per packed B block (KC x 256 floats, 256 KiB: L2)
+
 def _render_matmul(k: Kernel, fname: str) -> str:
-  """C[i, j] = sum_k A[ai*i + ak*k + ac] * B[bk*k + j + bc], stored at C[ci*i + j + cc]: MR x (NR/16) <16 x float>
-  accumulators per register tile, k innermost, the j tiles outside the i tiles; scalar loops for the ragged edges."""
+  """C[i, j] = sum_k A[ai*i + ak*k + ac] * B[bk*k + j + bc], stored at C[ci*i + j + cc], GotoBLAS-style:
+
+    for jb (MM_PB panels of 32 columns), for kb (MM_KC rows of k):
+      pack B[kb:kb+kc, panels] into Bp (stack, 64-byte aligned, one contiguous kc x 32 micro-panel per panel)
+      for it in [start, iend) step MR: pack A[it:it+MR, kb:kb+kc] into Ap (k-major: MR floats per k, any A strides)
+        for each panel: MR x 2 <16 x float> accumulators (zero on the first k block, else loaded from C), k innermost
+          over the packed panels (unit stride, aligned), stored to C
+  The ragged edges (rows [iend, end), columns past the last full panel) are a scalar loop. Each thread (a [start, end)
+  row range) packs its own copies; the stack holds MM_KC * (MM_PB * 32 + MR) floats (264 KiB)."""
   _, MR, NR = k.tile
   pa, A, pb, B, iv, jv, kv = k.matmul
   C = k.store.idx
@@ -374,57 +501,110 @@ def _render_matmul(k: Kernel, fname: str) -> str:
   ac, bc, cc = A.c, B.c, C.c
   P = lambda i: "%" + k.params[i].name
   pc = k.store.param
+  KC, PB = min(MM_KC, K), MM_PB
+  NT = N // NR
   L = [_signature(k, fname) + " {", "entry:"]
   E = L.append
+  D = set(MATMUL_DECLS)
   vt = "<16 x float>"
+  E(f"  %Bp = alloca float, i64 {KC * PB * NR}, align 64")
+  E(f"  %Ap = alloca float, i64 {KC * MR}, align 64")
   E(f"  %mfull = sub i64 %end, %start")
   E(f"  %mt = sdiv i64 %mfull, {MR}")
   E(f"  %mtail = mul i64 %mt, {MR}")
   E(f"  %iend = add i64 %start, %mtail")
-  NT = N // NR
-  # ---- full tiles: for jt in [0, NT): for it in [start, iend) step MR
-  E(f"  br label %jt.cond")
-  E("jt.cond:")
-  E(f"  %jt = phi i64 [0, %entry], [%jt.next, %it.exit]")
-  E(f"  %jt.ok = icmp slt i64 %jt, {NT}")
-  E(f"  br i1 %jt.ok, label %it.pre, label %edge")
+  E(f"  %anyrows = icmp sgt i64 %mt, 0")
+  E(f"  br i1 %anyrows, label %jb.cond, label %edge")
+  # for jb in [0, NT) step PB
+  E("jb.cond:")
+  E(f"  %jb = phi i64 [0, %entry], [%jb.next, %kb.exit]")
+  E(f"  %jb.ok = icmp slt i64 %jb, {NT}")
+  E(f"  br i1 %jb.ok, label %jb.body, label %edge")
+  E("jb.body:")
+  E(f"  %jb.rest = sub i64 {NT}, %jb")
+  E(f"  %jb.small = icmp slt i64 %jb.rest, {PB}")
+  E(f"  %np = select i1 %jb.small, i64 %jb.rest, i64 {PB}")
+  E(f"  br label %kb.cond")
+  # for kb in [0, K) step KC
+  E("kb.cond:")
+  E(f"  %kb = phi i64 [0, %jb.body], [%kb.next, %it.exit]")
+  E(f"  %kb.ok = icmp slt i64 %kb, {K}")
+  E(f"  br i1 %kb.ok, label %kb.body, label %kb.exit")
+  E("kb.body:")
+  E(f"  %kb.rest = sub i64 {K}, %kb")
+  E(f"  %kb.small = icmp slt i64 %kb.rest, {KC}")
+  E(f"  %kc = select i1 %kb.small, i64 %kb.rest, i64 {KC}")
+  E(f"  %first = icmp eq i64 %kb, 0")
+  E(f"  br label %pb.p.cond")
+  # pack B: for p < np, for k < kc: Bp[(p*KC + k)*NR + 16v] = B[bk*(kb+k) + (jb+p)*NR + bc + 16v]
+  E("pb.p.cond:")
+  E(f"  %pp = phi i64 [0, %kb.body], [%pp.next, %pb.k.exit]")
+  E(f"  %pp.ok = icmp slt i64 %pp, %np")
+  E(f"  br i1 %pp.ok, label %pb.k.pre, label %it.pre")
+  E("pb.k.pre:")
+  E(f"  %pp.col0 = add i64 %jb, %pp")
+  E(f"  %pp.col = mul i64 %pp.col0, {NR}")
+  E(f"  %pp.src0 = add i64 %pp.col, {bc}")
+  E(f"  %pp.dst0 = mul i64 %pp, {KC * NR}")
+  E(f"  br label %pb.k.body")
+  E("pb.k.body:")
+  E(f"  %pk = phi i64 [0, %pb.k.pre], [%pk.next, %pb.k.body]")
+  E(f"  %pk.g = add i64 %pk, %kb")
+  E(f"  %pk.row = mul i64 %pk.g, {bk}")
+  E(f"  %pk.src = add i64 %pk.row, %pp.src0")
+  E(f"  %pk.drow = mul i64 %pk, {NR}")
+  E(f"  %pk.dst = add i64 %pk.drow, %pp.dst0")
+  for v in range(NV):
+    E(f"  %pk.s{v} = add i64 %pk.src, {16 * v}")
+    E(f"  %pk.sp{v} = getelementptr inbounds float, ptr {P(pb)}, i64 %pk.s{v}")
+    E(f"  %pk.v{v} = load {vt}, ptr %pk.sp{v}, align 4")
+    E(f"  %pk.d{v} = add i64 %pk.dst, {16 * v}")
+    E(f"  %pk.dp{v} = getelementptr inbounds float, ptr %Bp, i64 %pk.d{v}")
+    E(f"  store {vt} %pk.v{v}, ptr %pk.dp{v}, align 64")
+  E(f"  %pk.next = add nuw nsw i64 %pk, 1")
+  E(f"  %pk.done = icmp eq i64 %pk.next, %kc")
+  E(f"  br i1 %pk.done, label %pb.k.exit, label %pb.k.body" + _noloop(D))
+  E("pb.k.exit:")
+  E(f"  %pp.next = add i64 %pp, 1")
+  E(f"  br label %pb.p.cond" + _noloop(D))
+  # for it in [start, iend) step MR
   E("it.pre:")
-  E(f"  %j0 = mul i64 %jt, {NR}")
   E(f"  br label %it.cond")
   E("it.cond:")
-  E(f"  %it = phi i64 [%start, %it.pre], [%it.next, %k.exit]")
+  E(f"  %it = phi i64 [%start, %it.pre], [%it.next, %p.exit]")
   E(f"  %it.ok = icmp slt i64 %it, %iend")
-  E(f"  br i1 %it.ok, label %k.pre, label %it.exit")
-  E("k.pre:")
-  E("  br label %k.body")
-  E("k.body:")
-  E(f"  %k = phi i64 [0, %k.pre], [%k.next, %k.body]")
+  E(f"  br i1 %it.ok, label %pa.pre, label %it.exit")
+  # pack A: Ap[k*MR + r] = A[ai*(it+r) + ak*(kb+k) + ac]
+  E("pa.pre:")
   for r in range(MR):
-    for v in range(NV):
-      E(f"  %acc{r}_{v} = phi {vt} [zeroinitializer, %k.pre], [%nacc{r}_{v}, %k.body]")
-  # B row: bk*k + j0 + 16v + bc
-  E(f"  %bk = mul i64 %k, {bk}")
-  E(f"  %bj = add i64 %bk, %j0")
-  for v in range(NV):
-    E(f"  %bo{v} = add i64 %bj, {bc + 16 * v}")
-    E(f"  %bp{v} = getelementptr inbounds float, ptr {P(pb)}, i64 %bo{v}")
-    E(f"  %b{v} = load {vt}, ptr %bp{v}, align 4")
-  E(f"  %ak = mul i64 %k, {ak}")
+    E(f"  %pa.r{r} = add i64 %it, {r}")
+    E(f"  %pa.ri{r} = mul i64 %pa.r{r}, {ai}")
+    E(f"  %pa.o{r} = add i64 %pa.ri{r}, {ac}")
+  E(f"  br label %pa.body")
+  E("pa.body:")
+  E(f"  %qk = phi i64 [0, %pa.pre], [%qk.next, %pa.body]")
+  E(f"  %qk.g = add i64 %qk, %kb")
+  E(f"  %qk.c = mul i64 %qk.g, {ak}")
+  E(f"  %qk.d = mul i64 %qk, {MR}")
   for r in range(MR):
-    E(f"  %ir{r} = add i64 %it, {r}")
-    E(f"  %ai{r} = mul i64 %ir{r}, {ai}")
-    E(f"  %ao{r} = add i64 %ai{r}, %ak")
-    E(f"  %ao{r}c = add i64 %ao{r}, {ac}")
-    E(f"  %ap{r} = getelementptr inbounds float, ptr {P(pa)}, i64 %ao{r}c")
-    E(f"  %a{r} = load float, ptr %ap{r}, align 4")
-    E(f"  %ai{r}v = insertelement <16 x float> poison, float %a{r}, i64 0")
-    E(f"  %as{r} = shufflevector <16 x float> %ai{r}v, <16 x float> poison, <16 x i32> zeroinitializer")
-    for v in range(NV):
-      E(f"  %nacc{r}_{v} = call {vt} @llvm.fma.v16f32({vt} %as{r}, {vt} %b{v}, {vt} %acc{r}_{v})")
-  E(f"  %k.next = add nuw nsw i64 %k, 1")
-  E(f"  %k.done = icmp eq i64 %k.next, {K}")
-  E(f"  br i1 %k.done, label %k.exit, label %k.body")
-  E("k.exit:")
+    E(f"  %qk.s{r} = add i64 %pa.o{r}, %qk.c")
+    E(f"  %qk.sp{r} = getelementptr inbounds float, ptr {P(pa)}, i64 %qk.s{r}")
+    E(f"  %qk.v{r} = load float, ptr %qk.sp{r}, align 4")
+    E(f"  %qk.d{r} = add i64 %qk.d, {r}")
+    E(f"  %qk.dp{r} = getelementptr inbounds float, ptr %Ap, i64 %qk.d{r}")
+    E(f"  store float %qk.v{r}, ptr %qk.dp{r}, align 4")
+  E(f"  %qk.next = add nuw nsw i64 %qk, 1")
+  E(f"  %qk.done = icmp eq i64 %qk.next, %kc")
+  E(f"  br i1 %qk.done, label %p.cond, label %pa.body" + _noloop(D))
+  # for p < np: the micro-kernel
+  E("p.cond:")
+  E(f"  %p = phi i64 [0, %pa.body], [%p.next, %k.exit]")
+  E(f"  %p.ok = icmp slt i64 %p, %np")
+  E(f"  br i1 %p.ok, label %p.body, label %p.exit")
+  E("p.body:")
+  E(f"  %pcol0 = add i64 %jb, %p")
+  E(f"  %j0 = mul i64 %pcol0, {NR}")
+  E(f"  %bpo = mul i64 %p, {KC * NR}")
   for r in range(MR):
     E(f"  %cr{r} = add i64 %it, {r}")
     E(f"  %ci{r} = mul i64 %cr{r}, {ci}")
@@ -432,12 +612,52 @@ def _render_matmul(k: Kernel, fname: str) -> str:
     for v in range(NV):
       E(f"  %co{r}_{v} = add i64 %cj{r}, {cc + 16 * v}")
       E(f"  %cp{r}_{v} = getelementptr inbounds float, ptr {P(pc)}, i64 %co{r}_{v}")
-      E(f"  store {vt} %nacc{r}_{v}, ptr %cp{r}_{v}, align 4")
+  E(f"  br i1 %first, label %k.pre, label %c.load")
+  E("c.load:")
+  for r in range(MR):
+    for v in range(NV): E(f"  %cl{r}_{v} = load {vt}, ptr %cp{r}_{v}, align 4")
+  E(f"  br label %k.pre")
+  E("k.pre:")
+  for r in range(MR):
+    for v in range(NV): E(f"  %ci{r}_{v} = phi {vt} [zeroinitializer, %p.body], [%cl{r}_{v}, %c.load]")
+  E("  br label %k.body")
+  E("k.body:")
+  E(f"  %k = phi i64 [0, %k.pre], [%k.next, %k.body]")
+  for r in range(MR):
+    for v in range(NV):
+      E(f"  %acc{r}_{v} = phi {vt} [%ci{r}_{v}, %k.pre], [%nacc{r}_{v}, %k.body]")
+  E(f"  %kr = mul i64 %k, {NR}")
+  E(f"  %kb0 = add i64 %kr, %bpo")
+  for v in range(NV):
+    E(f"  %bo{v} = add i64 %kb0, {16 * v}")
+    E(f"  %bp{v} = getelementptr inbounds float, ptr %Bp, i64 %bo{v}")
+    E(f"  %b{v} = load {vt}, ptr %bp{v}, align 64")
+  E(f"  %ka = mul i64 %k, {MR}")
+  for r in range(MR):
+    E(f"  %ao{r} = add i64 %ka, {r}")
+    E(f"  %ap{r} = getelementptr inbounds float, ptr %Ap, i64 %ao{r}")
+    E(f"  %a{r} = load float, ptr %ap{r}, align 4")
+    E(f"  %ai{r}v = insertelement <16 x float> poison, float %a{r}, i64 0")
+    E(f"  %as{r} = shufflevector <16 x float> %ai{r}v, <16 x float> poison, <16 x i32> zeroinitializer")
+    for v in range(NV):
+      E(f"  %nacc{r}_{v} = call {vt} @llvm.fma.v16f32({vt} %as{r}, {vt} %b{v}, {vt} %acc{r}_{v})")
+  E(f"  %k.next = add nuw nsw i64 %k, 1")
+  E(f"  %k.done = icmp eq i64 %k.next, %kc")
+  E(f"  br i1 %k.done, label %k.exit, label %k.body" + _noloop(D))
+  E("k.exit:")
+  for r in range(MR):
+    for v in range(NV): E(f"  store {vt} %nacc{r}_{v}, ptr %cp{r}_{v}, align 4")
+  E(f"  %p.next = add i64 %p, 1")
+  E(f"  br label %p.cond" + _noloop(D))
+  E("p.exit:")
   E(f"  %it.next = add i64 %it, {MR}")
-  E(f"  br label %it.cond")
+  E(f"  br label %it.cond" + _noloop(D))
   E("it.exit:")
-  E(f"  %jt.next = add i64 %jt, 1")
-  E(f"  br label %jt.cond")
+  E(f"  %kb.next = add i64 %kb, {KC}")
+  E(f"  br label %kb.cond" + _noloop(D))
+  E("kb.exit:")
+  E(f"  %jb.next = add i64 %jb, {PB}")
+  E(f"  br label %jb.cond" + _noloop(D))
   # ---- edges (scalar): rows [iend, end) x all j, and rows [start, iend) x j in [NT*NR, N)
   E("edge:")
   E(f"  br label %e.i.cond")
@@ -472,7 +692,7 @@ def _render_matmul(k: Kernel, fname: str) -> str:
   E(f"  %eacc.next = call float @llvm.fma.f32(float %eav, float %ebv, float %eacc)")
   E(f"  %ek.next = add nuw nsw i64 %ek, 1")
   E(f"  %ek.done = icmp eq i64 %ek.next, {K}")
-  E(f"  br i1 %ek.done, label %e.k.exit, label %e.k.body")
+  E(f"  br i1 %ek.done, label %e.k.exit, label %e.k.body" + _noloop(D))
   E("e.k.exit:")
   E(f"  %eci = mul i64 %ei, {ci}")
   E(f"  %ecj = add i64 %eci, %ej")
@@ -480,14 +700,15 @@ def _render_matmul(k: Kernel, fname: str) -> str:
   E(f"  %ecp = getelementptr inbounds float, ptr {P(pc)}, i64 %eco")
   E(f"  store float %eacc.next, ptr %ecp, align 4")
   E(f"  %ej.next = add i64 %ej, 1")
-  E(f"  br label %e.j.cond")
+  E(f"  br label %e.j.cond" + _noloop(D))
   E("e.j.exit:")
   E(f"  %ei.next = add i64 %ei, 1")
-  E(f"  br label %e.i.cond")
+  E(f"  br label %e.i.cond" + _noloop(D))
   E("done:")
   E("  ret void")
   E("}")
-  return "\n".join(L)
+  return "\n".join(L), D
+
 
 MATMUL_DECLS = {"declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
                 "declare float @llvm.fma.f32(float, float, float)"}
@@ -505,8 +726,8 @@ def module_text(kernels: list[tuple[Kernel, str]]) -> str:
   for k, name in kernels:
     text, d = render_llvm(k, name)
     fns.append(text); decls |= d
-    if k.tile and not k.checked: decls |= MATMUL_DECLS
-  return "\n\n".join(sorted(decls) + fns) + "\n"
+  md = sorted(d for d in decls if d.startswith("!"))
+  return "\n\n".join(sorted(d for d in decls if not d.startswith("!")) + fns + md) + "\n"
 
 def compile_kernels(kernels: list[tuple[Kernel, str]]) -> list[Compiled]:
   """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once."""

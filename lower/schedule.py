@@ -16,6 +16,11 @@
   the storage it reads, and when that is impossible (the writer must precede it) the storage is snapshotted at the start.
   Inside one kernel, a store whose value reads its own target at another index (flip of itself, a reduce over itself)
   goes to a temporary and is copied back by a second kernel.
+* Adjacent domain axes that every index uses only as one flat index (coef(outer) == size(inner) * coef(inner), also
+  inside floor Div/Mod atoms) are collapsed into one axis: a contiguous elementwise kernel over [R, C] is one loop of
+  R*C, which vectorizes and splits across threads as one range.
+* A kernel whose only live axis is domain[0], storing contiguously (unit stride) into a write-only, disjoint output of
+  at least STREAM_MIN_BYTES, is marked `stream`: the renderer writes it with non-temporal stores (no write-allocate).
 """
 from __future__ import annotations
 import itertools, math, sys
@@ -26,6 +31,7 @@ from egraph.ir import Node, Ops, GroupOp, toposort
 from lower.kernel import Idx, Var, Bound, Expr, Param, Store, Kernel, const, flat_index, unflatten
 
 FUSE_CAP = 400           # max estimated expression nodes per kernel
+STREAM_MIN_BYTES = 8 << 20   # outputs at least this large (4x a core's L2) get non-temporal stores (Kernel.stream)
 UNSUPPORTED = {Ops.FUNCTION: "FUNCTION", Ops.TUPLE: "TUPLE", Ops.GETTUPLE: "GETTUPLE", Ops.MULTI: "MULTI", Ops.BIND: "BIND"}
 IDENTITY = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
 
@@ -438,6 +444,7 @@ def _finalize(s: Spec, redirect: dict, ctx: _Ctx) -> list[Step]:
   shape = "_".join(str(v.size) for v in s.domain) or "0"
   k = Kernel(f"{s.kind}_{shape}", tuple(params), s.domain, Store(0, s.idx, value))
   k = _detect_matmul(k)
+  if not k.tile: k = _stream(_collapse(k))
   work = math.prod(v.size for v in s.domain) * max(1, value.count()) * _reduce_size(value)
   return [Step(k, tuple(mems), work)]
 
@@ -480,3 +487,71 @@ def _detect_matmul(k: Kernel) -> Kernel:
   if j.size < 32 or i.size < 8 or kv.size < 4 or k.domain[0] is not i: return k
   return Kernel(k.name.replace("r_", "mm_", 1), k.params, k.domain, k.store, ("matmul", 8, 32),
                 (a.arg[0], A, b.arg[0], B, i, j, kv), k.checked)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# axis collapsing and streaming stores
+
+def _kernel_idxs(k: Kernel) -> list:
+  out = [k.store.idx]
+  for x in _iter_exprs(k.store.value):
+    if x.op == 'load': out.append(x.arg[1]); out.extend(b.idx for b in x.arg[2])
+    elif x.op == 'valid': out.extend(b.idx for b in x.arg)
+  return out
+
+def _iter_exprs(e: Expr):
+  seen, stack = set(), [e]
+  while stack:
+    x = stack.pop()
+    if id(x) in seen: continue
+    seen.add(id(x))
+    yield x
+    stack.extend(x.src)
+
+def _flat_in(ix: Idx, o: Var, i: Var) -> bool:
+  """`ix` uses (o, i) only as the flat o*size(i) + i (times a constant), at every level of Div/Mod nesting."""
+  co = ci = 0
+  for a, c in ix.terms:
+    if a == o: co = c
+    elif a == i: ci = c
+    elif not isinstance(a, Var) and not _flat_in(a.x, o, i): return False
+  return co == ci * i.size
+
+def _subst_expr(e: Expr, m: dict) -> Expr:
+  memo: dict = {}
+  stack = [(e, False)]
+  while stack:
+    x, done = stack.pop()
+    if id(x) in memo: continue
+    if not done:
+      stack.append((x, True)); stack.extend((s, False) for s in x.src if id(s) not in memo); continue
+    src = tuple(memo[id(s)] for s in x.src)
+    if x.op == 'load':
+      p, ix, valid = x.arg
+      memo[id(x)] = Expr('load', x.dtype, (), (p, ix.subst(m), tuple(Bound(b.idx.subst(m), b.lo, b.hi) for b in valid)))
+    elif x.op == 'valid': memo[id(x)] = Expr('valid', x.dtype, (), tuple(Bound(b.idx.subst(m), b.lo, b.hi) for b in x.arg))
+    else: memo[id(x)] = x if all(a is b for a, b in zip(src, x.src)) else Expr(x.op, x.dtype, src, x.arg)
+  return memo[id(e)]
+
+def _collapse(k: Kernel) -> Kernel:
+  """Merge adjacent live domain axes that every index uses as one flat index (outermost pairs first)."""
+  while True:
+    live = [v for v in k.domain if v.size > 1]
+    if len(live) < 2: return k
+    idxs = _kernel_idxs(k)
+    for o, i in zip(live, live[1:]):
+      if all(_flat_in(ix, o, i) for ix in idxs): break
+    else: return k
+    f = Var(o.name, o.size * i.size)
+    m = {o: Idx.const(0), i: Idx(((f, 1),), 0)}
+    dom = tuple(f if v == o else v for v in k.domain if v != i)
+    if k.domain[0].size == 1 and o is not k.domain[0]: dom = tuple(v for v in dom if v.size > 1) or dom
+    k = Kernel(k.name, k.params, dom, Store(k.store.param, k.store.idx.subst(m), _subst_expr(k.store.value, m)),
+               k.tile, k.matmul, k.checked, k.stream)
+
+def _stream(k: Kernel) -> Kernel:
+  if not k.domain or any(v.size > 1 for v in k.domain[1:]): return k
+  p, v = k.params[k.store.param], k.domain[0]
+  if not (p.writeonly and p.noalias and p.align == p.dtype.itemsize) or p.size * p.dtype.itemsize < STREAM_MIN_BYTES: return k
+  if k.store.idx.terms != ((v, 1),): return k
+  if any(x.op == 'reduce' for x in _iter_exprs(k.store.value)): return k
+  return Kernel(k.name, k.params, k.domain, k.store, k.tile, k.matmul, k.checked, True)
