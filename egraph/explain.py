@@ -194,6 +194,10 @@ def _describe_node(n: Node | None) -> str:
   dt = n.dtype.name if n.dtype is not None else "-"
   return f"{n.op.name} {dt} {n.shape}" if n.shape is not None else f"{n.op.name} {dt}"
 
+def cost_kids(g: EGraphView) -> list[tuple[int, ...]]:
+  """The child classes whose cost each e-node pays in extraction (all of them, unless the extractor says otherwise)."""
+  return getattr(g, "cost_kids", None) or g.kids
+
 def arg_text(enc, op: str, arg_id: int) -> str:
   if op in ("Cons", "Nil"): return ""
   _, arg = enc.args[arg_id]
@@ -276,6 +280,7 @@ def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: st
   costs = g.local_costs(model)
   allowed = g.pinned_allowed()
   best, choice = knuth(g, costs, allowed)
+  paid = cost_kids(g)
   root_classes = [g.class_of_id[t] for t in tracked]
   terms = decode(g, choice, root_classes)
   total = dag_cost(g, costs, choice, root_classes)
@@ -318,7 +323,7 @@ def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: st
       op = g.op[e]
       tree = None
       if costs[e] is not None and allowed[e] and all(best[x] != float("inf") for x in g.kids[e]):
-        tree = costs[e] + sum(best[x] for x in g.kids[e])
+        tree = costs[e] + sum(best[x] for x in paid[e])
       if e == choice[k]: status = "chosen"
       elif costs[e] is None:
         status = ("unextractable: a CONTIGUOUS marker (its value must be stored, viewed or merged)" if op == "CONTIGUOUS"
@@ -352,7 +357,8 @@ def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: st
       summary = f"lives in the fresh buffer {bufname(b)} minted for #{owner[b.arg.uid]}: their e-classes hold the same value"
     elif b.op is Ops.BUFFER and b.arg.uid in enc.fresh_buffers:
       kind = "fresh"
-      summary = f"a fresh buffer {bufname(b)} ({b.nbytes if hasattr(b, 'nbytes') else '?'} B) written by a STORE"
+      by_call = term.op is Ops.AFTER and any(d.op is Ops.CALL for d in term.src[1:])
+      summary = f"a fresh buffer {bufname(b)} ({b.nbytes} B) written by " + ("a precompiled CALL" if by_call else "a STORE")
     elif term.op is Ops.AFTER:
       kind = "alias"
       summary = f"an alias of the assigned {bufdesc(b)}: the assign's own write serves it, no copy"

@@ -23,7 +23,7 @@ from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, knuth
 from egraph.language import program, CONSTRUCTORS
 from egraph.callify import _nodes, callify
-from egraph.explain import arg_text
+from egraph.explain import arg_text, cost_kids
 import egglog.bindings as eb
 from rules import RULES
 
@@ -141,10 +141,11 @@ def json_graph(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedu
       if e is None: raise CallsatError(f"export: serialized e-node {nid} {key} is not in the frozen e-graph")
       enode[nid] = e; cls.setdefault(n["eclass"], g.cls[e]); del todo[nid]; progress = True
     if not progress: raise CallsatError(f"export: {len(todo)} serialized e-nodes could not be matched")
+  paid = cost_kids(g)   # a child whose cost an e-node does not pay (a SLICE's buffer: its own CALL argument) is not a child here
   keep = {nid for nid, e in enode.items() if costs[e] is not None and allowed[e]}
   while True:                       # drop e-nodes with a child class that has nothing extractable left
     live = {g.cls[enode[nid]] for nid in keep}
-    drop = {nid for nid in keep if any(k not in live for k in g.kids[enode[nid]])}
+    drop = {nid for nid in keep if any(k not in live for k in paid[enode[nid]])}
     if not drop: break
     keep -= drop
   rep: dict[int, str] = {}
@@ -153,7 +154,8 @@ def json_graph(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedu
   for nid in sorted(keep, key=lambda x: enode[x]):
     e = enode[nid]
     text = g.op[e] + ((" " + a) if (a := arg_text(enc, g.op[e], g.arg[e])) else "")
-    out_nodes[nid] = {"op": text, "children": [rep[k] for k in g.kids[e]], "eclass": f"c{g.cls[e]}",
+    if unpaid := [k for k in g.kids[e] if k not in paid[e]]: text += " of " + ", ".join(f"c{k}" for k in unpaid)
+    out_nodes[nid] = {"op": text, "children": [rep[k] for k in paid[e]], "eclass": f"c{g.cls[e]}",
                       "cost": float(costs[e]), "subsumed": False}
   roots = list(dict.fromkeys(f"c{g.class_of_id[t]}" for t in tracked))
   return {"nodes": out_nodes, "root_eclasses": roots,

@@ -85,6 +85,17 @@ def test_contiguous_of_contiguous_shares_one_buffer():
   bm = callify(outer, inner, cache=False).buffer_map
   assert _buffer(bm[outer.node]) is _buffer(bm[inner.node])
 
+def test_precompiled_output_is_written_by_its_call():
+  from egraph import function
+  @function(precompile=True)
+  def split(x): return x + 1, (x * x).contiguous()
+  a = Tensor([1., 2, 3, 4]).realize()
+  y, sq = split(a)
+  ex = explain(y * 3, sq, labels=["y3", "sq"])
+  p = ex.point("sq")
+  assert p.kind == "fresh" and "written by a precompiled CALL" in p.summary
+  assert "written by a STORE" in ex.point("y3").summary
+
 @pytest.mark.parametrize("name", ["model:mlp", "model:views", "gen:0", "gen:1", "gen:2", "gen:3", "gen:6", "gen:8"])
 def test_explain_reaches_callifys_egraph_and_decisions(name):
   """Rule-at-a-time reaches the e-graph callify saturates; the kinds agree with callify's buffer_map."""
