@@ -1,10 +1,13 @@
 """LLVM backend kernels vs numpy, in one process, contenders interleaved per round; medians.
 
   elementwise (a+b)*a-1 on 16M float32   vs numpy (out= passes and the plain expression) and vs a STREAM triad
-                                         (a = b + s*c, our kernel) measured in the same run
+                                         (a = b + s*c, our kernel) measured in the same run; both as scheduled
+                                         (non-temporal stores: Kernel.stream) and, for reference, the same kernels
+                                         forced to plain stores
   row sum of 4096x4096                   vs numpy x.sum(axis=1)
   matmul 512^3                           vs numpy A@B (OpenBLAS; both at the same thread count, checked with threadpoolctl)
   compile latency per kernel (cold: the kernel cache cleared) and on a cache hit (compiles: 0)
+  load average before and after (the machine is shared: read the ratios, which come from the same rounds)
 
 Run (OpenBLAS's CORETYPE override slows a current numpy; unset it for this command only, see the env notes):
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/kernels.py --rounds 15 --out notes/benchmarks.md
@@ -41,6 +44,7 @@ def main():
   ap.add_argument("--out", default=None)
   ap.add_argument("--n", type=int, default=16 * 1024 * 1024)
   args = ap.parse_args()
+  load0 = os.getloadavg()
   rng = np.random.default_rng(0)
   S = Storage()
   N = args.n
@@ -77,43 +81,62 @@ def main():
                            for _ in range(5)])
   hit_compiles = CACHE.compiled - c0
 
+  from dataclasses import replace
+  def plain_stores(res):
+    """The single kernel of `res` with stream=False (plain stores), launched directly on the same buffers."""
+    bind, bufs = _arg_binding(res.call)
+    (s,) = schedule(res.call.src[0], bind).steps
+    assert s.kernel.stream, "expected a streaming kernel"
+    c = CACHE.get([replace(s.kernel, stream=False)])[0]
+    ptrs = [S[bufs[m.root[1]]].ctypes.data + m.off for m in s.mems]
+    return lambda: llvm.launch(c, ptrs, s.work)
+  ew_plain, triad_plain = plain_stores(ew), plain_stores(triad)
+
   out_t = np.empty(N, np.float32)
   def np_out(): np.add(a_np, b_np, out=out_t); np.multiply(out_t, a_np, out=out_t); np.subtract(out_t, 1, out=out_t)
-  contenders = {
-    "ew llvm": lambda: run_call(ew.call, S), "ew llvm 1t": None, "ew numpy out=": np_out, "ew numpy expr": lambda: (a_np + b_np) * a_np - 1,
-    "triad llvm": lambda: run_call(triad.call, S),
-    "rowsum llvm": lambda: run_call(rs.call, S), "rowsum numpy": lambda: x_np.sum(axis=1),
-    "matmul llvm": lambda: run_call(mm.call, S), "matmul numpy": lambda: A_np @ B_np,
-  }
   def one_thread(call):
     old = llvm.THREADS; llvm.THREADS = 1
     try: run_call(call, S)
     finally: llvm.THREADS = old
-  contenders["ew llvm 1t"] = lambda: one_thread(ew.call)
-  contenders["matmul llvm 1t"] = lambda: one_thread(mm.call)
+  def blas():   # OpenBLAS's threads spin after a call and take the second core: let them sleep before the next contender
+    A_np @ B_np
+  contenders = {
+    "ew llvm": lambda: run_call(ew.call, S), "ew llvm plain": ew_plain, "triad llvm": lambda: run_call(triad.call, S),
+    "triad llvm plain": triad_plain, "ew llvm 1t": lambda: one_thread(ew.call), "ew numpy out=": np_out,
+    "ew numpy expr": lambda: (a_np + b_np) * a_np - 1,
+    "rowsum llvm": lambda: run_call(rs.call, S), "rowsum numpy": lambda: x_np.sum(axis=1),
+    "matmul llvm": lambda: run_call(mm.call, S), "matmul llvm 1t": lambda: one_thread(mm.call), "matmul numpy": blas,
+  }
   times = {k: [] for k in contenders}
   for _ in range(args.rounds):
     for k, f in contenders.items(): times[k].append(timeit(f))
+    time.sleep(0.3)   # OpenBLAS threads stop spinning before the next round's first contender
   med = {k: statistics.median(v) for k, v in times.items()}
   # correctness of what was timed
   np.testing.assert_allclose(S[ew.buffer_map[next(iter(ew.buffer_map))].base if False else ew.call.src[1]], (a_np + b_np) * a_np - 1, rtol=1e-6)
   np.testing.assert_allclose(S[rs.call.src[1]], x_np.sum(axis=1), rtol=1e-3, atol=1e-3)
   np.testing.assert_allclose(S[mm.call.src[1]].reshape(M, M), A_np @ B_np, rtol=1e-3, atol=1e-3)
 
+  load1 = os.getloadavg()
   gbs = lambda nbytes, ms: nbytes / ms / 1e6
   triad_bw = gbs(12 * N, med["triad llvm"])
+  triad_plain_bw = gbs(12 * N, med["triad llvm plain"])
   ew_bw = gbs(12 * N, med["ew llvm"])
   gfl = lambda ms: 2 * M ** 3 / ms / 1e6
   cpu, _ = llvm.host_cpu()
   lines = [f"## LLVM backend kernels ({datetime.date.today().isoformat()})", "",
            f"`{'env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ' if 'OPENBLAS_CORETYPE' not in os.environ else ''}python bench/kernels.py "
            f"--rounds {args.rounds}" + (f" --out {args.out}" if args.out else "") + f"` — medians of {args.rounds} interleaved rounds in one "
-           f"process, ms; host CPU `{cpu}`, llvm threads={llvm.THREADS}; BLAS: {blas_info()}.", "",
+           f"process, ms; host CPU `{cpu}`, llvm threads={llvm.THREADS}; BLAS: {blas_info()}; load average (1/5/15 min) "
+           f"before {'/'.join(f'{x:.2f}' for x in load0)}, after {'/'.join(f'{x:.2f}' for x in load1)}.", "",
            "| kernel | llvm | reference | ratio (ref / llvm) | note |", "|---|---|---|---|---|",
            f"| elementwise (a+b)*a-1, 16M f32 | {med['ew llvm']:.2f} ({ew_bw:.1f} GB/s) | numpy out=: {med['ew numpy out=']:.2f}; expr: {med['ew numpy expr']:.2f} | "
            f"{med['ew numpy out='] / med['ew llvm']:.2f}x / {med['ew numpy expr'] / med['ew llvm']:.2f}x | 1 thread {med['ew llvm 1t']:.2f}; "
            f"{100 * ew_bw / triad_bw:.0f}% of triad |",
-           f"| STREAM triad a=b+s*c, 16M f32 | {med['triad llvm']:.2f} ({triad_bw:.1f} GB/s) | | | 12 B/elem, same run |",
+           f"| STREAM triad a=b+s*c, 16M f32 | {med['triad llvm']:.2f} ({triad_bw:.1f} GB/s) | | | 12 B/elem, same run, NT stores |",
+           f"| elementwise, plain stores | {med['ew llvm plain']:.2f} ({gbs(12 * N, med['ew llvm plain']):.1f} GB/s) | | | "
+           f"{100 * gbs(12 * N, med['ew llvm plain']) / triad_plain_bw:.0f}% of plain-store triad |",
+           f"| STREAM triad, plain stores | {med['triad llvm plain']:.2f} ({triad_plain_bw:.1f} GB/s) | | | |",
            f"| row sum 4096x4096 f32 | {med['rowsum llvm']:.2f} ({gbs(4 * R * R, med['rowsum llvm']):.1f} GB/s) | numpy: {med['rowsum numpy']:.2f} | "
            f"{med['rowsum numpy'] / med['rowsum llvm']:.2f}x | |",
            f"| matmul 512^3 f32 | {med['matmul llvm']:.2f} ({gfl(med['matmul llvm']):.0f} GFLOPS) | numpy: {med['matmul numpy']:.2f} "
