@@ -6,8 +6,10 @@ accumulators are allocas in the entry block (SROA turns them into phis). Float r
 not vectorize without it); elementwise float math has no fast-math flags, so it is bit-exact with numpy except where
 LLVM's libm calls differ. NaNs are kept (no `nnan`): MAX is llvm.maximum (NaN-propagating, as np.maximum).
 `noalias` is claimed only for params the scheduler proved disjoint from every other param; alignment only as the
-element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", MR, NR) get an explicit register tile:
-MR rows x NR columns of <16 x float> accumulators, k innermost, so the B panel stays in cache.
+element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", MR, NR) get an explicit register tile
+(MR rows x NR columns of <16 x float> accumulators) over packed, K-blocked operands (_render_matmul). Kernels marked
+`stream` write through a stack block with aligned non-temporal vector stores (_render_stream). Loops that hold
+hand-written vector code or scalar edges carry metadata that keeps the vectorizer and unroller off them (compile time).
 
 CHECK_BOUNDS=1: every load and store index is checked against its param's size; a violation stores (param + 1) into
 the extra `err` out-param and returns; the runner raises BoundsError naming the kernel and the buffer.
