@@ -125,18 +125,17 @@ def bench_cases() -> list:
   """CALLs whose inputs the GPU machine generates: elementwise bandwidth and a tiled matmul."""
   from egraph.dtypes import dtypes
   from egraph.ir import Node, Ops, new_buffer, ParamArg, CallInfo
-  def P(slot, n): return Node(Ops.PARAM, dtypes.float32, (), ParamArg(slot, (n,), "CUDA"))
+  from egraph.ir import const
+  def P(slot, shape): return Node(Ops.PARAM, dtypes.float32, (), ParamArg(slot, shape, "CUDA"))
   def call(body, *args): return Node(Ops.CALL, dtypes.void, (body, *args), CallInfo())
   n = 1 << 26
-  o, a, b = P(0, n), P(1, n), P(2, n)
-  one = Node(Ops.CONST, dtypes.float32, (), (1.0,), "CUDA") if False else None
-  from egraph.ir import const
+  o, a, b = P(0, (n,)), P(1, (n,)), P(2, (n,))
   v = Node(Ops.SUB, None, (Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)), a)), const(1.0, dtypes.float32, "CUDA").reshape((1,)).expand((n,))))
   ew = call(o.after(o.store(v)).sink(), *(new_buffer(n, dtypes.float32, "CUDA") for _ in range(3)))
   m = 2048
-  c, x, y = P(0, m * m), P(1, m * m), P(2, m * m)
+  c, x, y = P(0, (m, m)), P(1, (m, m)), P(2, (m, m))
   prod = Node(Ops.MUL, None, (x.reshape((m, m, 1)).expand((m, m, m)), y.reshape((1, m, m)).expand((m, m, m))))
-  mm = Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (1,))).reshape((m * m,))
+  mm = Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (1,))).reshape((m, m))
   mmc = call(c.after(c.store(mm)).sink(), *(new_buffer(m * m, dtypes.float32, "CUDA") for _ in range(3)))
   return [("bandwidth_elementwise", ew, {"bytes": 12 * n}), ("matmul_2048", mmc, {"flops": 2 * m ** 3})]
 

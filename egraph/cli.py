@@ -1,5 +1,6 @@
 """`callsat` command line: `callsat demo [--model NAME]`, `callsat order` (saturation vs rule orders over a corpus),
-`callsat explain` (why a realized tensor became a view, a fresh buffer or an alias), `callsat export` (.egg / JSON)."""
+`callsat explain` (why a realized tensor became a view, a fresh buffer or an alias), `callsat export` (.egg / JSON),
+`callsat cuda [--model NAME] [--out FILE] [--emulate]` (the model's CALL as a CUDA translation unit + launch plan)."""
 from __future__ import annotations
 import argparse, sys, time
 import numpy as np
@@ -115,6 +116,28 @@ def _source_args(p) -> None:
   p.add_argument("--cost", default="bytes", help="cost model preset: bytes, kernels, buffers, nodes")
   p.add_argument("--schedule", default="saturate", help="schedule preset")
 
+def cuda(args) -> int:
+  from egraph import Tensor, callify
+  from lower import cuda as C
+  out, ref = MODELS[args.model](Tensor)
+  res = callify(out)
+  lw = C.plans([res.call])[0]
+  text = C.plan_comment(lw.plan) + lw.plan["source"]
+  if args.out:
+    with open(args.out, "w") as f: f.write(text)
+    print(f"{len(lw.plan['kernels'])} kernel(s), {len(lw.plan['steps'])} step(s) written to {args.out}")
+  else: sys.stdout.write(text)
+  if args.emulate:
+    from egraph.ir import substitute
+    from lower.runtime import STORAGE, read
+    S = STORAGE.copy()
+    C.run_lowered(lw, S, C.emulator())
+    got = read(substitute([out.node], res.buffer_map)[0], S)
+    ok = np.allclose(got, ref, rtol=1e-4, atol=1e-5)
+    print(f"emulated on the CPU (lower/cuda_emu.h): {'OK' if ok else 'MISMATCH'} vs numpy", file=sys.stderr)
+    return 0 if ok else 1
+  return 0
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="callsat", description="Schedule tensor graphs by equality saturation.")
   sub = p.add_subparsers(dest="cmd", required=True)
@@ -142,7 +165,11 @@ def main(argv=None) -> int:
   x.add_argument("--raw-json", action="store_true", help="egglog's serialization untouched (all tables, unit costs)")
   x.add_argument("--svg", metavar="PATH", help="the CALL to PATH and the e-graph to PATH minus .svg plus .egraph.svg "
                                                "(needs pip install -e '.[graph]' and Graphviz's dot)")
+  c = sub.add_parser("cuda", help="render a model's CALL as one CUDA translation unit with its launch plan")
+  c.add_argument("--model", choices=sorted(MODELS), default="mlp")
+  c.add_argument("--out", metavar="FILE", help="write the .cu here (default: stdout)")
+  c.add_argument("--emulate", action="store_true", help="also run it on the CPU emulator and check it against numpy")
   args = p.parse_args(argv)
-  try: return {"demo": demo, "order": order, "explain": explain, "export": export}[args.cmd](args)
+  try: return {"demo": demo, "order": order, "explain": explain, "export": export, "cuda": cuda}[args.cmd](args)
   except CallsatError as e:
     print(f"callsat: error: {e}", file=sys.stderr); return 2

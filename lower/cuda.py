@@ -573,21 +573,43 @@ def run_lowered(lw: Lowered, storage, backend, module=None) -> None:
     arrays[name] = a
   drv.execute(lw.plan, arrays, backend, module)
 
+def plan_comment(plan: dict) -> str:
+  """The launch plan as C comments (for `callsat cuda`): buffers, then one line per step."""
+  out = ["// launch plan: buffers (name: bytes, kind, dtype)"]
+  for n, b in plan["buffers"].items():
+    out.append(f"//   {n}: {b['nbytes']} B {b['kind']}{' written' if b['written'] and b['kind'] != 'tmp' else ''} {b.get('dtype') or ''}".rstrip())
+  out.append("// steps:")
+  for s in plan["steps"]:
+    if s["op"] == "copy": out.append(f"//   copy {s['nbytes']} B {s['src'][0]}+{s['src'][1]} -> {s['dst'][0]}+{s['dst'][1]}")
+    else:
+      args = ", ".join(f"{b}+{o}" if o else b for b, o in s["args"])
+      out.append(f"//   launch {s['kernel']}<<<({', '.join(map(str, s['grid']))}), ({', '.join(map(str, s['block']))})>>>({args})")
+  return "\n".join(out) + "\n"
+
 _EMU: drv.Emulator | None = None
-_DEV: drv.CudaDevice | None = None
+_DEV: dict = {}
 
 def emulator() -> drv.Emulator:
   global _EMU
   if _EMU is None: _EMU = drv.Emulator()
   return _EMU
 
-def device() -> drv.CudaDevice:
-  """The GPU (cached); DeviceError naming what is missing (driver, GPU, compiler) otherwise."""
-  global _DEV
-  if _DEV is None:
-    try: _DEV = drv.CudaDevice()
+def device(ordinal: int = 0) -> drv.CudaDevice:
+  """GPU `ordinal` (cached); DeviceError naming what is missing (driver, GPU) otherwise."""
+  if ordinal not in _DEV:
+    try: _DEV[ordinal] = drv.CudaDevice(ordinal)
     except drv.CudaUnavailable as e: raise DeviceError(f"device 'CUDA' cannot execute here: {e}") from e
-  return _DEV
+  return _DEV[ordinal]
+
+def _ordinal(call) -> int:
+  from egraph.ir import toposort
+  devs = set()
+  for n in toposort([call]):
+    for d in (n.device, n.arg.device if n.op is Ops.PARAM else None):
+      for x in (d if isinstance(d, tuple) else (d,)):
+        if isinstance(x, str) and x.partition(":")[0] == "CUDA": devs.add(int(x.partition(":")[2] or 0))
+  if len(devs) > 1: raise UnsupportedOpError(f"CUDA backend: one CALL on several GPUs ({sorted(devs)}) is not supported")
+  return devs.pop() if devs else 0
 
 def run_emulated(call, storage, **kw) -> None:
   """Execute a CALL with the emitted CUDA compiled as C++ against lower/cuda_emu.h (the CPU check of the renderer)."""
@@ -595,8 +617,9 @@ def run_emulated(call, storage, **kw) -> None:
   run_lowered(lw, storage, emulator())
 
 def run_cuda(call, storage) -> None:
-  """The "CUDA" device: execute a CALL on the GPU (device 0). Raises DeviceError when no driver/GPU/compiler is here."""
-  dev = device()
+  """The "CUDA" device: execute a CALL on the GPU (CUDA:n is GPU n). Raises DeviceError when no driver/GPU/compiler is
+  here, before touching storage."""
+  dev = device(_ordinal(call))
   lw = plans([call])[0]
   try: run_lowered(lw, storage, dev)
   except drv.CudaUnavailable as e: raise DeviceError(f"device 'CUDA' cannot execute here: {e}") from e

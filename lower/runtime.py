@@ -2,7 +2,7 @@
 
 Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALLs) runs as native code through the LLVM
 backend (lower/llvm.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/numpy.py).
-CUDA and DISK: come in later issues.
+A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU).
 """
 from __future__ import annotations
 import os
@@ -78,7 +78,7 @@ def disk_map(buf: Node) -> np.ndarray:
     return np.memmap(path, dtype=buf.dtype.np, mode="r+", shape=(buf.arg.size,))
   except OSError as e: raise DeviceError(f"{buf.arg.device}: cannot map {nbytes} bytes of {path!r}: {e}") from e
 
-RUNNABLE = ("CPU", "PYTHON", "NPY", "DISK")
+RUNNABLE = ("CPU", "PYTHON", "NPY", "DISK", "CUDA")
 
 def check_device(d) -> None:
   """Raise DeviceError unless `d` (a canonical device, a tuple of them, or None) runs here."""
@@ -87,7 +87,7 @@ def check_device(d) -> None:
     for x in d: check_device(x)
     return
   if d.partition(":")[0] not in RUNNABLE:
-    raise DeviceError(f"device {d!r} cannot execute yet: only {', '.join(RUNNABLE)} (CPU:n, DISK:/path) run; CUDA comes in a later issue")
+    raise DeviceError(f"device {d!r} cannot execute yet: only {', '.join(RUNNABLE)} (CPU:n, CUDA:n, DISK:/path) run")
 
 def run_call(call: Node, storage: Storage = STORAGE) -> None:
   """Execute a CALL from callify: its SINK body runs with PARAM(slot=i) bound to `call.src[1+i]` (BUFFER or SLICE(BUFFER)).
@@ -111,6 +111,9 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
   if python:
     from lower.numpy import evaluate
     evaluate([call], storage)
+  elif any(isinstance(n.device, str) and n.device.partition(":")[0] == "CUDA" for n in toposort([call])):
+    from lower.cuda import run_cuda   # the GPU through libcuda; DeviceError naming what is missing without one
+    run_cuda(call, storage)
   else:
     from lower.llvm import run_native
     run_native(call, storage)
