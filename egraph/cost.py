@@ -19,7 +19,7 @@ class CostModel:
     """`node` is an IR node of the e-node's class (shape/dtype), `target` the STORE target's, `fresh` marks minted buffers."""
     if op == "STORE": return self.bytes * (target.nbytes if target is not None else 0) + self.kernels + self.nodes
     if op == "BUFFER": return self.bytes * node.nbytes + (self.buffers if fresh else 0) + self.nodes
-    if op == "PARAM": return self.bytes * node.nbytes + self.nodes
+    if op in ("PARAM", "SLICE"): return self.bytes * node.nbytes + self.nodes   # storage read (a SLICE: only its range)
     return self.nodes
 
 COST_PRESETS = {

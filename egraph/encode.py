@@ -126,6 +126,7 @@ def encode(roots: list[Node]) -> Encoding:
   wrapped: dict[int, int] = {}   # Node.id -> id that consumers reference
   contigs: list[tuple[int, Node]] = []
   bitcasts: list[tuple[int, Node]] = []
+  copies: list[Node] = []                      # movement views that a COPY reads
   copies_into: list[tuple[int, Node]] = []     # (assign id, host COPY it stores): the copy may land in place
   uses: dict[int, int] = {}
   for n in topo:
@@ -153,6 +154,7 @@ def encode(roots: list[Node]) -> Encoding:
       if v is not None and v.op is Ops.COPY and v.id in is_key and uses.get(v.id) == 1: copies_into.append((i, v))
     if n.op is Ops.CONTIGUOUS: contigs.append((i, n))
     if n.op is Ops.BITCAST: bitcasts.append((i, n))
+    if n.op is Ops.COPY and n.src[0].base is not n.src[0]: copies.append(n.src[0])
     wrapped[n.id] = i
     if n.id in is_key and n.op not in (Ops.CONTIGUOUS, Ops.AFTER):
       w = n.contiguous()
@@ -161,6 +163,8 @@ def encode(roots: list[Node]) -> Encoding:
   for k in enc.keys: enc.key_ids[k.id] = wrapped[k.id]
   for i, c in contigs: _contiguous_facts(enc, i, c)
   for i, c in bitcasts: _bitcast_facts(enc, i, c)
+  for x in copies:
+    if (view := _slice_view(enc, x, x)) is not None: enc.row("view_row", enc.ids[x.id], enc.emit_tree(view, original=False))
   for i, v in copies_into: enc.row("copy_into_row", i, wrapped[v.id])
   for g in topo:
     if g.op is Ops.GETTUPLE and g.src[0].op is Ops.FUNCTION and g.src[0].arg.precompile:

@@ -145,14 +145,12 @@ def _explain_runner(sched: Schedule) -> tuple[Runner, list[tuple[str, list[str]]
     raise CallsatError(f"explain runs to saturation; schedule {sched.name!r} stops after {sched.max_iterations} iteration(s)")
   runner = Runner(Schedule("explain", rules=()))      # declares the language, the load and the materialize rules
   phases = [("materialize", [r.name for r in RULES.values() if r.phase == "materialize"]),
-            ("optimize", [r.name for r in RULES.values() if r.phase == "optimize"
-                          and (sched.rules is None or r.name in sched.rules)])]
+            ("optimize", [r.name for r in RULES.values() if r.phase == "optimize" and (sched.rules is None or r.name in sched.rules)]
+                         + [r.name for r in RULES.values() if r.phase == "materialize"])]   # as schedule.OPTIMIZE_STEP
   text = []
-  for _, names in phases:
-    for n in names:
-      r = RULES[n]
-      text += [f"(ruleset {_PREFIX}{n})",
-               f'(rule ({r.query}) ({r.actions}) :ruleset {_PREFIX}{n} :name "{_PREFIX}{n}")']
+  for n in dict.fromkeys(n for _, names in phases for n in names):   # a materialize rule runs in both phases
+    r = RULES[n]
+    text += [f"(ruleset {_PREFIX}{n})", f'(rule ({r.query}) ({r.actions}) :ruleset {_PREFIX}{n} :name "{_PREFIX}{n}")']
   runner._cmd("\n".join(text), "declaring the per-rule rulesets for explain")
   return runner, phases
 

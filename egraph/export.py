@@ -18,7 +18,7 @@ from egraph.ir import Node, Ops, toposort
 from egraph.errors import CallsatError
 from egraph.encode import encode, Encoding
 from egraph.schedule import (Runner, Schedule, Limits, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve, guarded, _ORDERED_EXTRA,
-                             ordered_ruleset, ordered_rule_text)
+                             ordered_ruleset, ordered_rule_text, OPTIMIZE_STEP)
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, knuth
 from egraph.language import program, CONSTRUCTORS
@@ -80,8 +80,8 @@ def egg_text(*tensors, schedule: str | Schedule = "saturate", enc: Encoding | No
   if sched.ordered is None:
     out.append("(run-schedule (saturate (run materialize)))")
     if sched.rules != ():
-      out.append("(run-schedule (saturate (run optimize)))" if sched.max_iterations is None
-                 else f"(run optimize {sched.max_iterations})")
+      out.append(f"(run-schedule (saturate {OPTIMIZE_STEP}))" if sched.max_iterations is None
+                 else f"(run-schedule (repeat {sched.max_iterations} {OPTIMIZE_STEP}))")
   else:
     seq = " ".join(f"(saturate (run {ordered_ruleset(n)}))" for n in sched.ordered)
     out.append("(run-schedule (saturate (run capture)))")

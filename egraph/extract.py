@@ -78,6 +78,13 @@ class EGraphView:
       out.append(model.enode_cost(op, node, target, isfresh))
     return out
 
+  @functools.cached_property
+  def cost_kids(self) -> list[tuple[int, ...]]:
+    """The child classes whose cost an e-node pays. A SLICE of a BUFFER is passed to the CALL as its own argument: it
+    reads its range, not the whole buffer (the SLICE pays its own bytes)."""
+    buffer_classes = {self.cls[e] for e in range(self.n_enodes) if self.op[e] == "BUFFER"}
+    return [() if self.op[e] == "SLICE" and self.kids[e][0] in buffer_classes else self.kids[e] for e in range(self.n_enodes)]
+
   def pinned_allowed(self) -> list[bool]:
     """Identity constraints on extraction: an assign's e-class is a write into that assign's own target, and a realized
     e-class is a storage form (a write, a view, a buffer), never the computation it holds the value of."""
@@ -106,7 +113,7 @@ def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = N
     for p in g.parents[k]:
       pending[p] -= 1
       if pending[p] == 0 and costs[p] is not None and (allowed is None or allowed[p]) and not done[g.cls[p]]:
-        heapq.heappush(heap, (costs[p] + sum(best[x] for x in g.kids[p]), p))
+        heapq.heappush(heap, (costs[p] + sum(best[x] for x in g.cost_kids[p]), p))
   return best, choice
 
 def baseline_cost(enc: Encoding, model: CostModel) -> int:
@@ -136,7 +143,7 @@ def dag_cost(g: EGraphView, costs: list[int | None], choice: list[int], roots: l
     e = choice[k]
     if e < 0: raise EngineError(f"extraction: e-class {k} has no extractable e-node")
     total += costs[e]
-    stack.extend(g.kids[e])
+    stack.extend(g.cost_kids[e])
   return total
 
 def decode(g: EGraphView, choice: list[int], roots: list[int]) -> dict[int, Node]:

@@ -25,6 +25,9 @@ from egraph.language import program, CONSTRUCTORS
 from rules import RULES, PHASES
 
 STOP_REASONS = ("saturated", "node_limit", "iteration_limit", "time_limit")
+# one optimize iteration: the optimize rules, then the materialize rules again (a merge made by an optimize rule can give
+# them new matches, e.g. a CONTIGUOUS whose source became storage once DETACH/CONTIGUOUS_BACKWARD was dropped)
+OPTIMIZE_STEP = "(seq (run optimize) (run materialize))"
 
 @dataclass(frozen=True)
 class Limits:
@@ -192,7 +195,7 @@ class Runner:
       if self.size() > limits.nodes: reason = "node_limit"; break
       if self.stats.iterations >= cap: reason = "iteration_limit"; break
       if time.perf_counter() - t0 > limits.seconds: reason = "time_limit"; break
-      changed = any([self._count(o) for o in self._cmd("(run optimize 1)", "running the optimize phase")])
+      changed = any([self._count(o) for o in self._cmd(f"(run-schedule {OPTIMIZE_STEP})", "running the optimize phase")])
       self.stats.iterations += 1
       self.check_canary(f"optimize iteration {self.stats.iterations}")
       if not changed: break

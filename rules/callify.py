@@ -19,6 +19,8 @@ register(
        '(= c (U "CONTIGUOUS" a x)) (view x s)', '(union c s)', lhs='(U "CONTIGUOUS" a x)'),
   Rule("bitcast_to_view", "BITCAST(x) = retyped SLICE view when x is one contiguous range of storage", "optimize",
        '(= c (U "BITCAST" a x)) (view c s)', '(union c s)', lhs='(U "BITCAST" a x)'),
+  Rule("copy_of_view", "COPY(x) = COPY(SLICE view) when x is one contiguous range of storage: only that range is passed",
+       "optimize", '(= c (U "COPY" a x)) (view x s)', '(union c (U "COPY" a s))'),
   Rule("contiguous_of_storage", "CONTIGUOUS(x) = x when x already has buffer identity", "materialize",
        '(= c (U "CONTIGUOUS" a x)) (storage x)', '(union c x)', lhs='(U "CONTIGUOUS" a x)'),
   Rule("contiguous_of_assign", "CONTIGUOUS(AFTER(t, w)) = AFTER(t, w) when t has buffer identity", "optimize",

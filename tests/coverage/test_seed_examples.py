@@ -23,6 +23,15 @@ def test_ex4_bitcast_of_a_contiguous_view_is_a_retyped_slice():
   assert res.report.stores == 0
   np.testing.assert_equal(b.numpy(), np.arange(8, dtype=np.float32)[2:6].view(np.int32))
 
+def test_ex4_copy_of_a_contiguous_view_passes_a_slice_arg():
+  a = Tensor(np.arange(8, dtype=np.float32)).realize()
+  c = a[2:6].to("PYTHON")
+  res = callify(c)
+  args = res.call.src[1:]
+  assert res.buffer_map[c.node].op is Ops.BUFFER and res.buffer_map[c.node].device == "PYTHON"
+  assert any(x.op is Ops.SLICE and x.src[0] is a.node and x.arg == (2, 4) for x in args)        # the SLICE is the CALL arg
+  np.testing.assert_equal(c.numpy(), [2, 3, 4, 5])
+
 def test_ex5_view_assign():
   a = Tensor([1., 2, 3, 4]).realize()
   buf = a.node

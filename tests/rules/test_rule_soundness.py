@@ -33,6 +33,7 @@ def witness(name: str):
     "contiguous_of_storage": [Node(Ops.CONTIGUOUS, dtypes.float32, (a,))],
     "bitcast_to_view": [Node(Ops.ADD, None, (Node(Ops.BITCAST, dtypes.int32, (a.shrink(((1, 3), (0, 4))),)),) * 2)],
     "precompile_call": [_precompiled(a)],
+    "copy_of_view": [Node(Ops.COPY, dtypes.float32, (a.shrink(((1, 3), (0, 4))),), "PYTHON")],
     "assign_copy_in_place": [b.after(b.store(Node(Ops.COPY, dtypes.float32, (_buf(s, (4, 4), 2, "NPY"),), "CPU")))],
     "contiguous_to_view": [a.shrink(((1, 3), (0, 4))).contiguous(), add.contiguous().shrink(((2, 3), (0, 4))).contiguous()],
     "contiguous_of_assign": [a.after(a.store(add)).contiguous()],
