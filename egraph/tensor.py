@@ -61,7 +61,7 @@ def _broadcast_shape(*shapes: tuple[int, ...], op: str) -> tuple[int, ...]:
   nd = max(len(s) for s in shapes)
   out = []
   for sizes in zip(*[(1,) * (nd - len(s)) + tuple(s) for s in shapes]):
-    big = {s for s in sizes if s != 1}
+    big = {s for s in sizes if s != 1 or is_symbolic(s)}   # a symbolic dim never broadcasts, even when bound to 1
     if len(big) > 1: raise ShapeError(f"{op}: cannot broadcast shapes {' and '.join(str(tuple(s)) for s in shapes)}")
     out.append(big.pop() if big else 1)
   return tuple(out)
