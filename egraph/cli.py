@@ -51,8 +51,10 @@ def order(args) -> int:
   from egraph import ordering
   names = args.graphs or ordering.corpus_names(args.generated)
   if args.plot: ordering.require_matplotlib()      # say what to install before running anything
-  if args.ray: raise CallsatError("--ray is not implemented yet; use --workers N (processes)")
-  results = ordering.sweep(names, k=args.orders, seed=args.seed, workers=args.workers)
+  if args.ray is not None:
+    ordering.require_ray()                         # say what to install before running anything
+    if args.workers > 1: raise CallsatError("--workers and --ray exclude each other: with --ray the cluster's CPUs run the sweep")
+  results = ordering.sweep(names, k=args.orders, seed=args.seed, workers=args.workers, ray=args.ray)
   print(ordering.table(results))
   dep = sum(r.order_dependent for r in results)
   print(f"\n{dep}/{len(results)} graphs depend on the rule order; saturation is never worse than an order on "
@@ -151,7 +153,8 @@ def main(argv=None) -> int:
   o.add_argument("--graph", dest="graphs", action="append", help="corpus entry model:NAME or gen:SEED (repeatable)")
   o.add_argument("--seed", type=int, default=0)
   o.add_argument("--workers", type=int, default=1, help="processes")
-  o.add_argument("--ray", metavar="ADDRESS", help="(not implemented) run the sweep on a ray cluster")
+  o.add_argument("--ray", metavar="ADDRESS", help="run the sweep as Ray tasks, one per graph: ray://HOST:10001, auto, or "
+                                                 "local (start a local instance); needs pip install -e '.[ray]'")
   o.add_argument("--csv"); o.add_argument("--json"); o.add_argument("--plot", metavar="PNG")
   e = sub.add_parser("explain", help="why each realized tensor became a view, a fresh buffer, an alias or a shared buffer")
   _source_args(e)

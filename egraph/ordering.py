@@ -2,7 +2,8 @@
 order, materialize-first, and K random orders, each in the ordered destructive mode of egraph/schedule.py), and report
 per graph the extracted cost, e-graph size, time, and whether the result depends on the order.
 
-`callsat order` is the command line for this module. Sweeps scale out over processes with `workers`."""
+`callsat order` is the command line for this module. Sweeps scale out over processes with `workers`, or over a Ray
+cluster with `ray` (an address; needs `pip install -e '.[ray]'`)."""
 from __future__ import annotations
 import csv, io, json, math, time
 from dataclasses import dataclass, field, asdict
@@ -147,14 +148,52 @@ def run_graph(name: str, k: int = 8, seed: int = 0) -> GraphResult:
 
 def _job(args): return run_graph(*args)
 
-def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1) -> list[GraphResult]:
-  """Every corpus entry; with workers > 1 the entries run in separate processes (each builds its own graph)."""
+def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: str | None = None) -> list[GraphResult]:
+  """Every corpus entry; with workers > 1 the entries run in separate processes, with `ray` (an address) as tasks on a
+  Ray cluster. Either way a job is a corpus name: each worker builds its own graph (egglog objects do not pickle) and
+  sends back a GraphResult. Results come back in the order of `names`."""
   jobs = [(n, k, seed) for n in names]
+  if ray is not None: return sweep_ray(jobs, ray)
   if workers <= 1: return [run_graph(*j) for j in jobs]
   from concurrent.futures import ProcessPoolExecutor
   import multiprocessing as mp
   with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
     return list(ex.map(_job, jobs))
+
+RAY_INSTALL = "the --ray sweep needs ray: pip install -e '.[ray]' (or pip install ray)"
+
+def require_ray():
+  try:
+    import ray
+    return ray
+  except ImportError as e:
+    raise CallsatError(RAY_INSTALL) from e
+
+def sweep_ray(jobs: list[tuple], address: str) -> list[GraphResult]:
+  """One Ray task per job (a graph and its order set), gathered in job order. `address` is what `ray.init` takes:
+  `ray://host:10001` (Ray Client), `auto` (the cluster this machine belongs to) or `local` (start a local instance
+  for this sweep). If this process is already connected to Ray, that connection is used and left open; otherwise the
+  connection made here is shut down afterwards. Except for `local`, the driver's egraph, rules and lower packages are
+  shipped to the cluster (runtime_env py_modules), so its workers run this code; they need egglog, numpy and llvmlite
+  installed."""
+  ray = require_ray()
+  started = False
+  if not ray.is_initialized():
+    import logging
+    import egraph, rules, lower
+    kw = {"include_dashboard": False} if address == "local" else {"runtime_env": {"py_modules": [egraph, rules, lower]}}
+    try: ray.init(address=address, logging_level=logging.WARNING, **kw)
+    except ConnectionError as e: raise CallsatError(f"--ray {address}: cannot connect to a Ray cluster: {e}") from e
+    started = True
+  try:
+    task = ray.remote(_job)
+    refs = [task.remote(j) for j in jobs]
+    try: return ray.get(refs)
+    except ray.exceptions.RayTaskError as e:
+      if isinstance(e.cause, CallsatError): raise e.cause from None   # a bad corpus entry: the same error as locally
+      raise
+  finally:
+    if started: ray.shutdown()
 
 # ---- output ----------------------------------------------------------------------------------------------------------
 
