@@ -50,12 +50,16 @@ def parameterize(body: Node) -> tuple[Node, list[Node]]:
   body = substitute([body], slots)[0]
   bound: dict = {}
   for n in toposort([body], enter_calls=False):
-    for d in dims_in(n.arg.shape if n.op is Ops.PARAM else n.arg if n.op not in (Ops.CALL, Ops.FUNCTION, Ops.BIND) else ()):
+    for d in dims_in(_dims_arg(n)):
       if isinstance(d, BoundVar):
         if bound.setdefault(d.var.key, d) != d:
           raise ShapeError(f"callify: variable {d.var.name} is bound to {int(bound[d.var.key])} and {int(d)} in one graph")
   if bound: body = map_args([body], lambda d: d.var if isinstance(d, BoundVar) else d)[0]
   return body, args + [Node(Ops.BIND, dtypes.int32, (), (d.var, int(d))) for d in bound.values()]
+
+def _dims_arg(n: Node):
+  """The part of a node's arg that can hold symbolic dimensions."""
+  return n.arg.shape if n.op is Ops.PARAM else () if n.op in (Ops.CALL, Ops.FUNCTION, Ops.BIND) else n.arg
 
 def bindings(call: Node) -> tuple[Node, dict]:
   """(the CALL without its BIND args and with plain sizes for its variables, {variable key: value}): what runs."""
@@ -103,7 +107,7 @@ def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
   """The cached result rebound to this graph's buffers and variable values, with freshly minted output buffers."""
   m = {o: n for o, n in zip(e.topo, topo) if o.op is Ops.BUFFER and o is not n}
   binds: dict = {}
-  for n in topo: dims_in(n.arg.shape if n.op is Ops.PARAM else n.arg if n.op not in (Ops.CALL, Ops.FUNCTION) else (), binds)
+  for n in topo: dims_in(_dims_arg(n), binds)
   new_value = {d.var.key: d for d in binds if isinstance(d, BoundVar)}
   rebind = lambda d: new_value.get(d.var.key, d) if isinstance(d, BoundVar) else d
   old = e.result
