@@ -99,19 +99,20 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
   for i, a in enumerate(call.src[1:]):
     if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER)):
       raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
-  python = False
-  for n in toposort([call]):
+  python = multi = cuda = False
+  for n in toposort([call]):   # one walk (bodies can be 100k nodes): devices checked, the backend chosen
     check_device(n.device)
     if n.op is Ops.PARAM: check_device(n.arg.device)
     python = python or _on_python(n.device) or (n.op is Ops.PARAM and _on_python(n.arg.device))
-  multi = any(isinstance(n.device, tuple) for n in toposort([call]))
+    multi = multi or isinstance(n.device, tuple)
+    cuda = cuda or (isinstance(n.device, str) and n.device.partition(":")[0] == "CUDA")
   if multi and not python:
     raise UnsupportedOpError("run_call: multi-device (sharded) CALLs run on PYTHON devices only for now; the LLVM backend has no "
                              "per-shard kernels yet (shard over ('PYTHON', 'PYTHON:1'), ...)")
   if python:
     from lower.numpy import evaluate
     evaluate([call], storage)
-  elif any(isinstance(n.device, str) and n.device.partition(":")[0] == "CUDA" for n in toposort([call])):
+  elif cuda:
     from lower.cuda import run_cuda   # the GPU through libcuda; DeviceError naming what is missing without one
     run_cuda(call, storage)
   else:
