@@ -77,3 +77,60 @@ def test_packed_matmul_ragged(M, K, N):
   # A read transposed (a strided k axis): packing takes any strides
   at = Tensor(np.ascontiguousarray(a_np.T))
   np.testing.assert_allclose((at.permute((1, 0)) @ b).numpy(), a_np @ b_np, rtol=2e-4, atol=2e-4)
+
+def _stream_kernel(n: int, out_dt, in_dts, build) -> Kernel:
+  """out[i] = build(loads...) over i < n, marked stream; the last input is also offered as an invariant load s = p[2]."""
+  i = Var("i0", n)
+  lds = [Expr('load', dt, (), (j + 1, Idx.var(i), ())) for j, dt in enumerate(in_dts)]
+  inv = Expr('load', in_dts[-1], (), (len(in_dts), Idx.const(2), ()))
+  ps = (Param("p0", out_dt, n, out_dt.itemsize, True, False, True),) + tuple(
+    Param(f"p{j + 1}", dt, n, dt.itemsize, True, True) for j, dt in enumerate(in_dts))
+  return Kernel(f"s_{n}", ps, (i,), Store(0, Idx.var(i), build(*lds, inv)), stream=True)
+
+def _E(op, dt, *src): return Expr(op, dt, tuple(src))
+
+F32, I32, I64, BOOL = dtypes.float32, dtypes.int32, dtypes.int64, dtypes.bool
+STREAM_CASES = {   # name: (out dtype, input dtypes, kernel value, numpy value, explicit vector path?)
+  "where_max_div": (F32, (F32, F32),
+                    lambda a, b, s: _E(Ops.WHERE, F32, _E(Ops.CMPLT, BOOL, a, b), _E(Ops.MUL, F32, _E(Ops.MAX, F32, a, b), s),
+                                       _E(Ops.FDIV, F32, _E(Ops.NEG, F32, a), b)),
+                    lambda a, b: np.where(a < b, np.maximum(a, b) * b[2], -a / b), True),
+  "sqrt_recip": (F32, (F32,), lambda a, s: _E(Ops.ADD, F32, _E(Ops.SQRT, F32, a), _E(Ops.RECIPROCAL, F32, a)),
+                 lambda a: np.sqrt(a) + np.float32(1) / a, True),
+  "int_to_float": (F32, (I32, I64), lambda a, b, s: _E(Ops.MUL, F32, _E(Ops.CAST, F32, a), _E(Ops.CAST, F32, _E(Ops.MAX, I64, b, s))),
+                   lambda a, b: a.astype(np.float32) * np.maximum(b, b[2]).astype(np.float32), True),
+  "float_to_int": (I32, (F32,), lambda a, s: _E(Ops.SUB, I32, _E(Ops.CAST, I32, _E(Ops.MUL, F32, a, const(4, F32))), _E(Ops.CAST, I32, s)),
+                   lambda a: (a * np.float32(4)).astype(np.int32) - np.int32(a[2]), True),
+  "bool_out": (BOOL, (I32, I32), lambda a, b, s: _E(Ops.CMPNE, BOOL, _E(Ops.XOR, I32, a, s), b),
+               lambda a, b: (a ^ b[2]) != b, True),
+  "bool_to_float": (F32, (F32, F32), lambda a, b, s: _E(Ops.ADD, F32, _E(Ops.CAST, F32, _E(Ops.CMPEQ, BOOL, a, b)), a),
+                    lambda a, b: (a == b).astype(np.float32) + a, True),
+  "idiv_fallback": (I32, (I32, I32), lambda a, b, s: _E(Ops.IDIV, I32, a, b), None, False),
+}
+
+@pytest.mark.parametrize("case", list(STREAM_CASES))
+def test_streaming_vector_path_values(case):
+  out_dt, in_dts, build, want_fn, vec = STREAM_CASES[case]
+  ks = [_stream_kernel(n, out_dt, in_dts, build) for n in (3, 16, 77, 1000, 4133)]
+  text = module_text([(ks[-1], "x")])
+  assert "!nontemporal" in text and ("%stage" not in text) == vec
+  cs = compile_kernels([(k, f"sv_{case}_{j}") for j, k in enumerate(ks)])
+  for k, cc in zip(ks, cs):
+    n = k.domain[0].size
+    ins = []
+    for dt in in_dts:
+      x = RNG.standard_normal(n) * 8
+      if dt.is_int(): x = np.round(x); x[x == 0] = 1
+      ins.append(x.astype(dt.np))
+    if case == "bool_to_float": ins[1][::3] = ins[0][::3]
+    if want_fn is None: want = np.trunc(ins[0] / ins[1]).astype(out_dt.np)   # C division (no zero divisors here)
+    else:
+      with np.errstate(all="ignore"): want = want_fn(*ins).astype(out_dt.np)
+    for off in (0, 1, 5):
+      raw = np.zeros((n + off + 80) * out_dt.itemsize, np.uint8)
+      out = raw[off * out_dt.itemsize:(off + n) * out_dt.itemsize].view(out_dt.np)
+      for threads in (1, 2):
+        out[:] = 0
+        launch(cc, [out.ctypes.data] + [x.ctypes.data for x in ins], work=1 << 30, threads=threads)
+        np.testing.assert_array_equal(out, want)
+        assert not raw[:off * out_dt.itemsize].any() and not raw[(off + n) * out_dt.itemsize:].any()
