@@ -134,3 +134,32 @@ def test_streaming_vector_path_values(case):
         launch(cc, [out.ctypes.data] + [x.ctypes.data for x in ins], work=1 << 30, threads=threads)
         np.testing.assert_array_equal(out, want)
         assert not raw[:off * out_dt.itemsize].any() and not raw[(off + n) * out_dt.itemsize:].any()
+
+def test_matmul_kernels_share_precompiled_helpers():
+  # packing and the scalar edge are one process-wide helper module; kernels only call it
+  from lower import llvm as L
+  M, K, N = 21, 70, 97
+  S = Storage()
+  def buf(a):
+    b = new_buffer(a.size, dtypes.float32, "CPU"); S.set_data(b, a.reshape(-1)); return b
+  a_np, b_np = RNG.standard_normal((M, K)).astype(np.float32), RNG.standard_normal((K, N)).astype(np.float32)
+  A, B = buf(a_np).reshape((M, K)), buf(b_np).reshape((K, N))
+  prod = Node(Ops.MUL, None, (A.reshape((M, 1, K)).expand((M, N, K)), B.permute((1, 0)).reshape((1, N, K)).expand((M, N, K))))
+  res = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, N)))
+  bind, bufs = _arg_binding(res.call)
+  (st,) = [s for s in sched.schedule(res.call.src[0], bind).steps if s.kernel]
+  k = st.kernel
+  assert k.tile == ("matmul", 8, 32)
+  text = module_text([(k, "mmx")])
+  body = text[text.index("define void @mmx"):]
+  assert all(f"call void @callsat_mm_{h}(" in body for h in ("pack_b", "pack_a", "edge")) and "@llvm.fma.f32(" not in body
+  engine = L.mm_helpers()[0]
+  (c,) = compile_kernels([(k, "mmx")])
+  assert L.mm_helpers()[0] is engine
+  out = np.full(M * N, np.nan, np.float32)
+  assert k.store.param == 0
+  ptrs = [out.ctypes.data] + [S[bufs[m.root[1]]].ctypes.data + m.off for m in st.mems[1:]]
+  for threads in (1, 2):
+    out[:] = np.nan
+    launch(c, ptrs, work=1 << 30, threads=threads)
+    np.testing.assert_allclose(out.reshape(M, N), a_np @ b_np, rtol=2e-4, atol=2e-4)
