@@ -1046,14 +1046,24 @@ def compile_kernels(kernels: list[tuple[Kernel, str]]) -> list[Compiled]:
 # ---------------------------------------------------------------------------------------------------------------------
 # running
 
-_POOL: ThreadPoolExecutor | None = None
 THREADS = max(1, min(2, os.cpu_count() or 1))
 PARALLEL_WORK = 1 << 21          # estimated element-ops above which a kernel is split across THREADS
+PIN = os.environ.get("CALLSAT_PIN", "1") not in ("", "0")
+_WORKERS: list = []
 
-def _pool() -> ThreadPoolExecutor:
-  global _POOL
-  if _POOL is None: _POOL = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="callsat-kernel")
-  return _POOL
+def _worker(t: int) -> ThreadPoolExecutor:
+  """The t-th kernel thread: a single-thread executor pinned (Linux, CALLSAT_PIN=1, the default) to the t-th CPU this
+  process may use. A split kernel runs every chunk on these workers while the caller waits: unpinned, the scheduler
+  often woke the helper on the caller's CPU (queued behind it, or time-sliced with it), so a 2-thread matmul took as
+  long as 1 thread in about half of the launches."""
+  while len(_WORKERS) <= t:
+    w = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"callsat-kernel{len(_WORKERS)}")
+    cpus = sorted(os.sched_getaffinity(0)) if PIN and hasattr(os, "sched_setaffinity") else []
+    if len(_WORKERS) < len(cpus) and len(cpus) > 1:
+      try: w.submit(os.sched_setaffinity, 0, {cpus[len(_WORKERS)]}).result()
+      except OSError: pass
+    _WORKERS.append(w)
+  return _WORKERS[t]
 
 def launch(c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = None) -> None:
   k = c.kernel
@@ -1064,8 +1074,7 @@ def launch(c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = No
   step = k.tile[1] if k.tile else 1
   if nt > 1 and work >= PARALLEL_WORK and n0 >= 2 * step:
     cuts = [0] + [((n0 * t // nt) // step) * step for t in range(1, nt)] + [n0]
-    futs = [_pool().submit(c.fn, *ptrs, cuts[t], cuts[t + 1], *extra) for t in range(1, nt)]
-    c.fn(*ptrs, cuts[0], cuts[1], *extra)
+    futs = [_worker(t).submit(c.fn, *ptrs, cuts[t], cuts[t + 1], *extra) for t in range(nt)]
     for f in futs: f.result()
   else: c.fn(*ptrs, 0, n0, *extra)
   if err is not None and err.value:
