@@ -9,6 +9,11 @@
   compile latency per kernel (cold: the kernel cache cleared) and on a cache hit (compiles: 0)
   load average before and after (the machine is shared: read the ratios, which come from the same rounds)
 
+Each contender is called once untimed immediately before its timed call. Without that, a contender's time depended on
+what ran before it: OpenBLAS's matmul ran right after our 1-thread matmul had pulled A and B into cache, while ours ran
+after numpy's 64 MiB row sum had evicted them and with our pool thread asleep (~0.1-0.8 ms to wake): 2.2-2.6 ms for
+the same kernel that takes 1.1-1.3 ms warm.
+
 Run (OpenBLAS's CORETYPE override slows a current numpy; unset it for this command only, see the env notes):
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/kernels.py --rounds 15 --out notes/benchmarks.md
 """
@@ -74,6 +79,7 @@ def main():
       CACHE.clear()
       ts.append(timeit(lambda: CACHE.get(ks)))
     cold[name] = (statistics.median(ts[1:]), len(ks))
+  cold["matmul helpers (packing, edge: once per process)"] = (llvm.mm_helpers()[1], 3)   # paid by the first matmul compile
   CACHE.clear()
   for res in (ew, triad, rs, mm): run_call(res.call, S)        # warm: schedule + compile once
   c0 = CACHE.compiled
@@ -109,7 +115,9 @@ def main():
   }
   times = {k: [] for k in contenders}
   for _ in range(args.rounds):
-    for k, f in contenders.items(): times[k].append(timeit(f))
+    for k, f in contenders.items():
+      f()   # untimed, right before: every contender starts with its own operands cached and its threads awake
+      times[k].append(timeit(f))
     time.sleep(0.3)   # OpenBLAS threads stop spinning before the next round's first contender
   med = {k: statistics.median(v) for k, v in times.items()}
   # correctness of what was timed
