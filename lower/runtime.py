@@ -5,7 +5,7 @@ backend (lower/llvm.py); a CALL that touches device "PYTHON" runs through the nu
 A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU).
 """
 from __future__ import annotations
-import os
+import os, weakref
 from typing import Iterator
 import numpy as np
 from egraph.dtypes import DType, dtypes
@@ -89,13 +89,35 @@ def check_device(d) -> None:
   if d.partition(":")[0] not in RUNNABLE:
     raise DeviceError(f"device {d!r} cannot execute yet: only {', '.join(RUNNABLE)} (CPU:n, CUDA:n, DISK:/path) run")
 
+_ROUTES: "weakref.WeakKeyDictionary[Node, str]" = weakref.WeakKeyDictionary()   # CALL -> backend, checked once
+
 def run_call(call: Node, storage: Storage = STORAGE) -> None:
   """Execute a CALL from callify: its SINK body runs with PARAM(slot=i) bound to `call.src[1+i]` (BUFFER or SLICE(BUFFER)).
-  Output buffers are allocated on demand."""
+  Output buffers are allocated on demand. A CALL is validated once; running it again only dispatches."""
   if call.op is not Ops.CALL: raise CallsatError(f"run_call: expected a CALL, got {call.op.name}")
-  if call.src[0].op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {call.src[0].op.name}")
-  from egraph.callify import bindings
-  call, _ = bindings(call)   # symbolic dimensions take their bound values; BIND args leave the call
+  if (route := _ROUTES.get(call)) is None:
+    if call.src[0].op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {call.src[0].op.name}")
+    route = _ROUTES[call] = _route(call)
+  if route == "bind":
+    from egraph.callify import bindings
+    call, _ = bindings(call)   # symbolic dimensions take their bound values; BIND args leave the call
+    if (route := _ROUTES.get(call)) is None: route = _ROUTES[call] = _route(call)
+  if route == "python":
+    from lower.numpy import evaluate
+    evaluate([call], storage)
+  elif route == "cuda":
+    from lower.cuda import run_cuda   # the GPU through libcuda; DeviceError naming what is missing without one
+    run_cuda(call, storage)
+  else:
+    from lower.llvm import run_native
+    run_native(call, storage)
+
+def _route(call: Node) -> str:
+  """Validate a CALL's args and devices; the backend that runs it ("bind" when BIND args must be applied first)."""
+  if any(a.op is Ops.BIND for a in call.src[1:]):
+    from egraph.callify import bindings
+    bindings(call)   # validates the BIND args
+    return "bind"
   for i, a in enumerate(call.src[1:]):
     if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER)):
       raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
@@ -109,15 +131,7 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
   if multi and not python:
     raise UnsupportedOpError("run_call: multi-device (sharded) CALLs run on PYTHON devices only for now; the LLVM backend has no "
                              "per-shard kernels yet (shard over ('PYTHON', 'PYTHON:1'), ...)")
-  if python:
-    from lower.numpy import evaluate
-    evaluate([call], storage)
-  elif cuda:
-    from lower.cuda import run_cuda   # the GPU through libcuda; DeviceError naming what is missing without one
-    run_cuda(call, storage)
-  else:
-    from lower.llvm import run_native
-    run_native(call, storage)
+  return "python" if python else "cuda" if cuda else "native"
 
 def _on_python(d) -> bool:
   if isinstance(d, tuple): return any(_on_python(x) for x in d)
