@@ -13,7 +13,7 @@ from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode
 from egraph.schedule import Runner, Limits, Schedule, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
 from egraph.cost import CostModel, COST_PRESETS
-from egraph.extract import EGraphView, knuth, dag_cost, decode, baseline_cost
+from egraph.extract import EGraphView, extract, decode, baseline_cost
 from egraph.report import CallifyReport
 
 @dataclass
@@ -168,9 +168,9 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   g = EGraphView(runner.freeze(), runner.egraph, enc)
   costs = g.local_costs(model)
   root_classes = [g.class_of_id[enc.key_ids[k.id]] for k in enc.keys]
-  _, choice = knuth(g, costs, g.pinned_allowed())
+  choice, report.cost = extract(g, costs, root_classes, g.pinned_allowed())
   report.e_nodes, report.e_classes = g.n_enodes, g.n_classes
-  report.cost, report.baseline_cost = dag_cost(g, costs, choice, root_classes), baseline_cost(enc, model)
+  report.baseline_cost = baseline_cost(enc, model)
   terms = decode(g, choice, root_classes)
   report.seconds["extract"] = time.perf_counter() - t1
 

@@ -133,6 +133,27 @@ def baseline_cost(enc: Encoding, model: CostModel) -> int:
     total += c or 0
   return total
 
+def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: list[bool] | None = None,
+            refine_below: int = 20_000, rounds: int = 3) -> tuple[list[int], int]:
+  """(choice, DAG cost). Knuth picks by tree cost; on e-graphs under `refine_below` classes, a few sharing-aware
+  rounds follow: e-nodes the current DAG already pays for cost nothing, Knuth runs again, and the new choice is kept
+  if its DAG cost is lower (tree cost counts a shared subterm once per use, which can hide the cheaper DAG)."""
+  _, choice = knuth(g, costs, allowed)
+  best = dag_cost(g, costs, choice, roots)
+  if g.n_classes >= refine_below: return choice, best
+  for _ in range(rounds):
+    paid = set()
+    stack, seen = list(roots), set()
+    while stack:
+      k = stack.pop()
+      if k in seen: continue
+      seen.add(k); paid.add(choice[k]); stack.extend(g.kids[choice[k]])
+    _, cand = knuth(g, [0 if e in paid and c is not None else c for e, c in enumerate(costs)], allowed)
+    c = dag_cost(g, costs, cand, roots)
+    if c >= best: break
+    choice, best = cand, c
+  return choice, best
+
 def dag_cost(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int]) -> int:
   """Cost of the chosen DAG under `roots`: every class reached is paid once (sharing-aware)."""
   seen, stack, total = set(), list(roots), 0
