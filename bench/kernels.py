@@ -68,7 +68,7 @@ def main():
   mm = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M)))
 
   # compile latency: cold (cache cleared), per kernel, each compiled alone; then a cache hit
-  from lower.llvm import _arg_binding
+  from lower.schedule import arg_binding as _arg_binding
   from lower.schedule import schedule
   llvm._llvm()
   cold = {}

@@ -476,17 +476,6 @@ def translation_unit(kernels: list) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # CALL -> kernels -> plan
 
-def _arg_binding(call):
-  """PARAM slot -> Mem with canonical roots ('arg', j) (j: first argument on the same BUFFER), and the BUFFER nodes."""
-  from lower.schedule import Mem
-  bufs, canon, bind = [], {}, {}
-  for i, a in enumerate(call.src[1:]):
-    b = a if a.op is Ops.BUFFER else a.src[0]
-    if b.arg.uid not in canon: canon[b.arg.uid] = len(bufs); bufs.append(b)
-    off = 0 if a.op is Ops.BUFFER else a.arg[0] * b.dtype.itemsize
-    bind[i] = Mem(("arg", canon[b.arg.uid]), off, a.dtype, a.numel)
-  return bind, bufs
-
 def _root_name(r: tuple) -> str: return f"{r[0]}{r[1]}"
 
 @dataclass
@@ -497,12 +486,12 @@ class Lowered:
   nodes: dict                # plan buffer name -> BUFFER node (for "arg" and "buf" buffers)
 
 def lower_call(call, reduce: str = "auto", max_grid: int = MAX_GRID, block: int = BLOCK) -> Lowered:
-  from lower.schedule import schedule
+  from lower.schedule import schedule, arg_binding
   from egraph.callify import bindings
   from egraph.ir import toposort
   if call.op is not Ops.CALL: raise CallsatError(f"CUDA backend: expected a CALL, got {call.op.name}")
   call, _ = bindings(call)
-  bind, bufs = _arg_binding(call)
+  bind, bufs = arg_binding(call)
   prog = schedule(call.src[0], bind)
   inner = {n.arg.uid: n for n in toposort([call.src[0]]) if n.op is Ops.BUFFER}
   nodes, buffers = {}, {}

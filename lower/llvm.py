@@ -1084,29 +1084,17 @@ def launch(c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = No
 # ---------------------------------------------------------------------------------------------------------------------
 # the native runner
 
-def _arg_binding(call):
-  """PARAM slot -> Mem with canonical roots ('arg', j) (j: first argument on the same BUFFER), and the BUFFER nodes."""
-  from egraph.ir import Ops as O
-  from lower.schedule import Mem
-  bufs, canon, bind = [], {}, {}
-  for i, a in enumerate(call.src[1:]):
-    b = a if a.op is O.BUFFER else a.src[0]
-    if b.arg.uid not in canon: canon[b.arg.uid] = len(bufs); bufs.append(b)
-    off = 0 if a.op is O.BUFFER else a.arg[0] * b.dtype.itemsize
-    bind[i] = Mem(("arg", canon[b.arg.uid]), off, a.dtype, a.numel)
-  return bind, bufs
-
 def _buffers_in(body):
   from egraph.ir import Ops as O, toposort
   return {n.arg.uid: n for n in toposort([body]) if n.op is O.BUFFER}
 
 def run_native(call, storage) -> None:
   """Execute a CALL with compiled kernels: schedule (cached per body + argument aliasing), compile misses, run."""
-  from lower.schedule import schedule
+  from lower.schedule import schedule, arg_binding
   from lower.cache import CACHE
   from lower.runtime import UnallocatedBufferError
   checked = check_bounds()
-  bind, bufs = _arg_binding(call)
+  bind, bufs = arg_binding(call)
   key = (call.src[0], tuple(bind[i] for i in range(len(bind))), checked)
   entry = CACHE.schedules.get(key)
   if entry is None:

@@ -555,3 +555,14 @@ def _stream(k: Kernel) -> Kernel:
   if k.store.idx.terms != ((v, 1),): return k
   if any(x.op == 'reduce' for x in _iter_exprs(k.store.value)): return k
   return Kernel(k.name, k.params, k.domain, k.store, k.tile, k.matmul, k.checked, True)
+
+def arg_binding(call: Node) -> tuple[dict, list[Node]]:
+  """PARAM slot -> Mem with canonical roots ('arg', j) (j: first argument on the same BUFFER), and the BUFFER nodes:
+  how every backend binds a CALL's arguments."""
+  bufs, canon, bind = [], {}, {}
+  for i, a in enumerate(call.src[1:]):
+    b = a if a.op is Ops.BUFFER else a.src[0]
+    if b.arg.uid not in canon: canon[b.arg.uid] = len(bufs); bufs.append(b)
+    off = 0 if a.op is Ops.BUFFER else a.arg[0] * b.dtype.itemsize
+    bind[i] = Mem(("arg", canon[b.arg.uid]), off, a.dtype, a.numel)
+  return bind, bufs

@@ -87,7 +87,7 @@ def test_movement_ops_are_index_arithmetic():
   assert len(ks) == len(views)   # one kernel each: no copies for the views
 
 def _bind(c):
-  from lower.llvm import _arg_binding
+  from lower.schedule import arg_binding as _arg_binding
   return _arg_binding(c)[0]
 
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool], ids=lambda d: d.name)

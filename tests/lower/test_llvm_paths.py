@@ -7,7 +7,8 @@ from egraph.dtypes import dtypes
 from egraph.ir import Node, Ops, new_buffer
 from lower import schedule as sched
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
-from lower.llvm import compile_kernels, launch, module_text, _arg_binding
+from lower.llvm import compile_kernels, launch, module_text
+from lower.schedule import arg_binding as _arg_binding
 from lower.runtime import Storage, run_call
 from lower.numpy import evaluate
 
