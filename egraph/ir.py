@@ -339,8 +339,9 @@ def _movement_shape(op: Ops, shape: tuple[int, ...], arg) -> tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------------------------------
 # traversal and printing
 
-def toposort(roots, enter_calls: bool = True) -> list[Node]:
-  """Children before parents, iteratively (graphs can be 100k deep). Without enter_calls, CALL/FUNCTION bodies are skipped."""
+def toposort(roots, enter_calls: bool = True, deps_first: bool = False) -> list[Node]:
+  """Children before parents, iteratively (graphs can be 100k deep). Without enter_calls, CALL/FUNCTION bodies are skipped.
+  With deps_first an AFTER visits its dependencies before its value (so a computed value sees their writes)."""
   order, seen, stack = [], set(), [(r, False) for r in reversed(list(roots))]
   while stack:
     n, done = stack.pop()
@@ -349,6 +350,7 @@ def toposort(roots, enter_calls: bool = True) -> list[Node]:
     seen.add(n.id)
     stack.append((n, True))
     kids = n.src[1:] if not enter_calls and n.op in (Ops.CALL, Ops.FUNCTION) else n.src
+    if deps_first and n.op is Ops.AFTER: kids = n.src[1:] + n.src[:1]
     stack.extend((s, False) for s in reversed(kids) if s.id not in seen)
   return order
 

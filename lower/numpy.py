@@ -13,7 +13,7 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 from egraph.dtypes import dtypes
 from egraph.errors import CallsatError, DTypeError, UnsupportedOpError
-from egraph.ir import Node, Ops, GroupOp, is_shard
+from egraph.ir import Node, Ops, GroupOp, is_shard, toposort
 from lower.runtime import UnallocatedBufferError
 if TYPE_CHECKING: from lower.runtime import Storage
 
@@ -110,17 +110,8 @@ _PURE: dict[Ops, Any] = {
 # storage and effects
 
 def _schedule(roots: list[Node]) -> list[Node]:
-  """ir.toposort(enter_calls=False), except that an AFTER visits its deps before `x`: a computed `x` then sees their writes."""
-  order, seen, stack = [], set(), [(r, False) for r in reversed(roots)]
-  while stack:
-    n, done = stack.pop()
-    if done: order.append(n); continue
-    if n.id in seen: continue
-    seen.add(n.id)
-    stack.append((n, True))
-    kids = n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src[1:] + n.src[:1] if n.op is Ops.AFTER else n.src
-    stack.extend((s, False) for s in reversed(kids) if s.id not in seen)
-  return order
+  """Children first, CALL bodies not entered, an AFTER's deps before its `x`: a computed `x` then sees their writes."""
+  return toposort(roots, enter_calls=False, deps_first=True)
 
 def _target_base(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in WRITABLE or n.op is Ops.MULTI: n = n.src[0]
