@@ -22,7 +22,7 @@ def hypothesis_strategies():
     raise CallsatError("rule checking and graph strategies need hypothesis: pip install callsat[test]") from e
   return st
 
-def _factorizations(n: int) -> list[tuple[int, ...]]:
+def factorizations(n: int) -> list[tuple[int, ...]]:
   out = [(n,), (1, n), (n, 1)]
   for a in range(2, n):
     if n % a == 0:
@@ -50,7 +50,7 @@ def movement(draw, x: Node) -> Node:
   st = hypothesis_strategies()
   kind = draw(st.sampled_from(["reshape", "shrink", "permute", "flip", "pad", "expand", "shrink_rows"]))
   s = x.shape
-  if kind == "reshape": return x.reshape(draw(st.sampled_from(_factorizations(x.numel))))
+  if kind == "reshape": return x.reshape(draw(st.sampled_from(factorizations(x.numel))))
   if kind in ("shrink", "shrink_rows"):
     arg = []
     for i, d in enumerate(s):
@@ -71,7 +71,7 @@ def contiguous_movement(draw, x: Node, steps: int) -> Node:
   for _ in range(steps):
     kind = draw(st.sampled_from(["reshape", "shrink_rows", "unit_permute", "unit_flip", "detach"]))
     s = x.shape
-    if kind == "reshape" and x.numel: y = x.reshape(draw(st.sampled_from(_factorizations(x.numel))))
+    if kind == "reshape" and x.numel: y = x.reshape(draw(st.sampled_from(factorizations(x.numel))))
     elif kind == "shrink_rows" and s and s[0] > 0:
       a = draw(st.integers(0, s[0] - 1)); b = draw(st.integers(a + 1, s[0]))
       y = x.shrink(((a, b),) + tuple((0, d) for d in s[1:]))
@@ -105,7 +105,7 @@ def graphs(max_steps: int = 10, dtype=dtypes.float32, device: str = "CPU"):
       b = new_buffer(math.prod(shp), dt, device)
       storage.set_data(b, random_data(rng, math.prod(shp), dt))
       inputs.append(b)
-    pool: list[Node] = [b.reshape(draw(st.sampled_from(_factorizations(b.numel)))) for b in inputs]
+    pool: list[Node] = [b.reshape(draw(st.sampled_from(factorizations(b.numel)))) for b in inputs]
     unary = [Ops.NEG, Ops.EXP2, Ops.SQRT] if dt.is_float() else [Ops.NEG]
     for _ in range(draw(st.integers(1, max_steps))):
       x = draw(st.sampled_from(pool))
@@ -161,7 +161,7 @@ def _planted(name: str, draw, g: Graph, dt, device: str) -> Node | None:
   st = hypothesis_strategies()
   from lower.runtime import Storage  # noqa: F401
   rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-  x = draw(st.sampled_from(list(g.roots) + [b.reshape(draw(st.sampled_from(_factorizations(b.numel)))) for b in g.inputs]))
+  x = draw(st.sampled_from(list(g.roots) + [b.reshape(draw(st.sampled_from(factorizations(b.numel)))) for b in g.inputs]))
   def computed(n: Node) -> Node:   # a value without buffer identity
     return n if not n.has_buffer_identity() and n.op not in (Ops.AFTER,) else Node(Ops.NEG, None, (n,))
   def fresh_target(shape) -> Node:
@@ -177,7 +177,7 @@ def _planted(name: str, draw, g: Graph, dt, device: str) -> Node | None:
     if not c.shape: c = c.reshape((1,))
     return c.shrink(((0, 0),) + tuple((0, d) for d in c.shape[1:])).contiguous()
   if name == "contiguous_to_view":
-    src = draw(st.sampled_from([b.reshape(draw(st.sampled_from(_factorizations(b.numel)))) for b in g.inputs] + [computed(x).contiguous()]))
+    src = draw(st.sampled_from([b.reshape(draw(st.sampled_from(factorizations(b.numel)))) for b in g.inputs] + [computed(x).contiguous()]))
     v = contiguous_movement(draw, src, draw(st.integers(1, 4)))
     if v.has_buffer_identity() or contiguous_range(v, v.base) is None or v is src:   # make sure it is a proper view
       if src.shape and src.shape[0] >= 2: v = src.shrink(((0, src.shape[0] - 1),) + tuple((0, d) for d in src.shape[1:]))
@@ -186,7 +186,7 @@ def _planted(name: str, draw, g: Graph, dt, device: str) -> Node | None:
     return v.contiguous()
   if name == "bitcast_to_view":   # a BITCAST of a contiguous range of a buffer, to a dtype of the same size
     b = draw(st.sampled_from(g.inputs))
-    v = contiguous_movement(draw, b.reshape(draw(st.sampled_from(_factorizations(b.numel)))), draw(st.integers(1, 3)))
+    v = contiguous_movement(draw, b.reshape(draw(st.sampled_from(factorizations(b.numel)))), draw(st.integers(1, 3)))
     same = {1: [dtypes.uint8], 2: [dtypes.float16], 4: [dtypes.int32, dtypes.float32], 8: [dtypes.int64]}[dt.itemsize]
     return Node(Ops.BITCAST, draw(st.sampled_from(same)), (v,))
   if name == "assign_copy_in_place":   # a host copy assigned into a buffer
@@ -196,7 +196,7 @@ def _planted(name: str, draw, g: Graph, dt, device: str) -> Node | None:
     return t.after(t.store(Node(Ops.COPY, dt, (hb.reshape(x.shape),), device)))
   if name == "contiguous_of_storage":
     b = draw(st.sampled_from(g.inputs))
-    return Node(Ops.CONTIGUOUS, dt, (b.reshape(draw(st.sampled_from(_factorizations(b.numel)))),))
+    return Node(Ops.CONTIGUOUS, dt, (b.reshape(draw(st.sampled_from(factorizations(b.numel)))),))
   if name in ("contiguous_of_assign", "contiguous_of_assign_n"):
     t = fresh_target(x.shape)
     stores = [t.store(draw(st.sampled_from([x, Node(Ops.ADD, None, (t, x))])))]
@@ -207,7 +207,7 @@ def _planted(name: str, draw, g: Graph, dt, device: str) -> Node | None:
   if name == "drop_contiguous_backward": return Node(Ops.CONTIGUOUS_BACKWARD, x.dtype, (computed(x),))
   if name == "storage_through_reshape":
     b = draw(st.sampled_from(g.inputs))
-    r = Node(Ops.CONTIGUOUS, dt, (b,)).reshape(draw(st.sampled_from(_factorizations(b.numel))))
+    r = Node(Ops.CONTIGUOUS, dt, (b,)).reshape(draw(st.sampled_from(factorizations(b.numel))))
     return r.contiguous()
   return None
 

@@ -13,6 +13,7 @@ from egraph.dtypes import dtypes
 from egraph.ir import Node, Ops, new_buffer, const, toposort
 from lower.runtime import Storage, run_call
 from lower.numpy import evaluate
+from rules.strategies import factorizations
 
 SET = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 SHAPES = [(16,), (4, 4), (2, 8), (2, 2, 4), (1, 4, 4), (8,), (2, 4), (3, 5), (1,), (2, 3, 1)]
@@ -20,15 +21,6 @@ DTYPES = [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.uin
 FLOAT_UNARY = [Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC]
 INT_BINARY = [Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR]
 FLOAT_BINARY = [Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ]
-
-def factorizations(n):
-  out = [(n,), (1, n), (n, 1)]
-  for a in range(2, n):
-    if n % a == 0:
-      out.append((a, n // a))
-      for b in range(2, n // a):
-        if (n // a) % b == 0: out.append((a, b, n // a // b))
-  return out
 
 def data(rng, n, dt):
   if dt.is_float(): return (rng.standard_normal(n) * 2).astype(dt.np)
