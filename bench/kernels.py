@@ -25,7 +25,7 @@ from egraph import callify
 from egraph.dtypes import dtypes
 from egraph.ir import Node, Ops, new_buffer, const
 from lower.runtime import Storage, run_call
-from lower import llvm
+from lower import jit, matmul
 from lower.cache import CACHE
 
 def timeit(f) -> float:
@@ -70,7 +70,7 @@ def main():
   # compile latency: cold (cache cleared), per kernel, each compiled alone; then a cache hit
   from lower.schedule import arg_binding as _arg_binding
   from lower.schedule import schedule
-  llvm._llvm()
+  jit._llvm()
   cold = {}
   for name, res in [("elementwise", ew), ("row sum", rs), ("matmul (tiled)", mm), ("triad", triad)]:
     ks = [s.kernel for s in schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if s.kernel]
@@ -79,7 +79,7 @@ def main():
       CACHE.clear()
       ts.append(timeit(lambda: CACHE.get(ks)))
     cold[name] = (statistics.median(ts[1:]), len(ks))
-  cold["matmul helpers (packing, edge: once per process)"] = (llvm.mm_helpers()[1], 3)   # paid by the first matmul compile
+  cold["matmul helpers (packing, edge: once per process)"] = (matmul.mm_helpers()[1], 3)   # paid by the first matmul compile
   CACHE.clear()
   for res in (ew, triad, rs, mm): run_call(res.call, S)        # warm: schedule + compile once
   c0 = CACHE.compiled
@@ -95,15 +95,15 @@ def main():
     assert s.kernel.stream, "expected a streaming kernel"
     c = CACHE.get([replace(s.kernel, stream=False)])[0]
     ptrs = [S[bufs[m.root[1]]].ctypes.data + m.off for m in s.mems]
-    return lambda: llvm.launch(c, ptrs, s.work)
+    return lambda: jit.launch(c, ptrs, s.work)
   ew_plain, triad_plain = plain_stores(ew), plain_stores(triad)
 
   out_t = np.empty(N, np.float32)
   def np_out(): np.add(a_np, b_np, out=out_t); np.multiply(out_t, a_np, out=out_t); np.subtract(out_t, 1, out=out_t)
   def one_thread(call):
-    old = llvm.THREADS; llvm.THREADS = 1
+    old = jit.THREADS; jit.THREADS = 1
     try: run_call(call, S)
-    finally: llvm.THREADS = old
+    finally: jit.THREADS = old
   def blas():   # OpenBLAS's threads spin after a call and take the second core: let them sleep before the next contender
     A_np @ B_np
   contenders = {
@@ -131,11 +131,11 @@ def main():
   triad_plain_bw = gbs(12 * N, med["triad llvm plain"])
   ew_bw = gbs(12 * N, med["ew llvm"])
   gfl = lambda ms: 2 * M ** 3 / ms / 1e6
-  cpu, _ = llvm.host_cpu()
+  cpu, _ = jit.host_cpu()
   lines = [f"## LLVM backend kernels ({datetime.date.today().isoformat()})", "",
            f"`{'env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ' if 'OPENBLAS_CORETYPE' not in os.environ else ''}python bench/kernels.py "
            f"--rounds {args.rounds}" + (f" --out {args.out}" if args.out else "") + f"` — medians of {args.rounds} interleaved rounds in one "
-           f"process, ms; host CPU `{cpu}`, llvm threads={llvm.THREADS}; BLAS: {blas_info()}; load average (1/5/15 min) "
+           f"process, ms; host CPU `{cpu}`, llvm threads={jit.THREADS}; BLAS: {blas_info()}; load average (1/5/15 min) "
            f"before {'/'.join(f'{x:.2f}' for x in load0)}, after {'/'.join(f'{x:.2f}' for x in load1)}.", "",
            "| kernel | llvm | reference | ratio (ref / llvm) | note |", "|---|---|---|---|---|",
            f"| elementwise (a+b)*a-1, 16M f32 | {med['ew llvm']:.2f} ({ew_bw:.1f} GB/s) | numpy out=: {med['ew numpy out=']:.2f}; expr: {med['ew numpy expr']:.2f} | "

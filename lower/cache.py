@@ -22,7 +22,7 @@ class KernelCache:
   def clear(self): self._fns.clear(); self.schedules.clear()
 
   def get(self, kernels: list[Kernel]) -> list:
-    from lower.llvm import compile_kernels
+    from lower.jit import compile_kernels
     keys = [k.key() for k in kernels]
     missing: dict = {}
     for k, key in zip(kernels, keys):

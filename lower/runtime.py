@@ -1,7 +1,7 @@
 """Runtime: numpy-backed storage for BUFFERs, host buffers, and execution of CALLs.
 
 Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALLs) runs as native code through the LLVM
-backend (lower/llvm.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/numpy.py).
+backend (lower/jit.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/numpy.py).
 A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU).
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
     from lower.cuda import run_cuda   # the GPU through libcuda; DeviceError naming what is missing without one
     run_cuda(call, storage)
   else:
-    from lower.llvm import run_native
+    from lower.jit import run_native
     run_native(call, storage)
 
 def _route(call: Node) -> str:

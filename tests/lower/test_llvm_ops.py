@@ -12,7 +12,7 @@ from lower.numpy import evaluate
 from lower.cache import CACHE
 from lower import schedule as sched
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var
-from lower.llvm import BoundsError, compile_kernels, launch
+from lower.jit import BoundsError, compile_kernels, launch
 
 def buf(S, data, dt):
   a = np.asarray(data).astype(dt.np).reshape(-1)

@@ -7,7 +7,7 @@ from egraph.dtypes import dtypes
 from egraph.ir import Node, Ops, new_buffer
 from lower import schedule as sched
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
-from lower.llvm import compile_kernels, launch, module_text
+from lower.jit import compile_kernels, launch, module_text
 from lower.schedule import arg_binding as _arg_binding
 from lower.runtime import Storage, run_call
 from lower.numpy import evaluate
@@ -138,7 +138,7 @@ def test_streaming_vector_path_values(case):
 
 def test_matmul_kernels_share_precompiled_helpers():
   # packing and the scalar edge are one process-wide helper module; kernels only call it
-  from lower import llvm as L
+  from lower import matmul as L
   M, K, N = 21, 70, 97
   S = Storage()
   def buf(a):
