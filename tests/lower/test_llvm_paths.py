@@ -153,7 +153,14 @@ def test_matmul_kernels_share_precompiled_helpers():
   assert k.tile == ("matmul", 8, 32)
   text = module_text([(k, "mmx")])
   body = text[text.index("define void @mmx"):]
-  assert all(f"call void @callsat_mm_{h}(" in body for h in ("pack_b", "pack_a", "edge")) and "@llvm.fma.f32(" not in body
+  assert all(f"call void @callsat_mm_{h}(" in body for h in ("pack_b", "edge")) and "@llvm.fma.f32(" not in body
+  assert "@callsat_mm_pack_a(" not in body   # A is contiguous along k: the micro-kernel reads its rows directly
+  # A read transposed (k strided): its tiles are packed
+  at = buf(np.ascontiguousarray(a_np.T)).reshape((K, M)).permute((1, 0))
+  prod_t = Node(Ops.MUL, None, (at.reshape((M, 1, K)).expand((M, N, K)), B.permute((1, 0)).reshape((1, N, K)).expand((M, N, K))))
+  res_t = callify(Node(Ops.REDUCE, None, (prod_t,), (Ops.ADD, (2,))).reshape((M, N)))
+  (kt,) = [s.kernel for s in sched.schedule(res_t.call.src[0], _arg_binding(res_t.call)[0]).steps if s.kernel]
+  assert kt.tile == ("matmul", 8, 32) and "call void @callsat_mm_pack_a(" in module_text([(kt, "mmt")])
   engine = L.mm_helpers()[0]
   (c,) = compile_kernels([(k, "mmx")])
   assert L.mm_helpers()[0] is engine
