@@ -7,6 +7,7 @@
   row sum of 4096x4096                   vs numpy x.sum(axis=1)
   matmul 512^3                           vs numpy A@B (OpenBLAS; both at the same thread count, checked with threadpoolctl)
   compile latency per kernel (cold: the kernel cache cleared) and on a cache hit (compiles: 0)
+  tinygrad's CPU device on the same three kernels, when tinygrad and clang are installed (--no-tinygrad leaves it out)
   load average before and after (the machine is shared: read the ratios, which come from the same rounds)
 
 Each contender is called once untimed immediately before its timed call. Without that, a contender's time depended on
@@ -43,11 +44,36 @@ def blas_info() -> str:
     return f"{i['internal_api']} {i['version']} {i['architecture']} threads={i['num_threads']}"
   except Exception as e: return f"threadpoolctl unavailable ({e}); OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}"
 
+def tinygrad_contenders(a_np, b_np, x_np, A_np, B_np, threads: int) -> tuple[dict, str]:
+  """tinygrad's CPU device (clang renderer, NUM_CPU_THREADS=threads) on the same arrays, replayed through TinyJit so
+  that only its kernels and launch path are timed; ({}, why) when tinygrad or clang is missing."""
+  import shutil
+  if shutil.which("clang") is None: return {}, "tinygrad column skipped: no clang on PATH (tinygrad's CPU device needs it)"
+  os.environ["DEV"], os.environ["NUM_CPU_THREADS"] = "CPU", str(threads)
+  try:
+    from tinygrad import Tensor, TinyJit, Device
+  except ImportError as e: return {}, f"tinygrad column skipped: {e}"
+  dev = Device[Device.DEFAULT]
+  a, b, x, A, B = (Tensor(v).realize() for v in (a_np, b_np, x_np, A_np, B_np))
+  jits = {"ew": TinyJit(lambda a, b: ((a + b) * a - 1).realize()), "rowsum": TinyJit(lambda x: x.sum(axis=1).realize()),
+          "matmul": TinyJit(lambda A, B: (A @ B).realize())}
+  args = {"ew": (a, b), "rowsum": (x,), "matmul": (A, B)}
+  ref = {"ew": (a_np + b_np) * a_np - 1, "rowsum": x_np.sum(axis=1), "matmul": A_np @ B_np}
+  def run(k):
+    r = jits[k](*args[k]); dev.synchronize(); return r
+  for k in jits:   # capture the JIT (it records on the second call) and check the values once
+    for _ in range(3): r = run(k)
+    np.testing.assert_allclose(r.numpy(), ref[k], rtol=1e-3, atol=1e-3)
+  from importlib.metadata import version
+  ver = version("tinygrad")
+  return {f"{k} tinygrad": (lambda k=k: run(k)) for k in jits}, f"tinygrad {ver} DEV=CPU (clang), NUM_CPU_THREADS={threads}, TinyJit replay"
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--rounds", type=int, default=15)
   ap.add_argument("--out", default=None)
   ap.add_argument("--n", type=int, default=16 * 1024 * 1024)
+  ap.add_argument("--no-tinygrad", action="store_true", help="leave tinygrad's CPU device out")
   args = ap.parse_args()
   load0 = os.getloadavg()
   rng = np.random.default_rng(0)
@@ -113,6 +139,8 @@ def main():
     "rowsum llvm": lambda: run_call(rs.call, S), "rowsum numpy": lambda: x_np.sum(axis=1),
     "matmul llvm": lambda: run_call(mm.call, S), "matmul llvm 1t": lambda: one_thread(mm.call), "matmul numpy": blas,
   }
+  tg, tg_note = ({}, "tinygrad column skipped (--no-tinygrad)") if args.no_tinygrad else tinygrad_contenders(a_np, b_np, x_np, A_np, B_np, jit.THREADS)
+  contenders.update(tg)
   times = {k: [] for k in contenders}
   for _ in range(args.rounds):
     for k, f in contenders.items():
@@ -149,8 +177,15 @@ def main():
            f"{med['rowsum numpy'] / med['rowsum llvm']:.2f}x | |",
            f"| matmul 512^3 f32 | {med['matmul llvm']:.2f} ({gfl(med['matmul llvm']):.0f} GFLOPS) | numpy: {med['matmul numpy']:.2f} "
            f"({gfl(med['matmul numpy']):.0f} GFLOPS) | {med['matmul numpy'] / med['matmul llvm']:.2f}x | 1 thread {med['matmul llvm 1t']:.2f} "
-           f"({gfl(med['matmul llvm 1t']):.0f} GFLOPS) |", "",
-           "| compile (cold, kernel alone) | ms | kernels |", "|---|---|---|"]
+           f"({gfl(med['matmul llvm 1t']):.0f} GFLOPS) |", ""]
+  if tg:
+    lines += [f"{tg_note}, same rounds (ratio: tinygrad / llvm, higher means llvm is faster):", "",
+              "| kernel | llvm | tinygrad CPU | ratio |", "|---|---|---|---|"]
+    lines += [f"| {name} | {med[k + ' llvm']:.2f} | {med[k + ' tinygrad']:.2f} | {med[k + ' tinygrad'] / med[k + ' llvm']:.2f}x |"
+              for k, name in (("ew", "elementwise (a+b)*a-1, 16M f32"), ("rowsum", "row sum 4096x4096"), ("matmul", "matmul 512^3"))]
+    lines.append("")
+  else: lines += [tg_note, ""]
+  lines += ["| compile (cold, kernel alone) | ms | kernels |", "|---|---|---|"]
   lines += [f"| {k} | {v[0]:.1f} | {v[1]} |" for k, v in cold.items()]
   lines += [f"| cache hit (elementwise: schedule + lookup) | {hit:.2f} | compiles: {hit_compiles} |", ""]
   text = "\n".join(lines)
