@@ -31,6 +31,7 @@ from lower.kernel import Kernel, Expr, Idx, Var, Div
 VT = {"bool": "i1", "uint8": "i8", "int32": "i32", "int64": "i64", "float16": "half", "float32": "float"}
 MT = {**VT, "bool": "i8"}
 SUF = {"bool": "i1", "uint8": "i8", "int32": "i32", "int64": "i64", "float16": "f16", "float32": "f32"}
+MSUF = {**SUF, "bool": "i8"}   # masked loads/stores move bools as their in-memory i8
 
 def lconst(v, dt: DType) -> str:
   if dt == dtypes.bool: return "true" if v else "false"
@@ -40,7 +41,99 @@ def lconst(v, dt: DType) -> str:
 
 def _zero(dt): return lconst(0, dt)
 
-class _Fn:
+def _postorder(e: Expr, get, put, one) -> None:
+  """put(id(x), one(x)) for each node x of the Expr DAG `e` that get(id(x)) does not have yet, sources first;
+  iterative (chains can be long). A reduce's body is left to one(reduce): it is computed inside the reduce's loops."""
+  stack = [(e, False)]
+  while stack:
+    x, done = stack.pop()
+    if get(id(x)) is not None: continue
+    if done or not x.src or x.op == 'reduce': put(id(x), one(x)); continue
+    stack.append((x, True)); stack.extend((s, False) for s in x.src if get(id(s)) is None)
+
+_FBIN = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.FDIV: "fdiv"}
+_CMP = {Ops.CMPLT: ("fcmp olt", "icmp slt", "icmp ult"), Ops.CMPNE: ("fcmp une", "icmp ne", "icmp ne"),
+        Ops.CMPEQ: ("fcmp oeq", "icmp eq", "icmp eq")}                    # float, signed, unsigned
+_BOOL = {Ops.ADD: "or", Ops.SUB: "xor", Ops.MUL: "and", Ops.IDIV: "and", Ops.MAX: "or", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}
+_FUN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
+
+class _Isel:
+  """Instruction selection, written once for scalars (_Fn) and <W x T> vectors (_VecFn): the semantics of every ALU op
+  and CAST per dtype (lower/numpy.py's: C integer wrap, x//0 == 0, NaN-propagating max, ...). A subclass supplies
+  t/emit/intrinsic and the spellings: ty(dt) the value type, sfx(dt) an intrinsic's type suffix, cst(v, dt) a
+  constant operand, zero(dt) a zero operand."""
+  what = "render"
+  def alu(self, op, dt: DType, sdts: tuple, a: list, fflags: str = "") -> str:
+    """`op` on the SSA values `a` (of dtypes `sdts`) giving a `dt`; `fflags` go on float add/mul (reduce combines)."""
+    sdt = sdts[-1] if op is not Ops.WHERE else dt
+    ty, sty, bt, r, E = self.ty(dt), self.ty(sdt), self.ty(dtypes.bool), self.t(), self.emit
+    if op is Ops.CAST: return self.cast(sdts[0], dt, a[0])
+    if op is Ops.BITCAST: E(f"{r} = bitcast {self.ty(sdts[0])} {a[0]} to {ty}"); return r
+    if op is Ops.WHERE: E(f"{r} = select {bt} {a[0]}, {ty} {a[1]}, {ty} {a[2]}"); return r
+    if op in _CMP:
+      E(f"{r} = {_CMP[op][0 if sdt.is_float() else 1 if sdt.kind == 'i' else 2]} {sty} {a[0]}, {a[1]}"); return r
+    if sdt == dtypes.bool:
+      if op in (Ops.NEG, Ops.TRUNC): return a[0]
+      if op is Ops.MOD:
+        nb = self.t(); E(f"{nb} = xor {sty} {a[1]}, {self.cst(True, sdt)}"); E(f"{r} = and {sty} {a[0]}, {nb}"); return r
+      E(f"{r} = {_BOOL[op]} {sty} {a[0]}, {a[1]}"); return r
+    if dt.is_float():
+      if op in _FBIN: E(f"{r} = {_FBIN[op]}{fflags} {ty} {a[0]}, {a[1]}"); return r
+      if op is Ops.NEG: E(f"{r} = fneg {ty} {a[0]}"); return r
+      if op is Ops.RECIPROCAL: E(f"{r} = fdiv {ty} {self.cst(1.0, dt)}, {a[0]}"); return r
+      if op is Ops.MAX:   # llvm.maximum propagates NaN, as np.maximum
+        f = self.intrinsic(f"llvm.maximum.{self.sfx(dt)}", ty, f"{ty}, {ty}")
+        E(f"{r} = call {ty} @{f}({ty} {a[0]}, {ty} {a[1]})"); return r
+      f = self.intrinsic(f"llvm.{_FUN[op]}.{self.sfx(dt)}", ty, ty)
+      E(f"{r} = call {ty} @{f}({ty} {a[0]})"); return r
+    # integers: wrap like C
+    signed, zero = dt.kind == 'i', self.zero(dt)
+    if op is Ops.NEG: E(f"{r} = sub {ty} {zero}, {a[0]}"); return r
+    if op is Ops.TRUNC: return a[0]
+    if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR):
+      E(f"{r} = {op.name.lower()} {ty} {a[0]}, {a[1]}"); return r
+    if op is Ops.MAX:
+      f = self.intrinsic(f"llvm.{'smax' if signed else 'umax'}.{self.sfx(dt)}", ty, f"{ty}, {ty}")
+      E(f"{r} = call {ty} @{f}({ty} {a[0]}, {ty} {a[1]})"); return r
+    if op in (Ops.IDIV, Ops.MOD):   # x//0 == 0, x%0 == x, MIN//-1 == MIN (wraps): LLVM's div/rem would be UB there
+      x, y = a
+      z, bs = self.t(), self.t()
+      E(f"{z} = icmp eq {ty} {y}, {zero}")
+      if signed:
+        m1, bad = self.t(), self.t()
+        E(f"{m1} = icmp eq {ty} {y}, {self.cst(-1, dt)}"); E(f"{bad} = or {bt} {z}, {m1}")
+        E(f"{bs} = select {bt} {bad}, {ty} {self.cst(1, dt)}, {ty} {y}")
+      else: E(f"{bs} = select {bt} {z}, {ty} {self.cst(1, dt)}, {ty} {y}")
+      q = self.t()
+      if op is Ops.IDIV:
+        E(f"{q} = {'sdiv' if signed else 'udiv'} {ty} {x}, {bs}")
+        if signed:
+          ng, q2 = self.t(), self.t()
+          E(f"{ng} = sub {ty} {zero}, {x}"); E(f"{q2} = select {bt} {m1}, {ty} {ng}, {ty} {q}"); q = q2
+        E(f"{r} = select {bt} {z}, {ty} {zero}, {ty} {q}"); return r
+      E(f"{q} = {'srem' if signed else 'urem'} {ty} {x}, {bs}")
+      E(f"{r} = select {bt} {z}, {ty} {x}, {ty} {q}"); return r
+    raise CallsatError(f"LLVM backend: cannot {self.what} {op} on {dt.name}")
+
+  def cast(self, src: DType, dst: DType, x: str) -> str:
+    if src == dst: return x
+    st, dt, r, E = self.ty(src), self.ty(dst), self.t(), self.emit
+    if dst == dtypes.bool: E(f"{r} = {'fcmp une' if src.is_float() else 'icmp ne'} {st} {x}, {self.zero(src)}"); return r
+    if src == dtypes.bool: E(f"{r} = {'uitofp' if dst.is_float() else 'zext'} {st} {x} to {dt}"); return r
+    if src.is_float() and dst.is_float():
+      E(f"{r} = {'fpext' if dst.itemsize > src.itemsize else 'fptrunc'} {st} {x} to {dt}"); return r
+    if src.is_float():   # float -> int: truncate toward zero (as numpy/C on x86: via a 32- or 64-bit convert)
+      wide = self.ty(dtypes.int64 if dst.itemsize == 8 else dtypes.int32)
+      y = self.t(); E(f"{y} = fptosi {st} {x} to {wide}")
+      z = self.t(); E(f"{z} = freeze {wide} {y}")
+      if dst.itemsize < 4: E(f"{r} = trunc {wide} {z} to {dt}"); return r
+      return z
+    if dst.is_float(): E(f"{r} = {'sitofp' if src.kind == 'i' else 'uitofp'} {st} {x} to {dt}"); return r
+    if dst.itemsize == src.itemsize: return x
+    if dst.itemsize > src.itemsize: E(f"{r} = {'sext' if src.kind == 'i' else 'zext'} {st} {x} to {dt}"); return r
+    E(f"{r} = trunc {st} {x} to {dt}"); return r
+
+class _Fn(_Isel):
   def __init__(self, k: Kernel):
     self.k, self.lines, self.allocas, self.n, self.decls = k, [], [], 0, set()
     self.scopes: list[dict] = [{}]
@@ -59,6 +152,10 @@ class _Fn:
   def intrinsic(self, name: str, ret: str, args: str) -> str:
     self.decls.add(f"declare {ret} @{name}({args})")
     return name
+  def ty(self, dt: DType) -> str: return VT[dt.name]
+  def sfx(self, dt: DType) -> str: return SUF[dt.name]
+  def cst(self, v, dt: DType) -> str: return lconst(v, dt)
+  def zero(self, dt: DType) -> str: return _zero(dt)
 
   # loops: body() emits into the loop; counters are allocas
   def loop(self, v: Var, lo: str, hi: str, body):
@@ -122,16 +219,7 @@ class _Fn:
 
   # values
   def value(self, e: Expr) -> str:
-    # iterative over non-reduce structure (chains can be long); reduce bodies recurse one level per nesting
-    stack = [(e, False)]
-    while stack:
-      x, done = stack.pop()
-      if self.get(id(x)) is not None: continue
-      if x.op in ('reduce', 'const', 'load', 'valid') or done:
-        self.put(id(x), self._one(x))
-        continue
-      stack.append((x, True))
-      stack.extend((s, False) for s in x.src if self.get(id(s)) is None)
+    _postorder(e, self.get, self.put, self._one)   # memo: the scopes (a value inside a loop is not reused outside)
     return self.get(id(e))
 
   def _one(self, e: Expr) -> str:
@@ -139,8 +227,7 @@ class _Fn:
     if e.op == 'load': return self.load(e)
     if e.op == 'valid': return self.valid(e.arg)
     if e.op == 'reduce': return self.reduce(e)
-    args = [self.get(id(s)) for s in e.src]
-    return self.alu(e, args)
+    return self.alu(e.op, e.dtype, tuple(s.dtype for s in e.src), [self.get(id(s)) for s in e.src])
 
   def valid(self, valid) -> str:
     key = ("valid", valid)
@@ -194,7 +281,7 @@ class _Fn:
         v = self.value(e.src[0])
         a = self.t()
         self.emit(f"{a} = load {ty}, ptr {acc}")
-        r = self.combine(rop, dt, a, v)
+        r = self.alu(rop, dt, (dt, dt), [a, v], " reassoc nsz")   # float reductions do not vectorize without it
         self.emit(f"store {ty} {r}, ptr {acc}")
         return
       self.loop(rvars[d], "0", str(rvars[d].size), lambda: nest(d + 1))
@@ -202,104 +289,6 @@ class _Fn:
     r = self.t("red")
     self.emit(f"{r} = load {ty}, ptr {acc}")
     return r
-
-  def combine(self, rop, dt: DType, a: str, b: str) -> str:
-    ty, r = VT[dt.name], self.t()
-    if dt == dtypes.bool: self.emit(f"{r} = {'and' if rop is Ops.MUL else 'or'} i1 {a}, {b}"); return r
-    if dt.is_float():
-      if rop is Ops.MAX:
-        f = self.intrinsic(f"llvm.maximum.{SUF[dt.name]}", ty, f"{ty}, {ty}")
-        self.emit(f"{r} = call {ty} @{f}({ty} {a}, {ty} {b})"); return r
-      self.emit(f"{r} = {'fadd' if rop is Ops.ADD else 'fmul'} reassoc nsz {ty} {a}, {b}"); return r
-    if rop is Ops.MAX:
-      f = self.intrinsic(f"llvm.{'umax' if dt == dtypes.uint8 else 'smax'}.{ty}", ty, f"{ty}, {ty}")
-      self.emit(f"{r} = call {ty} @{f}({ty} {a}, {ty} {b})"); return r
-    self.emit(f"{r} = {'add' if rop is Ops.ADD else 'mul'} {ty} {a}, {b}"); return r
-
-  def alu(self, e: Expr, a: list) -> str:
-    op, dt = e.op, e.dtype
-    sdt = e.src[-1].dtype if op is not Ops.WHERE else dt
-    ty, sty = VT[dt.name], VT[sdt.name]
-    r = self.t()
-    E = self.emit
-    if op is Ops.CAST: return self.cast(e.src[0].dtype, dt, a[0])
-    if op is Ops.BITCAST: E(f"{r} = bitcast {VT[e.src[0].dtype.name]} {a[0]} to {ty}"); return r
-    if op is Ops.WHERE: E(f"{r} = select i1 {a[0]}, {ty} {a[1]}, {ty} {a[2]}"); return r
-    if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
-      if sdt.is_float(): pred = {Ops.CMPLT: "fcmp olt", Ops.CMPNE: "fcmp une", Ops.CMPEQ: "fcmp oeq"}[op]
-      else: pred = {Ops.CMPLT: "icmp slt" if sdt.kind == 'i' else "icmp ult", Ops.CMPNE: "icmp ne", Ops.CMPEQ: "icmp eq"}[op]
-      E(f"{r} = {pred} {sty} {a[0]}, {a[1]}"); return r
-    if sdt == dtypes.bool:
-      if op in (Ops.NEG, Ops.TRUNC): return a[0]
-      if op is Ops.IDIV: op = Ops.AND
-      if op is Ops.MOD:
-        nb = self.t(); E(f"{nb} = xor i1 {a[1]}, true"); E(f"{r} = and i1 {a[0]}, {nb}"); return r
-      ins = {Ops.ADD: "or", Ops.SUB: "xor", Ops.MUL: "and", Ops.MAX: "or", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}[op]
-      E(f"{r} = {ins} i1 {a[0]}, {a[1]}"); return r
-    if dt.is_float():
-      if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV):
-        E(f"{r} = {dict([(Ops.ADD, 'fadd'), (Ops.SUB, 'fsub'), (Ops.MUL, 'fmul'), (Ops.FDIV, 'fdiv')])[op]} {ty} {a[0]}, {a[1]}"); return r
-      if op is Ops.NEG: E(f"{r} = fneg {ty} {a[0]}"); return r
-      if op is Ops.RECIPROCAL: E(f"{r} = fdiv {ty} {lconst(1.0, dt)}, {a[0]}"); return r
-      if op is Ops.MAX:
-        f = self.intrinsic(f"llvm.maximum.{SUF[dt.name]}", ty, f"{ty}, {ty}")
-        E(f"{r} = call {ty} @{f}({ty} {a[0]}, {ty} {a[1]})"); return r
-      name = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}[op]
-      f = self.intrinsic(f"llvm.{name}.{SUF[dt.name]}", ty, ty)
-      E(f"{r} = call {ty} @{f}({ty} {a[0]})"); return r
-    # integers: wrap like C
-    signed = dt.kind == 'i'
-    if op is Ops.NEG: E(f"{r} = sub {ty} 0, {a[0]}"); return r
-    if op is Ops.TRUNC: return a[0]
-    if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR):
-      E(f"{r} = {op.name.lower()} {ty} {a[0]}, {a[1]}"); return r
-    if op is Ops.MAX:
-      f = self.intrinsic(f"llvm.{'smax' if signed else 'umax'}.{ty}", ty, f"{ty}, {ty}")
-      E(f"{r} = call {ty} @{f}({ty} {a[0]}, {ty} {a[1]})"); return r
-    if op in (Ops.IDIV, Ops.MOD):
-      x, y = a
-      z, bs = self.t(), self.t()
-      E(f"{z} = icmp eq {ty} {y}, 0")
-      if signed:
-        m1, bad = self.t(), self.t()
-        E(f"{m1} = icmp eq {ty} {y}, -1"); E(f"{bad} = or i1 {z}, {m1}")
-        E(f"{bs} = select i1 {bad}, {ty} 1, {ty} {y}")
-      else: E(f"{bs} = select i1 {z}, {ty} 1, {ty} {y}")
-      q = self.t()
-      if op is Ops.IDIV:
-        E(f"{q} = {'sdiv' if signed else 'udiv'} {ty} {x}, {bs}")
-        if signed:
-          ng, q2 = self.t(), self.t()
-          E(f"{ng} = sub {ty} 0, {x}"); E(f"{q2} = select i1 {m1}, {ty} {ng}, {ty} {q}"); q = q2
-        E(f"{r} = select i1 {z}, {ty} 0, {ty} {q}"); return r
-      E(f"{q} = {'srem' if signed else 'urem'} {ty} {x}, {bs}")
-      E(f"{r} = select i1 {z}, {ty} {x}, {ty} {q}"); return r
-    raise CallsatError(f"LLVM backend: cannot render {op} on {dt.name}")
-
-  def cast(self, src: DType, dst: DType, x: str) -> str:
-    if src == dst: return x
-    st, dt = VT[src.name], VT[dst.name]
-    r = self.t()
-    E = self.emit
-    if dst == dtypes.bool:
-      if src.is_float(): E(f"{r} = fcmp une {st} {x}, {_zero(src)}")
-      else: E(f"{r} = icmp ne {st} {x}, 0")
-      return r
-    if src == dtypes.bool:
-      E(f"{r} = {'uitofp' if dst.is_float() else 'zext'} i1 {x} to {dt}"); return r
-    if src.is_float() and dst.is_float():
-      E(f"{r} = {'fpext' if dst.itemsize > src.itemsize else 'fptrunc'} {st} {x} to {dt}"); return r
-    if src.is_float():   # float -> int: truncate toward zero (as numpy/C on x86: via a 32- or 64-bit convert)
-      wide = "i64" if dst.itemsize == 8 else "i32"
-      y = self.t(); E(f"{y} = fptosi {st} {x} to {wide}")
-      z = self.t(); E(f"{z} = freeze {wide} {y}")
-      if dst.itemsize < 4: E(f"{r} = trunc {wide} {z} to {dt}"); return r
-      return z
-    if dst.is_float():
-      E(f"{r} = {'sitofp' if src.kind == 'i' else 'uitofp'} {st} {x} to {dt}"); return r
-    if dst.itemsize == src.itemsize: return x
-    if dst.itemsize > src.itemsize: E(f"{r} = {'sext' if src.kind == 'i' else 'zext'} {st} {x} to {dt}"); return r
-    E(f"{r} = trunc {st} {x} to {dt}"); return r
 
 def _signature(k: Kernel, fname: str) -> str:
   ps = []
@@ -390,7 +379,7 @@ def _render_stream(k: Kernel, fname: str) -> tuple[str, set]:
   E(f"%nv = shl i64 %nv1, {(lanes).bit_length() - 1}")
   E("%vend = add i64 %h, %nv")
   mt = f"<{lanes} x i1>"
-  msk = f.intrinsic(f"llvm.masked.store.v{lanes}{SUF[p.dtype.name] if p.dtype != dtypes.bool else 'i8'}", "void", f"{vt}, ptr, i32, {mt}")
+  msk = f.intrinsic(f"llvm.masked.store.v{lanes}{MSUF[p.dtype.name]}", "void", f"{vt}, ptr, i32, {mt}")
   iota = "<" + ", ".join(f"i64 {j}" for j in range(lanes)) + ">"
   def masked(tag, at, count):   # stage[at:at+count] -> dst[at:at+count], count < lanes: one masked vector store
     E(f"%{tag}.sp = getelementptr inbounds {ty}, ptr %stage, i64 {at}")
@@ -445,33 +434,32 @@ def _vec_ok(k: Kernel) -> bool:
     if x.op is Ops.CAST and x.src[0].dtype == dtypes.bool and x.dtype == dtypes.bool: continue
   return True
 
-class _VecFn:
+class _VecFn(_Isel):
   """Explicit <lanes x T> IR for a stream kernel's value at `lanes` consecutive indices starting at an i64 SSA value,
-  optionally under a lane mask (masked loads: masked-off lanes never touch memory). Mirrors _Fn.alu/_Fn.cast."""
+  optionally under a lane mask (masked loads: masked-off lanes never touch memory). Emits into the _Fn `f`; the ALU
+  ops and casts are _Isel's, spelled for vectors."""
+  what = "vectorize"
   def __init__(self, f: "_Fn", lanes: int):
     self.f, self.W = f, lanes
-  def vt(self, dt: DType) -> str: return f"<{self.W} x {VT[dt.name]}>"
+    self.t, self.emit, self.intrinsic = f.t, f.emit, f.intrinsic
+  def ty(self, dt: DType) -> str: return f"<{self.W} x {VT[dt.name]}>"
+  def sfx(self, dt: DType) -> str: return f"v{self.W}{SUF[dt.name]}"
+  def cst(self, v, dt: DType) -> str: return f"splat ({VT[dt.name]} {lconst(v, dt)})"
+  def zero(self, dt: DType) -> str: return "zeroinitializer"
   def splat(self, dt: DType, s: str) -> str:
-    f, W, ty = self.f, self.W, VT[dt.name]
-    a, b = f.t(), f.t()
-    f.emit(f"{a} = insertelement <{W} x {ty}> poison, {ty} {s}, i64 0")
-    f.emit(f"{b} = shufflevector <{W} x {ty}> {a}, <{W} x {ty}> poison, <{W} x i32> zeroinitializer")
+    W, ty = self.W, VT[dt.name]
+    a, b = self.t(), self.t()
+    self.emit(f"{a} = insertelement <{W} x {ty}> poison, {ty} {s}, i64 0")
+    self.emit(f"{b} = shufflevector <{W} x {ty}> {a}, <{W} x {ty}> poison, <{W} x i32> zeroinitializer")
     return b
-  def vsuf(self, dt: DType) -> str: return f"v{self.W}{SUF[dt.name]}"
   def value(self, e: Expr, base: str, mask: str | None) -> str:
     memo: dict = {}
-    stack = [(e, False)]
-    while stack:
-      x, done = stack.pop()
-      if id(x) in memo: continue
-      if x.src and not done:
-        stack.append((x, True)); stack.extend((s, False) for s in x.src if id(s) not in memo); continue
-      memo[id(x)] = self.one(x, [memo[id(s)] for s in x.src], base, mask)
+    _postorder(e, memo.get, memo.__setitem__, lambda x: self.one(x, [memo[id(s)] for s in x.src], base, mask))
     return memo[id(e)]
   def one(self, e: Expr, a: list, base: str, mask: str | None) -> str:
-    f, E, W = self.f, self.f.emit, self.W
+    f, E, W = self.f, self.emit, self.W
     dt = e.dtype
-    if e.op == 'const': return f"splat ({VT[dt.name]} {lconst(e.arg, dt)})"
+    if e.op == 'const': return self.cst(e.arg, dt)
     if e.op == 'load':
       pi, ix, _ = e.arg
       p = f.k.params[pi]
@@ -487,59 +475,12 @@ class _VecFn:
       vm = f"<{W} x {mty}>"
       if mask is None: E(f"{v} = load {vm}, ptr {g}, align {p.align}")
       else:
-        fn = f.intrinsic(f"llvm.masked.load.v{W}{SUF[p.dtype.name] if p.dtype != dtypes.bool else 'i8'}", vm, f"ptr, i32, <{W} x i1>, {vm}")
+        fn = f.intrinsic(f"llvm.masked.load.v{W}{MSUF[p.dtype.name]}", vm, f"ptr, i32, <{W} x i1>, {vm}")
         E(f"{v} = call {vm} @{fn}(ptr {g}, i32 {p.align}, <{W} x i1> {mask}, {vm} zeroinitializer)")
       if p.dtype == dtypes.bool:
         y = f.t(); E(f"{y} = icmp ne {vm} {v}, zeroinitializer"); v = y
       return v
-    op = e.op
-    sdt = e.src[-1].dtype if op is not Ops.WHERE else dt
-    ty, sty, r = self.vt(dt), self.vt(sdt), f.t()
-    if op is Ops.CAST: return self.cast(e.src[0].dtype, dt, a[0])
-    if op is Ops.BITCAST: E(f"{r} = bitcast {self.vt(e.src[0].dtype)} {a[0]} to {ty}"); return r
-    if op is Ops.WHERE: E(f"{r} = select <{W} x i1> {a[0]}, {ty} {a[1]}, {ty} {a[2]}"); return r
-    if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
-      if sdt.is_float(): pred = {Ops.CMPLT: "fcmp olt", Ops.CMPNE: "fcmp une", Ops.CMPEQ: "fcmp oeq"}[op]
-      else: pred = {Ops.CMPLT: "icmp slt" if sdt.kind == 'i' else "icmp ult", Ops.CMPNE: "icmp ne", Ops.CMPEQ: "icmp eq"}[op]
-      E(f"{r} = {pred} {sty} {a[0]}, {a[1]}"); return r
-    if dt.is_float():
-      if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV):
-        E(f"{r} = {dict([(Ops.ADD, 'fadd'), (Ops.SUB, 'fsub'), (Ops.MUL, 'fmul'), (Ops.FDIV, 'fdiv')])[op]} {ty} {a[0]}, {a[1]}"); return r
-      if op is Ops.NEG: E(f"{r} = fneg {ty} {a[0]}"); return r
-      if op is Ops.RECIPROCAL: E(f"{r} = fdiv {ty} splat ({VT[dt.name]} {lconst(1.0, dt)}), {a[0]}"); return r
-      if op is Ops.MAX:
-        fn = f.intrinsic(f"llvm.maximum.{self.vsuf(dt)}", ty, f"{ty}, {ty}")
-        E(f"{r} = call {ty} @{fn}({ty} {a[0]}, {ty} {a[1]})"); return r
-      name = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}[op]
-      fn = f.intrinsic(f"llvm.{name}.{self.vsuf(dt)}", ty, ty)
-      E(f"{r} = call {ty} @{fn}({ty} {a[0]})"); return r
-    if op is Ops.NEG: E(f"{r} = sub {ty} zeroinitializer, {a[0]}"); return r
-    if op is Ops.TRUNC: return a[0]
-    if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR):
-      E(f"{r} = {op.name.lower()} {ty} {a[0]}, {a[1]}"); return r
-    if op is Ops.MAX:
-      fn = f.intrinsic(f"llvm.{'smax' if dt.kind == 'i' else 'umax'}.{self.vsuf(dt)}", ty, f"{ty}, {ty}")
-      E(f"{r} = call {ty} @{fn}({ty} {a[0]}, {ty} {a[1]})"); return r
-    raise CallsatError(f"LLVM backend: cannot vectorize {op} on {dt.name}")
-  def cast(self, src: DType, dst: DType, x: str) -> str:
-    if src == dst: return x
-    f, E = self.f, self.f.emit
-    st, dt, r = self.vt(src), self.vt(dst), f.t()
-    if dst == dtypes.bool:
-      E(f"{r} = {'fcmp une' if src.is_float() else 'icmp ne'} {st} {x}, zeroinitializer"); return r
-    if src == dtypes.bool: E(f"{r} = {'uitofp' if dst.is_float() else 'zext'} {st} {x} to {dt}"); return r
-    if src.is_float() and dst.is_float():
-      E(f"{r} = {'fpext' if dst.itemsize > src.itemsize else 'fptrunc'} {st} {x} to {dt}"); return r
-    if src.is_float():
-      wide = f"<{self.W} x {'i64' if dst.itemsize == 8 else 'i32'}>"
-      y, z = f.t(), f.t()
-      E(f"{y} = fptosi {st} {x} to {wide}"); E(f"{z} = freeze {wide} {y}")
-      if dst.itemsize < 4: E(f"{r} = trunc {wide} {z} to {dt}"); return r
-      return z
-    if dst.is_float(): E(f"{r} = {'sitofp' if src.kind == 'i' else 'uitofp'} {st} {x} to {dt}"); return r
-    if dst.itemsize == src.itemsize: return x
-    if dst.itemsize > src.itemsize: E(f"{r} = {'sext' if src.kind == 'i' else 'zext'} {st} {x} to {dt}"); return r
-    E(f"{r} = trunc {st} {x} to {dt}"); return r
+    return self.alu(e.op, dt, tuple(s.dtype for s in e.src), a)
 
 def _render_stream_vec(k: Kernel, fname: str) -> tuple[str, set]:
   """A `stream` kernel whose value vectorizes explicitly (_vec_ok): no stack block, no auto-vectorizer. One masked
@@ -551,15 +492,12 @@ def _render_stream_vec(k: Kernel, fname: str) -> tuple[str, set]:
   W, c, sh = 64 // isz, k.store.idx.c, isz.bit_length() - 1
   vf, E = _VecFn(f, W), f.emit
   vm, mt = f"<{W} x {ty}>", f"<{W} x i1>"
-  msk = f.intrinsic(f"llvm.masked.store.v{W}{SUF[p.dtype.name] if p.dtype != dtypes.bool else 'i8'}", "void", f"{vm}, ptr, i32, {mt}")
+  msk = f.intrinsic(f"llvm.masked.store.v{W}{MSUF[p.dtype.name]}", "void", f"{vm}, ptr, i32, {mt}")
   iota = "<" + ", ".join(f"i64 {j}" for j in range(W)) + ">"
   def step(tag: str, base: str, count: str | None, nt: bool):
     mask = None
     if count is not None:
-      c0, cv, mask = f.t(), f.t(), f"%{tag}.m"
-      E(f"{c0} = insertelement <{W} x i64> poison, i64 {count}, i64 0")
-      E(f"{cv} = shufflevector <{W} x i64> {c0}, <{W} x i64> poison, <{W} x i32> zeroinitializer")
-      E(f"{mask} = icmp ult <{W} x i64> {iota}, {cv}")
+      mask = f"%{tag}.m"; E(f"{mask} = icmp ult <{W} x i64> {iota}, {vf.splat(dtypes.int64, count)}")
     val = vf.value(k.store.value, base, mask)
     if p.dtype == dtypes.bool:
       y = f.t(); E(f"{y} = zext {mt} {val} to {vm}"); val = y
