@@ -24,7 +24,7 @@
 """
 from __future__ import annotations
 import itertools, math, sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from egraph.dtypes import DType, dtypes
 from egraph.errors import CallsatError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, toposort
@@ -404,15 +404,17 @@ def _order(groups: list) -> tuple[list, dict]:
 # ---------------------------------------------------------------------------------------------------------------------
 # finalizing: memory -> params, intra-kernel overlap, matmul detection
 
-def _rewrite(e: Expr, f, memo: dict) -> Expr:
-  """Rebuild `e` with every load's arg replaced by f(load) (iteratively: chains can be long)."""
+def _rebuild(e: Expr, leaf) -> Expr:
+  """`e` with every 'load' and 'valid' node x replaced by leaf(x); a node above them is rebuilt only where a source
+  changed, and shared nodes stay shared (iteratively: chains can be long)."""
+  memo: dict = {}
   stack = [(e, False)]
   while stack:
     x, done = stack.pop()
     if id(x) in memo: continue
     if not done:
       stack.append((x, True)); stack.extend((s, False) for s in x.src if id(s) not in memo); continue
-    if x.op == 'load': memo[id(x)] = f(x)
+    if x.op in ('load', 'valid'): memo[id(x)] = leaf(x)
     else:
       src = tuple(memo[id(s)] for s in x.src)
       memo[id(x)] = x if all(a is b for a, b in zip(src, x.src)) else Expr(x.op, x.dtype, src, x.arg)
@@ -432,10 +434,9 @@ def _finalize(s: Spec, redirect: dict, ctx: _Ctx) -> list[Step]:
     if m not in mems: mems.append(m)
   pidx = {m: i for i, m in enumerate(mems)}
   read = {m for m, _, _ in loads}
-  def f(x: Expr) -> Expr:
-    m = resolve(x.arg[0])
-    return Expr('load', x.dtype, (), (pidx[m], x.arg[1], x.arg[2]))
-  value = _rewrite(s.value, f, {})
+  def leaf(x: Expr) -> Expr:   # a load's (Mem, direct) key becomes its param number; 'valid' masks stay
+    return Expr('load', x.dtype, (), (pidx[resolve(x.arg[0])], x.arg[1], x.arg[2])) if x.op == 'load' else x
+  value = _rebuild(s.value, leaf)
   params = []
   for i, m in enumerate(mems):
     noalias = not any(m.overlaps(o) for j, o in enumerate(mems) if j != i)
@@ -517,20 +518,12 @@ def _flat_in(ix: Idx, o: Var, i: Var) -> bool:
   return co == ci * i.size
 
 def _subst_expr(e: Expr, m: dict) -> Expr:
-  memo: dict = {}
-  stack = [(e, False)]
-  while stack:
-    x, done = stack.pop()
-    if id(x) in memo: continue
-    if not done:
-      stack.append((x, True)); stack.extend((s, False) for s in x.src if id(s) not in memo); continue
-    src = tuple(memo[id(s)] for s in x.src)
-    if x.op == 'load':
-      p, ix, valid = x.arg
-      memo[id(x)] = Expr('load', x.dtype, (), (p, ix.subst(m), tuple(Bound(b.idx.subst(m), b.lo, b.hi) for b in valid)))
-    elif x.op == 'valid': memo[id(x)] = Expr('valid', x.dtype, (), tuple(Bound(b.idx.subst(m), b.lo, b.hi) for b in x.arg))
-    else: memo[id(x)] = x if all(a is b for a, b in zip(src, x.src)) else Expr(x.op, x.dtype, src, x.arg)
-  return memo[id(e)]
+  def bounds(valid): return tuple(Bound(b.idx.subst(m), b.lo, b.hi) for b in valid)
+  def leaf(x: Expr) -> Expr:
+    if x.op == 'valid': return Expr('valid', x.dtype, (), bounds(x.arg))
+    p, ix, valid = x.arg
+    return Expr('load', x.dtype, (), (p, ix.subst(m), bounds(valid)))
+  return _rebuild(e, leaf)
 
 def _collapse(k: Kernel) -> Kernel:
   """Merge adjacent live domain axes that every index uses as one flat index (outermost pairs first)."""
