@@ -297,15 +297,15 @@ class _GroupPlan:
   ra: list                      # Mems read through AFTER (state at run time)
   rd: list                      # Mems read directly (state before the CALL's writes)
 
-def _loads(e: Expr, out: list) -> list:
+def _iter_exprs(e: Expr):
+  """Every node of the Expr DAG `e` once (iteratively: chains can be long)."""
   seen, stack = set(), [e]
   while stack:
     x = stack.pop()
     if id(x) in seen: continue
     seen.add(id(x))
-    if x.op == 'load': out.append(x.arg[0])
+    yield x
     stack.extend(x.src)
-  return out
 
 def _effects(body: Node) -> list[Node]:
   from lower.numpy import _schedule
@@ -339,7 +339,7 @@ def schedule(body: Node, bind: dict, ctx: _Ctx | None = None) -> Program:
     g.realize = _realize_set(val, FUSE_CAP)
     for n, after in _realize_order(val, g.realize): g.temp_of(n, after)   # children first: bounded recursion
     g.kernel(tgt.shape, m, index, val, False)
-    keys = [k for s in g.specs for k in _loads(s.value, [])]
+    keys = [x.arg[0] for s in g.specs for x in _iter_exprs(s.value) if x.op == 'load']
     groups.append(_GroupPlan(g.specs, None, [m] if tgt.numel else [],
                              [k[0] for k in keys if not k[1] and k[0].root[0] != "tmp"],
                              [k[0] for k in keys if k[1] and k[0].root[0] != "tmp"]))
@@ -422,7 +422,7 @@ def _rebuild(e: Expr, leaf) -> Expr:
 
 def _finalize(s: Spec, redirect: dict, ctx: _Ctx) -> list[Step]:
   resolve = lambda k: redirect.get(k[0], k[0]) if k[1] else k[0]
-  loads = [(resolve(e.arg[0]), e.arg[1], e.arg[2]) for e in _iter_loads(s.value)]
+  loads = [(resolve(e.arg[0]), e.arg[1], e.arg[2]) for e in _iter_exprs(s.value) if e.op == 'load']
   unsafe = any(m.overlaps(s.mem) and (m != s.mem or i != s.idx) for m, i, v in loads)
   if unsafe:   # the value reads its own target elsewhere: compute into a temporary, then copy back
     t = ctx.temp(s.mem.dtype, math.prod(v.size for v in s.domain))
@@ -448,15 +448,6 @@ def _finalize(s: Spec, redirect: dict, ctx: _Ctx) -> list[Step]:
   if not k.tile: k = _stream(_collapse(k))
   work = math.prod(v.size for v in s.domain) * max(1, value.count()) * _reduce_size(value)
   return [Step(k, tuple(mems), work)]
-
-def _iter_loads(e: Expr):
-  seen, stack = set(), [e]
-  while stack:
-    x = stack.pop()
-    if id(x) in seen: continue
-    seen.add(id(x))
-    if x.op == 'load': yield x
-    stack.extend(x.src)
 
 def _reduce_size(e: Expr) -> int:
   best, seen, stack = 1, set(), [(e, 1)]
@@ -498,15 +489,6 @@ def _kernel_idxs(k: Kernel) -> list:
     if x.op == 'load': out.append(x.arg[1]); out.extend(b.idx for b in x.arg[2])
     elif x.op == 'valid': out.extend(b.idx for b in x.arg)
   return out
-
-def _iter_exprs(e: Expr):
-  seen, stack = set(), [e]
-  while stack:
-    x = stack.pop()
-    if id(x) in seen: continue
-    seen.add(id(x))
-    yield x
-    stack.extend(x.src)
 
 def _flat_in(ix: Idx, o: Var, i: Var) -> bool:
   """`ix` uses (o, i) only as the flat o*size(i) + i (times a constant), at every level of Div/Mod nesting."""
