@@ -1,7 +1,8 @@
-"""Compile kernels with llvmlite (new pass manager at O3 for the host CPU name + features, MCJIT, ctypes) and run a
-CALL on them: the LLVM setup, compile_kernels, the pinned kernel threads, launch and the native runner."""
+"""Compile kernels with llvmlite (new pass manager at O3 for the host CPU name + features, MCJIT, ctypes; or load the
+module's object from the optional on-disk cache, lower.cache) and run a CALL on them: the LLVM setup, compile_kernels,
+the pinned kernel threads, launch and the native runner."""
 from __future__ import annotations
-import ctypes, os, sys, time
+import ctypes, hashlib, os, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from egraph.errors import CallsatError
@@ -43,10 +44,14 @@ def host_cpu() -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------------------------
 # compiling
 
+OBJ_FORMAT = 1   # part of the disk-cache key: bump when the pass pipeline, an LLVM option (_llvm) or the entry layout changes
+
 class Compiled:
-  """A compiled kernel: the ctypes function and the engine that owns its code (kept alive with it)."""
-  __slots__ = ("kernel", "fn", "engine", "name", "compile_s")
-  def __init__(self, kernel, fn, engine, name, compile_s): self.kernel, self.fn, self.engine, self.name, self.compile_s = kernel, fn, engine, name, compile_s
+  """A compiled kernel: the ctypes function and the engine that owns its code (kept alive with it); loaded: its module's
+  object came from the disk cache."""
+  __slots__ = ("kernel", "fn", "engine", "name", "compile_s", "loaded")
+  def __init__(self, kernel, fn, engine, name, compile_s, loaded=False):
+    self.kernel, self.fn, self.engine, self.name, self.compile_s, self.loaded = kernel, fn, engine, name, compile_s, loaded
 
 def module_text(kernels: list[tuple[Kernel, str]]) -> str:
   fns, decls = [], set()
@@ -56,32 +61,60 @@ def module_text(kernels: list[tuple[Kernel, str]]) -> str:
   md = sorted(d for d in decls if d.startswith("!"))
   return "\n\n".join(sorted(d for d in decls if not d.startswith("!")) + fns + md) + "\n"
 
-def compile_kernels(kernels: list[tuple[Kernel, str]]) -> list[Compiled]:
-  """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once."""
+def object_key(text: str) -> str:
+  """The disk-cache key of a module: a hash of its IR text, the host CPU name + features, the triple, the llvmlite and
+  LLVM versions and OBJ_FORMAT (the object is only valid for the exact code generator and CPU that made it)."""
+  import llvmlite
+  llvm = _llvm()[0]
+  cpu, feats = host_cpu()
+  head = [f"callsat-obj{OBJ_FORMAT}", llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)), llvm.get_process_triple(), cpu, feats]
+  return hashlib.sha256("\0".join(head + [text]).encode()).hexdigest()
+
+def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None) -> list[Compiled]:
+  """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once. With `disk` (a
+  lower.cache.DiskCache) the module's object is loaded from it when there, else compiled and stored."""
   llvm, make_tm, tm_opt, _, _ = _llvm()
   t0 = time.perf_counter()
   text = module_text(kernels)
   if debug_level() >= 2:
     for k, name in kernels: print(render_kernel(k).replace(f"kernel {k.name}", f"kernel {name}", 1), file=sys.stderr)
     print(text, file=sys.stderr)
+  key = object_key(text) if disk is not None else None
+  obj = disk.get(key) if disk is not None else None
   mod = llvm.parse_assembly(text)
   mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
-  mod.verify()
-  pto = llvm.create_pipeline_tuning_options(speed_level=3)
-  pto.loop_vectorization = True; pto.slp_vectorization = True; pto.loop_interleaving = True; pto.loop_unrolling = True
-  pb = llvm.create_pass_builder(tm_opt, pto)
-  pb.getModulePassManager().run(mod, pb)
-  engine = llvm.create_mcjit_compiler(mod, make_tm())
+  got = []
+  if obj is not None:
+    # MCJIT asks the object cache before codegen and only relocates what it returns: no verify, O3 or codegen (0.4-0.8
+    # ms instead of 10-20). Relocation resolves the matmul helpers' symbols, so they must be registered first (rendering
+    # the text did that; said again here so it does not hang on a side effect). add_object_file with an empty module
+    # measured slower (~0.9 ms): the empty module still goes through codegen.
+    if "@callsat_mm_" in text:
+      from lower.matmul import mm_helpers
+      mm_helpers()
+    engine = llvm.create_mcjit_compiler(mod, make_tm())
+    engine.set_object_cache(None, lambda m: obj)
+  else:
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True; pto.slp_vectorization = True; pto.loop_interleaving = True; pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm_opt, pto)
+    pb.getModulePassManager().run(mod, pb)
+    engine = llvm.create_mcjit_compiler(mod, make_tm())
+    # the object MCJIT emits anyway, handed over by the notify hook: storing it costs no second codegen
+    if disk is not None: engine.set_object_cache(lambda m, buf: got.append(buf))
   engine.finalize_object()
   dt = (time.perf_counter() - t0)
+  if got: disk.put(key, got[0])
   out = []
   for k, name in kernels:
     n = len(k.params)
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64, *([ctypes.c_void_p] if k.checked else []))
     fn = proto(engine.get_function_address(name))
-    out.append(Compiled(k, fn, engine, name, dt / len(kernels)))
+    out.append(Compiled(k, fn, engine, name, dt / len(kernels), obj is not None))
   if debug_level() >= 1:
-    print(f"compiled {len(kernels)} kernel(s) in {dt * 1e3:.1f} ms: {', '.join(n for _, n in kernels)}", file=sys.stderr)
+    how = f"loaded {len(kernels)} kernel(s) from disk cache" if obj is not None else f"compiled {len(kernels)} kernel(s)"
+    print(f"{how} in {dt * 1e3:.1f} ms: {', '.join(n for _, n in kernels)}", file=sys.stderr)
   return out
 
 # ---------------------------------------------------------------------------------------------------------------------
