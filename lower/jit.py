@@ -2,7 +2,7 @@
 module's object from the optional on-disk cache, lower.cache) and run a CALL on them: the LLVM setup, compile_kernels,
 the pinned kernel threads, launch and the native runner."""
 from __future__ import annotations
-import ctypes, hashlib, os, sys, time
+import ctypes, hashlib, os, re, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from egraph.errors import CallsatError
@@ -53,13 +53,26 @@ class Compiled:
   def __init__(self, kernel, fn, engine, name, compile_s, loaded=False):
     self.kernel, self.fn, self.engine, self.name, self.compile_s, self.loaded = kernel, fn, engine, name, compile_s, loaded
 
+_MD_REF = re.compile(r"!(\d+)")
+
 def module_text(kernels: list[tuple[Kernel, str]]) -> str:
+  """One module's IR. Metadata is renumbered from !0 in order of first use: the renderer draws loop ids from a process-wide
+  counter, so the same kernels rendered after different others would otherwise give different text (and disk-cache keys)."""
   fns, decls = [], set()
   for k, name in kernels:
     text, d = render_llvm(k, name)
     fns.append(text); decls |= d
-  md = sorted(d for d in decls if d.startswith("!"))
-  return "\n\n".join(sorted(d for d in decls if not d.startswith("!")) + fns + md) + "\n"
+  ids, order = {}, []
+  def num(m):
+    if (o := m.group(1)) not in ids: ids[o] = len(order); order.append(o)
+    return f"!{ids[o]}"
+  body = _MD_REF.sub(num, "\n\n".join(sorted(d for d in decls if not d.startswith("!")) + fns))
+  defs, md, i = {d[1:d.index(" ")]: d for d in decls if d.startswith("!")}, [], 0
+  while i < len(order):     # definitions in order of first use; the ids they refer to are numbered on the way
+    if (d := defs.pop(order[i], None)) is not None: md.append(_MD_REF.sub(num, d))
+    i += 1
+  md += sorted(_MD_REF.sub(num, d) for d in defs.values())      # unreferenced (none today)
+  return "\n\n".join([body] + md) + "\n"
 
 def object_key(text: str) -> str:
   """The disk-cache key of a module: a hash of its IR text, the host CPU name + features, the triple, the llvmlite and
