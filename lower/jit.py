@@ -74,59 +74,70 @@ def module_text(kernels: list[tuple[Kernel, str]]) -> str:
   md += sorted(_MD_REF.sub(num, d) for d in defs.values())      # unreferenced (none today)
   return "\n\n".join([body] + md) + "\n"
 
-def object_key(text: str) -> str:
-  """The disk-cache key of a module: a hash of its IR text, the host CPU name + features, the triple, the llvmlite and
-  LLVM versions and OBJ_FORMAT (the object is only valid for the exact code generator and CPU that made it)."""
+def object_key(text: str, level: int = 3) -> str:
+  """The disk-cache key of a module: a hash of its IR text, the pipeline level, the host CPU name + features, the triple,
+  the llvmlite and LLVM versions and OBJ_FORMAT (an object is only valid for the code generator and CPU that made it)."""
   import llvmlite
   llvm = _llvm()[0]
   cpu, feats = host_cpu()
-  head = [f"callsat-obj{OBJ_FORMAT}", llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)), llvm.get_process_triple(), cpu, feats]
+  head = [f"callsat-obj{OBJ_FORMAT}", f"O{level}", llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
+          llvm.get_process_triple(), cpu, feats]
   return hashlib.sha256("\0".join(head + [text]).encode()).hexdigest()
 
-def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None) -> list[Compiled]:
-  """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once. With `disk` (a
-  lower.cache.DiskCache) the module's object is loaded from it when there, else compiled and stored."""
+def compile_module(text: str, disk=None, level: int = 3):
+  """An MCJIT engine, finalized, for the module `text`: parsed, verified, optimized (level 3: O3 with every loop
+  transform on, as the kernels want; else llvmlite's defaults for that speed level) and compiled, or with `disk` (a
+  lower.cache.DiskCache) its object loaded from there when present, else stored there. Returns (engine, loaded)."""
   llvm, make_tm, tm_opt, _, _ = _llvm()
-  t0 = time.perf_counter()
-  text = module_text(kernels)
-  if debug_level() >= 2:
-    for k, name in kernels: print(render_kernel(k).replace(f"kernel {k.name}", f"kernel {name}", 1), file=sys.stderr)
-    print(text, file=sys.stderr)
-  key = object_key(text) if disk is not None else None
+  key = object_key(text, level) if disk is not None else None
   obj = disk.get(key) if disk is not None else None
-  mod = llvm.parse_assembly(text)
-  mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
   got = []
   if obj is not None:
-    # MCJIT asks the object cache before codegen and only relocates what it returns: no verify, O3 or codegen (0.4-0.8
-    # ms instead of 10-20). Relocation resolves the matmul helpers' symbols, so they must be registered first (rendering
-    # the text did that; said again here so it does not hang on a side effect). add_object_file with an empty module
-    # measured slower (~0.9 ms): the empty module still goes through codegen.
-    if "@callsat_mm_" in text:
+    # MCJIT asks the object cache for a module's object before codegen and only loads and relocates what it gets: no
+    # parse, verify, O3 or codegen. The object goes in as an empty module's (its symbols are found all the same): parsing
+    # the text was half the hit time; add_object_file instead still runs codegen for the engine's (empty) module. The
+    # relocation resolves the matmul helpers' symbols, so they must be registered first (rendering a matmul kernel did
+    # that; said again here so that it does not hang on a side effect).
+    if "@callsat_mm_" in text and "define void @callsat_mm_" not in text:
       from lower.matmul import mm_helpers
       mm_helpers()
+    mod = llvm.parse_assembly("")
+    mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
     engine = llvm.create_mcjit_compiler(mod, make_tm())
     engine.set_object_cache(None, lambda m: obj)
   else:
+    mod = llvm.parse_assembly(text)
+    mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
     mod.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True; pto.slp_vectorization = True; pto.loop_interleaving = True; pto.loop_unrolling = True
+    pto = llvm.create_pipeline_tuning_options(speed_level=level)
+    if level == 3: pto.loop_vectorization = True; pto.slp_vectorization = True; pto.loop_interleaving = True; pto.loop_unrolling = True
     pb = llvm.create_pass_builder(tm_opt, pto)
     pb.getModulePassManager().run(mod, pb)
     engine = llvm.create_mcjit_compiler(mod, make_tm())
     # the object MCJIT emits anyway, handed over by the notify hook: storing it costs no second codegen
     if disk is not None: engine.set_object_cache(lambda m, buf: got.append(buf))
   engine.finalize_object()
-  dt = (time.perf_counter() - t0)
   if got: disk.put(key, got[0])
+  return engine, obj is not None
+
+def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None) -> list[Compiled]:
+  """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once. With `disk` (a
+  lower.cache.DiskCache) the module's object is loaded from it when there, else compiled and stored."""
+  t0 = time.perf_counter()
+  text = module_text(kernels)
+  if debug_level() >= 2:
+    for k, name in kernels: print(render_kernel(k).replace(f"kernel {k.name}", f"kernel {name}", 1), file=sys.stderr)
+    print(text, file=sys.stderr)
+  engine, loaded = compile_module(text, disk)
+  dt = (time.perf_counter() - t0)
   out = []
   for k, name in kernels:
     n = len(k.params)
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64, *([ctypes.c_void_p] if k.checked else []))
     fn = proto(engine.get_function_address(name))
-    out.append(Compiled(k, fn, engine, name, dt / len(kernels), obj is not None))
+    out.append(Compiled(k, fn, engine, name, dt / len(kernels), loaded))
   if debug_level() >= 1:
-    how = f"loaded {len(kernels)} kernel(s) from disk cache" if obj is not None else f"compiled {len(kernels)} kernel(s)"
+    how = f"loaded {len(kernels)} kernel(s) from the disk cache" if loaded else f"compiled {len(kernels)} kernel(s)"
     print(f"{how} in {dt * 1e3:.1f} ms: {', '.join(n for _, n in kernels)}", file=sys.stderr)
   return out
 
