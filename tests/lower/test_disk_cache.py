@@ -175,3 +175,12 @@ def test_concurrent_writers_and_readers(tmp_path):
   for t in ts: t.join()
   assert not errs and d.corrupt == 0 and d.get("k") == data
   assert [p.name for p in Path(d.path).iterdir()] == ["k.bin"]
+
+def test_debug_says_loaded_from_disk(tmp_path, monkeypatch, capsys):
+  monkeypatch.setenv("DEBUG", "1")
+  _run(monkeypatch, tmp_path, 3.0)
+  err = capsys.readouterr().err
+  assert "compiled" in err and "from the disk cache" not in err
+  c, _ = _run(monkeypatch, tmp_path, 3.0)
+  err = capsys.readouterr().err
+  assert c.disk_hits >= 1 and "loaded" in err and "from the disk cache" in err and "compiled " not in err
