@@ -1,7 +1,8 @@
-"""Compile kernels with llvmlite (new pass manager at O3 for the host CPU name + features, MCJIT, ctypes) and run a
-CALL on them: the LLVM setup, compile_kernels, the pinned kernel threads, launch and the native runner."""
+"""Compile kernels with llvmlite (new pass manager at O3 for the host CPU name + features, MCJIT, ctypes; or load the
+module's object from the optional on-disk cache, lower.cache) and run a CALL on them: the LLVM setup, compile_kernels,
+the pinned kernel threads, launch and the native runner."""
 from __future__ import annotations
-import ctypes, os, sys, time
+import ctypes, hashlib, os, re, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from egraph.errors import CallsatError
@@ -43,45 +44,101 @@ def host_cpu() -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------------------------
 # compiling
 
+OBJ_FORMAT = 1   # part of the disk-cache key: bump when the pass pipeline, an LLVM option (_llvm) or the entry layout changes
+
 class Compiled:
-  """A compiled kernel: the ctypes function and the engine that owns its code (kept alive with it)."""
-  __slots__ = ("kernel", "fn", "engine", "name", "compile_s")
-  def __init__(self, kernel, fn, engine, name, compile_s): self.kernel, self.fn, self.engine, self.name, self.compile_s = kernel, fn, engine, name, compile_s
+  """A compiled kernel: the ctypes function and the engine that owns its code (kept alive with it); loaded: its module's
+  object came from the disk cache."""
+  __slots__ = ("kernel", "fn", "engine", "name", "compile_s", "loaded")
+  def __init__(self, kernel, fn, engine, name, compile_s, loaded=False):
+    self.kernel, self.fn, self.engine, self.name, self.compile_s, self.loaded = kernel, fn, engine, name, compile_s, loaded
+
+_MD_REF = re.compile(r"!(\d+)")
 
 def module_text(kernels: list[tuple[Kernel, str]]) -> str:
+  """One module's IR. Metadata is renumbered from !0 in order of first use: the renderer draws loop ids from a process-wide
+  counter, so the same kernels rendered after different others would otherwise give different text (and disk-cache keys)."""
   fns, decls = [], set()
   for k, name in kernels:
     text, d = render_llvm(k, name)
     fns.append(text); decls |= d
-  md = sorted(d for d in decls if d.startswith("!"))
-  return "\n\n".join(sorted(d for d in decls if not d.startswith("!")) + fns + md) + "\n"
+  ids, order = {}, []
+  def num(m):
+    if (o := m.group(1)) not in ids: ids[o] = len(order); order.append(o)
+    return f"!{ids[o]}"
+  body = _MD_REF.sub(num, "\n\n".join(sorted(d for d in decls if not d.startswith("!")) + fns))
+  defs, md, i = {d[1:d.index(" ")]: d for d in decls if d.startswith("!")}, [], 0
+  while i < len(order):     # definitions in order of first use; the ids they refer to are numbered on the way
+    if (d := defs.pop(order[i], None)) is not None: md.append(_MD_REF.sub(num, d))
+    i += 1
+  md += sorted(_MD_REF.sub(num, d) for d in defs.values())      # unreferenced (none today)
+  return "\n\n".join([body] + md) + "\n"
 
-def compile_kernels(kernels: list[tuple[Kernel, str]]) -> list[Compiled]:
-  """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once."""
+def object_key(text: str, level: int = 3) -> str:
+  """The disk-cache key of a module: a hash of its IR text, the pipeline level, the host CPU name + features, the triple,
+  the llvmlite and LLVM versions and OBJ_FORMAT (an object is only valid for the code generator and CPU that made it)."""
+  import llvmlite
+  llvm = _llvm()[0]
+  cpu, feats = host_cpu()
+  head = [f"callsat-obj{OBJ_FORMAT}", f"O{level}", llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
+          llvm.get_process_triple(), cpu, feats]
+  return hashlib.sha256("\0".join(head + [text]).encode()).hexdigest()
+
+def compile_module(text: str, disk=None, level: int = 3):
+  """An MCJIT engine, finalized, for the module `text`: parsed, verified, optimized (level 3: O3 with every loop
+  transform on, as the kernels want; else llvmlite's defaults for that speed level) and compiled, or with `disk` (a
+  lower.cache.DiskCache) its object loaded from there when present, else stored there. Returns (engine, loaded)."""
   llvm, make_tm, tm_opt, _, _ = _llvm()
+  key = object_key(text, level) if disk is not None else None
+  obj = disk.get(key) if disk is not None else None
+  got = []
+  if obj is not None:
+    # MCJIT asks the object cache for a module's object before codegen and only loads and relocates what it gets: no
+    # parse, verify, O3 or codegen. The object goes in as an empty module's (its symbols are found all the same): parsing
+    # the text was half the hit time; add_object_file instead still runs codegen for the engine's (empty) module. The
+    # relocation resolves the matmul helpers' symbols, so they must be registered first (rendering a matmul kernel did
+    # that; said again here so that it does not hang on a side effect).
+    if "@callsat_mm_" in text and "define void @callsat_mm_" not in text:
+      from lower.matmul import mm_helpers
+      mm_helpers()
+    mod = llvm.parse_assembly("")
+    mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
+    engine = llvm.create_mcjit_compiler(mod, make_tm())
+    engine.set_object_cache(None, lambda m: obj)
+  else:
+    mod = llvm.parse_assembly(text)
+    mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=level)
+    if level == 3: pto.loop_vectorization = True; pto.slp_vectorization = True; pto.loop_interleaving = True; pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm_opt, pto)
+    pb.getModulePassManager().run(mod, pb)
+    engine = llvm.create_mcjit_compiler(mod, make_tm())
+    # the object MCJIT emits anyway, handed over by the notify hook: storing it costs no second codegen
+    if disk is not None: engine.set_object_cache(lambda m, buf: got.append(buf))
+  engine.finalize_object()
+  if got: disk.put(key, got[0])
+  return engine, obj is not None
+
+def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None) -> list[Compiled]:
+  """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once. With `disk` (a
+  lower.cache.DiskCache) the module's object is loaded from it when there, else compiled and stored."""
   t0 = time.perf_counter()
   text = module_text(kernels)
   if debug_level() >= 2:
     for k, name in kernels: print(render_kernel(k).replace(f"kernel {k.name}", f"kernel {name}", 1), file=sys.stderr)
     print(text, file=sys.stderr)
-  mod = llvm.parse_assembly(text)
-  mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
-  mod.verify()
-  pto = llvm.create_pipeline_tuning_options(speed_level=3)
-  pto.loop_vectorization = True; pto.slp_vectorization = True; pto.loop_interleaving = True; pto.loop_unrolling = True
-  pb = llvm.create_pass_builder(tm_opt, pto)
-  pb.getModulePassManager().run(mod, pb)
-  engine = llvm.create_mcjit_compiler(mod, make_tm())
-  engine.finalize_object()
+  engine, loaded = compile_module(text, disk)
   dt = (time.perf_counter() - t0)
   out = []
   for k, name in kernels:
     n = len(k.params)
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64, *([ctypes.c_void_p] if k.checked else []))
     fn = proto(engine.get_function_address(name))
-    out.append(Compiled(k, fn, engine, name, dt / len(kernels)))
+    out.append(Compiled(k, fn, engine, name, dt / len(kernels), loaded))
   if debug_level() >= 1:
-    print(f"compiled {len(kernels)} kernel(s) in {dt * 1e3:.1f} ms: {', '.join(n for _, n in kernels)}", file=sys.stderr)
+    how = f"loaded {len(kernels)} kernel(s) from the disk cache" if loaded else f"compiled {len(kernels)} kernel(s)"
+    print(f"{how} in {dt * 1e3:.1f} ms: {', '.join(n for _, n in kernels)}", file=sys.stderr)
   return out
 
 # ---------------------------------------------------------------------------------------------------------------------
