@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 from lower.kernel import Kernel
 from lower.llvm import _signature, _noloop
-from lower.jit import _llvm
+from lower.jit import _llvm, compile_module
 
 MM_KC = 256       # K block: one packed B micro-panel (KC x 32 floats, 32 KiB) stays in L1 with the packed A tile (8 KiB)
 MM_PB = 8         # 32-column panels per packed B block (KC x 256 floats, 256 KiB: L2)
@@ -170,18 +170,14 @@ MM_HELPER_DECLS = {
 _MM_HELPERS = None
 
 def mm_helpers():
-  """Compile the matmul helpers once per process and register their symbols for later modules; (engine, ms)."""
+  """Compile (or load from the disk cache, when on) the matmul helpers once per process and register their symbols for
+  later modules; (engine, ms)."""
   global _MM_HELPERS
   if _MM_HELPERS is None:
-    llvm, make_tm, tm_opt, _, _ = _llvm()
+    from lower.cache import CACHE
+    llvm = _llvm()[0]
     t0 = time.perf_counter()
-    mod = llvm.parse_assembly(MM_HELPERS_IR)
-    mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
-    mod.verify()
-    pb = llvm.create_pass_builder(tm_opt, llvm.create_pipeline_tuning_options(speed_level=2))
-    pb.getModulePassManager().run(mod, pb)
-    engine = llvm.create_mcjit_compiler(mod, make_tm())
-    engine.finalize_object()
+    engine, _ = compile_module(MM_HELPERS_IR, CACHE._disk, level=2)
     for name in ("callsat_mm_pack_b", "callsat_mm_pack_a", "callsat_mm_edge"):
       llvm.add_symbol(name, engine.get_function_address(name))
     _MM_HELPERS = (engine, (time.perf_counter() - t0) * 1e3)
