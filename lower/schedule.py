@@ -1,6 +1,9 @@
 """CALL body -> an ordered list of kernels (lower/kernel.py) plus a buffer plan.
 
 * One store group per STORE (in lower/numpy.py's effect order); a nested CALL is scheduled recursively as one group.
+  Its arguments bind to their storage when they are one contiguous range of it, also through AFTERs (the storage after
+  those writes, which the group order keeps first); any other argument (a strided view, a MULTI's logical value,
+  computed data) is copied into a temporary right before the call.
 * Multi-device (sharded) CALLs: storage on a tuple of devices holds every device's copy, device-major (Mem.dstride
   apart). A STORE into a MULTI becomes one kernel per device over its shard, into per-device storage one kernel per
   device over the whole value; values are logical, and MULTI is index arithmetic: element i along the shard axis is on
@@ -116,6 +119,23 @@ def storage_mem(n: Node, bind: dict) -> tuple[Mem | None, bool]:
 
 def _dstride(b: Node) -> int: return b.arg.size * b.dtype.itemsize if isinstance(b.arg.device, tuple) else 0
 
+def view_mem(n: Node, bind: dict) -> Mem | None:
+  """The storage `n` is when it is one contiguous element range of it, through movement ops and AFTERs (an AFTER is
+  its storage after its effects), else None."""
+  m, _ = storage_mem(n, bind)
+  if m is not None: return m
+  chain, b = [], n
+  while b.op in (Ops.AFTER, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD) or (b.op in GroupOp.Movement and b.op is not Ops.PAD):
+    if b.op in GroupOp.Movement: chain.append(b)
+    b = b.src[0]
+  m, _ = storage_mem(b, bind)
+  if m is None: return None
+  from egraph.view import contiguous_range   # callify's own test for views, on the chain without its AFTERs
+  x = b
+  for c in reversed(chain): x = Node(c.op, c.dtype, (x,), c.arg)
+  if (r := contiguous_range(x, b)) is None: return None
+  return Mem(m.root, m.off + r[0] * m.dtype.itemsize, n.dtype, r[1], m.dstride)
+
 def _through(n: Node, idx: tuple, valid: tuple) -> tuple[tuple, tuple]:
   """Index and validity in n.src[0] of element `idx` of the movement op `n`."""
   x, a = n.src[0], n.arg
@@ -202,7 +222,7 @@ class _Group:
     if math.prod(shape) == 0: return
     saved, self.kdev = self.kdev, kdev or self.kdev
     try:
-      domain = tuple(Var(f"i{d}", s) for d, s in enumerate(shape))
+      domain = tuple(Var(f"i{d}", int(s)) for d, s in enumerate(shape))   # int(): a nested body keeps bound symbolic dims
       idx = tuple(Idx.var(v) for v in domain)
       b = _Builder(self, len(domain))
       val = b.value(node, lidx(idx) if lidx else idx, (), after, False, top=True, dev=dev)
@@ -328,7 +348,7 @@ class _Builder:
       rvars, cidx = [], list(idx)
       for a in sorted(set(axes)):
         if x.shape[a] == 1: continue
-        v = Var(f"r{self.nvars}", x.shape[a]); self.nvars += 1
+        v = Var(f"r{self.nvars}", int(x.shape[a])); self.nvars += 1
         rvars.append(v); cidx[a] = Idx.var(v) if v.size > 1 else Idx.const(0)
       body = self.value(x, tuple(cidx), valid, after, bcast)
       if not rvars: return body
@@ -410,16 +430,26 @@ def _effects(body: Node) -> list[Node]:
   from lower.numpy import _schedule
   return [n for n in _schedule([body]) if n.op in (Ops.STORE, Ops.CALL)]
 
-def _arg_mem(a: Node, bind: dict) -> Mem:
-  m, _ = storage_mem(a, bind)
-  if m is None: raise UnsupportedOpError(f"LLVM backend: a nested CALL argument computed by {a.op.name} is not supported (only storage views)")
-  return m
-
 def _call_group(call: Node, bind: dict, ctx: _Ctx) -> _GroupPlan:
-  prog = schedule(call.src[0], {i: _arg_mem(a, bind) for i, a in enumerate(call.src[1:])}, ctx)
-  reads = [m for s in prog.steps for m in (s.mems[:1] if s.kernel is None else s.mems)]
-  writes = [m for s in prog.steps if s.kernel is not None for m in s.mems[s.kernel.store.param:s.kernel.store.param + 1]]
-  return _GroupPlan(None, prog.steps, writes, reads, [])
+  """A nested CALL as one group: its program with PARAM(i) bound to argument i's storage. An argument that is a
+  contiguous view of storage (through AFTERs: the storage after their writes) binds to it; any other (a strided view,
+  a MULTI's logical value, computed data) is first copied into a temporary, read at the time the call runs."""
+  g, inner, copied = _Group(ctx, bind), {}, {}
+  for i, a in enumerate(call.src[1:]):
+    if (m := view_mem(a, bind)) is None:
+      g.realize |= _realize_set(a, FUSE_CAP)
+      for n, _ in _realize_order(a, g.realize): g.temp_of(n, True)
+      m = g.temp_of(a, True, whole=True).mem
+      copied[i] = a
+    inner[i] = m
+  prog = schedule(call.src[0], inner, ctx)
+  for i, a in copied.items():
+    if inner[i].root in prog.written:
+      raise UnsupportedOpError(f"LLVM backend: a nested CALL writes its argument {i}, which is {a.op.name} {a.shape}, not a contiguous view of storage")
+  steps = [st for s in g.specs for st in _finalize(s, {}, ctx)] + prog.steps
+  reads = [m for s in steps for m in (s.mems[:1] if s.kernel is None else s.mems)]
+  writes = [m for s in steps if s.kernel is not None for m in s.mems[s.kernel.store.param:s.kernel.store.param + 1]]
+  return _GroupPlan(None, steps, writes, reads, [])
 
 def _store_group(eff: Node, bind: dict, ctx: _Ctx) -> _GroupPlan:
   tgt, val = eff.src

@@ -5,7 +5,7 @@ across shards) and a hypothesis differential over random sharded programs."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
-from egraph import Tensor, callify, dtypes, CallsatError, UnsupportedOpError
+from egraph import Tensor, callify, dtypes, function, CallsatError, UnsupportedOpError
 from egraph.ir import Node, Ops, ParamArg, new_buffer, const
 from lower.cache import CACHE
 from lower.runtime import run_call
@@ -95,6 +95,15 @@ def test_assign_into_a_sharded_tensor_in_place():
   a.realize()
   np.testing.assert_allclose(a.numpy(), Z[::-1] * 2 + 3)
   assert a.node.op is Ops.MULTI and a.node.src[0].src[0] is buf
+
+@function(precompile=True)
+def twice(x): return x * 2
+
+def test_precompiled_function_on_sharded_and_replicated_inputs():
+  same(lambda d: twice(shard(d)).numpy(), exact=True)
+  same(lambda d: (twice(shard(d, X, 1) + 1) * 3).numpy(), exact=True)
+  # the reference refuses a replicated (per-device) input to a function's logical PARAM; native reads its own copy
+  np.testing.assert_equal(twice(shard(devs("CPU", 2), X, None)).numpy(), X * 2)
 
 # ---- the kernels ---------------------------------------------------------------------------------------------------
 
