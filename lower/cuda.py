@@ -492,6 +492,8 @@ def lower_call(call, reduce: str = "auto", max_grid: int = MAX_GRID, block: int 
   if call.op is not Ops.CALL: raise CallsatError(f"CUDA backend: expected a CALL, got {call.op.name}")
   call, _ = bindings(call)
   bind, bufs = arg_binding(call)
+  if any(isinstance(b.arg.device, tuple) for b in bufs):   # the plan sizes one copy per buffer: no per-device storage here
+    raise UnsupportedOpError("CUDA backend: multi-device (sharded) CALLs are not supported")
   prog = schedule(call.src[0], bind)
   inner = {n.arg.uid: n for n in toposort([call.src[0]]) if n.op is Ops.BUFFER}
   nodes, buffers = {}, {}

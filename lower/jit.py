@@ -204,7 +204,7 @@ def run_native(call, storage) -> None:
   """Execute a CALL with compiled kernels: schedule (cached per body + argument aliasing), compile misses, run."""
   from lower.schedule import schedule, arg_binding
   from lower.cache import CACHE
-  from lower.runtime import UnallocatedBufferError
+  from lower.runtime import UnallocatedBufferError, _elements
   checked = check_bounds()
   bind, bufs = arg_binding(call)
   key = (call.src[0], tuple(bind[i] for i in range(len(bind))), checked)
@@ -230,8 +230,8 @@ def run_native(call, storage) -> None:
       if r in prog.written or b.arg.size == 0: a = storage.allocate(b)
       else: raise UnallocatedBufferError(f"BUFFER uid={b.arg.uid} ({b.arg.size} x {b.dtype.name} on {b.arg.device}) is read but "
                                          "was never allocated or written")
-    if a.shape != (b.arg.size,) or a.dtype != b.dtype.np:
-      raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({b.arg.size},)")
+    if a.shape != (_elements(b),) or a.dtype != b.dtype.np:   # per-device storage: every device's copy, device-major
+      raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({_elements(b)},)")
     arrays[r] = a
   for r in prog.written:
     if r[0] != "tmp" and r not in arrays: arrays[r] = storage.allocate(node_of(r))

@@ -2,7 +2,8 @@
 
 Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALLs) runs as native code through the LLVM
 backend (lower/jit.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/numpy.py).
-A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU).
+A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU). A sharded CALL on CPU devices
+(("CPU", "CPU:1"), ...) runs natively too, as per-device kernels (lower/schedule.py).
 """
 from __future__ import annotations
 import os, weakref
@@ -125,17 +126,17 @@ def _route(call: Node) -> str:
   for n in toposort([call]):   # one walk (bodies can be 100k nodes): devices checked, the backend chosen
     check_device(n.device)
     if n.op is Ops.PARAM: check_device(n.arg.device)
-    python = python or _on_python(n.device) or (n.op is Ops.PARAM and _on_python(n.arg.device))
+    python = python or _on(n.device, "PYTHON") or (n.op is Ops.PARAM and _on(n.arg.device, "PYTHON"))
     multi = multi or isinstance(n.device, tuple)
-    cuda = cuda or (isinstance(n.device, str) and n.device.partition(":")[0] == "CUDA")
-  if multi and not python:
-    raise UnsupportedOpError("run_call: multi-device (sharded) CALLs run on PYTHON devices only for now; the LLVM backend has no "
-                             "per-shard kernels yet (shard over ('PYTHON', 'PYTHON:1'), ...)")
+    cuda = cuda or _on(n.device, "CUDA")
+  if multi and cuda and not python:
+    raise UnsupportedOpError("run_call: multi-device (sharded) CALLs on CUDA are not supported (the CUDA backend runs one GPU "
+                             "per CALL); shard over CPU devices (('CPU', 'CPU:1'), ...) or PYTHON devices")
   return "python" if python else "cuda" if cuda else "native"
 
-def _on_python(d) -> bool:
-  if isinstance(d, tuple): return any(_on_python(x) for x in d)
-  return isinstance(d, str) and d.partition(":")[0] == "PYTHON"
+def _on(d, kind: str) -> bool:
+  if isinstance(d, tuple): return any(_on(x, kind) for x in d)
+  return isinstance(d, str) and d.partition(":")[0] == kind
 
 def read(node: Node, storage: Storage = STORAGE) -> np.ndarray:
   """A standalone copy of the values of a pure graph over realized storage (e.g. RESHAPE(BUFFER)). Graphs with effects

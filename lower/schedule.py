@@ -1,6 +1,18 @@
 """CALL body -> an ordered list of kernels (lower/kernel.py) plus a buffer plan.
 
 * One store group per STORE (in lower/numpy.py's effect order); a nested CALL is scheduled recursively as one group.
+  Its arguments bind to their storage when they are one contiguous range of it, also through AFTERs (the storage after
+  those writes, which the group order keeps first); any other argument (a strided view, a MULTI's logical value,
+  computed data) is copied into a temporary right before the call.
+* Multi-device (sharded) CALLs: storage on a tuple of devices holds every device's copy, device-major (Mem.dstride
+  apart). A STORE into a MULTI becomes one kernel per device over its shard, into per-device storage one kernel per
+  device over the whole value; values are logical, and MULTI is index arithmetic: element i along the shard axis is on
+  device i // shard size. When that device is the kernel's own (elementwise, reduces along other axes, a permute of the
+  shard axis, ...) a kernel reads only its device's memory and all devices share one compiled kernel; otherwise (a
+  reduce over the shard axis, a shrink across shards, a COPY off the devices) it reads the other devices' copies
+  directly (CPU:n are all host memory) and Program.peers records it. Multi-device temporaries are split along their
+  shard axis (ir.shard_axes), each device computing its part. Kernels of one STORE that read each other's targets all
+  compute into temporaries before any copy back. A STORE into a view of a MULTI raises UnsupportedOpError.
 * The value of a STORE is fused into one kernel over the target's shape. Movement ops (reshape, permute, expand, shrink,
   pad, flip) and SLICE views become index arithmetic (kernel.Idx); nothing is copied for them.
 * A REDUCE is computed in place, as an accumulator loop nest, unless a broadcasting EXPAND lies between it and the
@@ -24,15 +36,15 @@
 """
 from __future__ import annotations
 import itertools, math, sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from egraph.dtypes import DType, dtypes
 from egraph.errors import CallsatError, UnsupportedOpError
-from egraph.ir import Node, Ops, GroupOp, toposort
+from egraph.ir import Node, Ops, GroupOp, toposort, is_shard, shard_axes
 from lower.kernel import Idx, Var, Bound, Expr, Param, Store, Kernel, const, flat_index, unflatten
 
 FUSE_CAP = 400           # max estimated expression nodes per kernel
 STREAM_MIN_BYTES = 8 << 20   # outputs at least this large (4x a core's L2) get non-temporal stores (Kernel.stream)
-UNSUPPORTED = {Ops.FUNCTION: "FUNCTION", Ops.TUPLE: "TUPLE", Ops.GETTUPLE: "GETTUPLE", Ops.MULTI: "MULTI", Ops.BIND: "BIND"}
+UNSUPPORTED = {Ops.FUNCTION: "FUNCTION", Ops.TUPLE: "TUPLE", Ops.GETTUPLE: "GETTUPLE", Ops.BIND: "BIND"}
 IDENTITY = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
 
 @dataclass(frozen=True)
@@ -42,8 +54,12 @@ class Mem:
   off: int          # bytes
   dtype: DType
   count: int        # elements
+  dstride: int = 0  # per-device storage (a BUFFER on a tuple of devices): bytes from one device's copy to the next
   @property
   def nbytes(self) -> int: return self.count * self.dtype.itemsize
+  def on(self, d: int) -> "Mem":
+    """Device d's copy of per-device storage (device 0's for a plain Mem)."""
+    return Mem(self.root, self.off + d * self.dstride, self.dtype, self.count)
   def overlaps(self, o: "Mem") -> bool:
     return self.root == o.root and self.nbytes > 0 and o.nbytes > 0 and self.off < o.off + o.nbytes and o.off < self.off + self.nbytes
 
@@ -67,12 +83,13 @@ class Program:
   steps: list
   temps: dict                   # tmp root -> nbytes
   written: set                  # ('arg', uid) roots written
+  peers: set = field(default_factory=set)   # (kernel device, device read): reads of another device's storage
 
 def _dims(x: Node) -> tuple: return x.shape
 
 class _Ctx:
-  """Shared state of one program: temp numbering."""
-  def __init__(self): self.tmp = itertools.count()
+  """Shared state of one program: temp numbering, shard axes of multi-device values, cross-device reads."""
+  def __init__(self): self.tmp, self.axes, self.peers = itertools.count(), {}, set()
   def temp(self, dtype: DType, count: int) -> Mem: return Mem(("tmp", next(self.tmp)), 0, dtype, count)
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -93,12 +110,31 @@ def storage_mem(n: Node, bind: dict) -> tuple[Mem | None, bool]:
     m = bind[n.arg.slot]
     if m.count != n.numel or m.dtype != n.dtype:
       raise CallsatError(f"PARAM slot={n.arg.slot}: argument is {m.dtype.name}({m.count},), the PARAM says {n.dtype.name}{n.shape}")
-  elif n.op is Ops.BUFFER: m = Mem(("buf", n.arg.uid), 0, n.dtype, n.arg.size)
+  elif n.op is Ops.BUFFER: m = Mem(("buf", n.arg.uid), 0, n.dtype, n.arg.size, _dstride(n))
   else: return None, after
-  for s in reversed(chain):
+  for s in reversed(chain):   # on a tuple of devices a SLICE is the same range of every device's copy
     off, count = s.arg
-    m = Mem(m.root, m.off + off * m.dtype.itemsize, s.dtype, count)
+    m = Mem(m.root, m.off + off * m.dtype.itemsize, s.dtype, count, m.dstride)
   return m, after
+
+def _dstride(b: Node) -> int: return b.arg.size * b.dtype.itemsize if isinstance(b.arg.device, tuple) else 0
+
+def view_mem(n: Node, bind: dict) -> Mem | None:
+  """The storage `n` is when it is one contiguous element range of it, through movement ops and AFTERs (an AFTER is
+  its storage after its effects), else None."""
+  m, _ = storage_mem(n, bind)
+  if m is not None: return m
+  chain, b = [], n
+  while b.op in (Ops.AFTER, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD) or (b.op in GroupOp.Movement and b.op is not Ops.PAD):
+    if b.op in GroupOp.Movement: chain.append(b)
+    b = b.src[0]
+  m, _ = storage_mem(b, bind)
+  if m is None: return None
+  from egraph.view import contiguous_range   # callify's own test for views, on the chain without its AFTERs
+  x = b
+  for c in reversed(chain): x = Node(c.op, c.dtype, (x,), c.arg)
+  if (r := contiguous_range(x, b)) is None: return None
+  return Mem(m.root, m.off + r[0] * m.dtype.itemsize, n.dtype, r[1], m.dstride)
 
 def _through(n: Node, idx: tuple, valid: tuple) -> tuple[tuple, tuple]:
   """Index and validity in n.src[0] of element `idx` of the movement op `n`."""
@@ -130,7 +166,7 @@ def _realize_set(root: Node, cap: int) -> set:
   size, realize = {}, set()
   for n in toposort([root], enter_calls=False):
     if n.op in (Ops.PARAM, Ops.BUFFER, Ops.CONST, Ops.STORE, Ops.CALL, Ops.SINK) or not n.src: size[n.id] = 1; continue
-    if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in (Ops.AFTER, Ops.SLICE):
+    if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in (Ops.AFTER, Ops.SLICE, Ops.MULTI):
       size[n.id] = size[n.src[0].id]; continue
     kids = list({s.id: s for s in n.src}.values())
     s = 1 + sum(size[k.id] for k in kids)
@@ -160,30 +196,57 @@ def _realize_order(root: Node, realize: set) -> list:
 # ---------------------------------------------------------------------------------------------------------------------
 # building kernels for one store group
 
+@dataclass(frozen=True)
+class _Temp:
+  """A realized intermediate. On a tuple of devices every device holds its part (mem.on(d)): its shard along `axis`
+  (shape is the shard's), or with axis None the whole value."""
+  mem: Mem
+  shape: tuple
+  axis: int | None = None
+  devs: tuple | None = None
+
 class _Group:
   def __init__(self, ctx: _Ctx, bind: dict):
     self.ctx, self.bind = ctx, bind
     self.specs: list[Spec] = []
-    self.temps: dict = {}               # (node id, after) -> Mem
+    self.finals: list[Spec] = []        # the STORE's own kernels, after every temporary
+    self.temps: dict = {}               # (node id, after, axis) -> _Temp
     self.realize: set = set()
+    self.kdev: tuple = (None, None, None)   # the kernel being built runs for: (device, device tuple, index in it)
 
   # one kernel: domain vars, a builder with CSE memo
-  def kernel(self, shape: tuple, mem: Mem, store_idx_of, node: Node, after: bool, kind_hint: str = "e") -> None:
+  def kernel(self, shape: tuple, mem: Mem, store_idx_of, node: Node, after: bool, kind_hint: str = "e", kdev: tuple | None = None,
+             lidx=None, dev: Idx | None = None, final: bool = False) -> None:
+    """lidx: domain index -> the index of `node` it stores (a device's shard of a logical value); dev: the device of a
+    per-device `node`."""
     if math.prod(shape) == 0: return
-    domain = tuple(Var(f"i{d}", s) for d, s in enumerate(shape))
-    idx = tuple(Idx.var(v) for v in domain)
-    b = _Builder(self, len(domain))
-    val = b.value(node, idx, (), after, False, top=True)
-    self.specs.append(Spec(domain, mem, store_idx_of(idx), val, "r" if b.reduces else kind_hint))
+    saved, self.kdev = self.kdev, kdev or self.kdev
+    try:
+      domain = tuple(Var(f"i{d}", int(s)) for d, s in enumerate(shape))   # int(): a nested body keeps bound symbolic dims
+      idx = tuple(Idx.var(v) for v in domain)
+      b = _Builder(self, len(domain))
+      val = b.value(node, lidx(idx) if lidx else idx, (), after, False, top=True, dev=dev)
+      (self.finals if final else self.specs).append(Spec(domain, mem, store_idx_of(idx), val, "r" if b.reduces else kind_hint))
+    finally: self.kdev = saved
 
-  def temp_of(self, n: Node, after: bool) -> Mem:
-    key = (n.id, after)
-    if key not in self.temps:
-      m = self.ctx.temp(dtypes.uint8 if n.dtype == dtypes.bool else n.dtype, n.numel)
-      m = Mem(m.root, 0, n.dtype, n.numel)
-      self.temps[key] = m
-      self.kernel(n.shape, m, lambda idx: flat_index(idx, n.shape), n, after)
-    return self.temps[key]
+  def temp_of(self, n: Node, after: bool, whole: bool = False) -> _Temp:
+    """n realized into a temporary. A multi-device value is split along its shard axis (each device computes its shard),
+    unless `whole` (its bytes are read as one array): then every device computes all of it."""
+    devs = n.device if isinstance(n.device, tuple) else None
+    a = None if devs is None or whole or is_shard(n) else self.ctx.axes.get(n.id)
+    if a is not None and (n.shape[a] == 0 or n.shape[a] % len(devs)): a = None
+    key = (n.id, after, a)
+    if (t := self.temps.get(key)) is None:
+      D = len(devs) if devs else 1
+      shape = tuple(s // D if i == a else s for i, s in enumerate(n.shape))
+      count, isz = math.prod(shape), n.dtype.itemsize
+      root = self.ctx.temp(dtypes.uint8 if n.dtype == dtypes.bool else n.dtype, count).root
+      t = self.temps[key] = _Temp(Mem(root, 0, n.dtype, count, -(-count * isz // 64) * 64 if devs else 0), shape, a, devs)
+      for d in range(D):   # every device's part before any reader: a reader may read another device's part
+        lidx = None if a is None else (lambda idx, o=d * shape[a]: idx[:a] + (idx[a] + o,) + idx[a + 1:])
+        self.kernel(shape, t.mem.on(d), lambda idx: flat_index(idx, shape), n, after, kdev=(devs[d], devs, d) if devs else (n.device, None, None),
+                    lidx=lidx, dev=Idx.const(d) if devs and is_shard(n) else None)
+    return t
 
 class _Builder:
   def __init__(self, g: _Group, depth: int):
@@ -194,48 +257,83 @@ class _Builder:
     valid = tuple(b for b in valid if b.idx.vmin < b.lo or b.idx.vmax >= b.hi)
     return Expr('load', m.dtype, (), ((m, direct), flat, valid))
 
-  def value(self, n: Node, idx: tuple, valid: tuple, after: bool, bcast: bool, top: bool = False) -> Expr:
-    key = (n.id, idx, valid, after, bcast, top)
+  def place(self, devs: tuple | None, m: Mem, dev: Idx | None) -> tuple[Mem, Idx]:
+    """The Mem to load for device `dev` (None: the kernel's own device, else device 0) of per-device storage `m`, and
+    the element offset to add. A device known only at run time reads every device's copy through one span."""
+    if not m.dstride: return m, Idx.const(0)
+    kname, kdevs, kd = self.g.kdev
+    if dev is None: dev = Idx.const(kd if kdevs == devs else devs.index(kname) if kname in devs else 0)
+    if dev.is_const and 0 <= dev.c < len(devs):
+      if devs[dev.c] != kname: self.g.ctx.peers.add((kname, devs[dev.c]))
+      return m.on(dev.c), Idx.const(0)
+    if m.dstride % m.dtype.itemsize:
+      raise UnsupportedOpError(f"LLVM backend: a read across devices of a {m.dtype.name} view whose per-device stride ({m.dstride} bytes) "
+                               "is not a whole number of elements")
+    self.g.ctx.peers.update((kname, x) for x in devs if x != kname)   # CPU:n share the host's memory: a direct read
+    es = m.dstride // m.dtype.itemsize
+    return Mem(m.root, m.off, m.dtype, es * (len(devs) - 1) + m.count), dev * es
+
+  def temp(self, n: Node, idx: tuple, valid: tuple, after: bool, dev: Idx | None) -> Expr:
+    t = self.g.temp_of(n, after)
+    if t.axis is not None:   # a shard per device: the device is the index along the axis over the shard size
+      a, S = t.axis, t.shape[t.axis]
+      dev = idx[a] // S
+      idx = idx[:a] + (idx[a] - dev * S if dev.is_const else idx[a] % S,) + idx[a + 1:]
+    m, off = self.place(t.devs, t.mem, dev)
+    return self.load(m, flat_index(idx, t.shape) + off, valid, False, n.dtype)
+
+  def value(self, n: Node, idx: tuple, valid: tuple, after: bool, bcast: bool, top: bool = False, dev: Idx | None = None) -> Expr:
+    """dev: the device a per-device value (egraph.ir.is_shard) is read on (set by MULTI; None: the kernel's own)."""
+    key = (n.id, idx, valid, after, bcast, top, dev)
     if (e := self.memo.get(key)) is not None: return e
-    e = self._value(n, idx, valid, after, bcast, top)
+    e = self._value(n, idx, valid, after, bcast, top, dev)
     self.memo[key] = e
     return e
 
-  def _value(self, n: Node, idx, valid, after, bcast, top) -> Expr:
+  def _value(self, n: Node, idx, valid, after, bcast, top, dev) -> Expr:
     op, g = n.op, self.g
     if op in UNSUPPORTED: raise UnsupportedOpError(f"LLVM backend: {op.name} is not supported yet (a later issue adds it)")
     if not _valid_possible(valid): return const(0, n.dtype)
     if n.id in g.realize and not top and op not in (Ops.PARAM, Ops.BUFFER, Ops.CONST):
-      m = g.temp_of(n, after)
-      return self.load(m, flat_index(idx, n.shape), valid, False, n.dtype)
+      return self.temp(n, idx, valid, after, dev)
     if op is Ops.CONST: return const(n.arg[0], n.dtype)
-    if op is Ops.AFTER: return self.value(n.src[0], idx, valid, True, bcast)
+    if op is Ops.AFTER: return self.value(n.src[0], idx, valid, True, bcast, dev=dev)
+    if op is Ops.MULTI:   # the logical value of per-device shards: element i along the axis is on device i // shard size
+      x, a = n.src[0], n.arg
+      if (S := x.shape[a]) == 0: return const(0, n.dtype)
+      d = idx[a] // S
+      return self.value(x, idx[:a] + (idx[a] - d * S if d.is_const else idx[a] % S,) + idx[a + 1:], valid, after, bcast, dev=d)
     if op in IDENTITY:   # COPY between host devices (NPY, DISK memmaps, CPU) is a read of the source's storage
-      return self.value(n.src[0], idx, valid, after, bcast)
+      return self.value(n.src[0], idx, valid, after, bcast, dev=None if op is Ops.COPY else dev)
     if op in GroupOp.Movement:
       cidx, cvalid = _through(n, idx, valid)
       widen = op is Ops.EXPAND and any(s == 1 and t > 1 for s, t in zip(n.src[0].shape, n.arg))
-      v = self.value(n.src[0], cidx, cvalid, after, bcast or widen)
+      v = self.value(n.src[0], cidx, cvalid, after, bcast or widen, dev=dev)
       if len(cvalid) > len(valid) and v.op != 'load' and not (v.op == 'const' and not v.arg):
         # PAD fills with zero: a computed (or constant) value is masked too, not only the loads under it
         v = Expr(Ops.WHERE, n.dtype, (Expr('valid', dtypes.bool, (), cvalid[len(valid):]), v, const(0, n.dtype)))
       return v
     if op in (Ops.PARAM, Ops.BUFFER, Ops.SLICE):
       m, aft = storage_mem(n, g.bind)
+      devs = n.device
       if m is None:   # SLICE of computed data: realize it, then view the temporary's bytes
         x = n.src[0]
-        t = g.temp_of(x, after)
-        m = Mem(t.root, t.off + n.arg[0] * x.dtype.itemsize, n.dtype, n.arg[1])
-      return self.load(m, flat_index(idx, n.shape), valid, not (after or aft), n.dtype)
+        t = g.temp_of(x, after, whole=True)
+        m, devs = Mem(t.mem.root, t.mem.off + n.arg[0] * x.dtype.itemsize, n.dtype, n.arg[1], t.mem.dstride), t.devs
+      m, off = self.place(devs, m, dev)
+      return self.load(m, flat_index(idx, n.shape) + off, valid, not (after or aft), n.dtype)
     if op is Ops.BITCAST:
       x = n.src[0]
       if x.dtype.itemsize == n.dtype.itemsize:
         v = self.value(x, idx, valid, after, bcast)
         return Expr(Ops.CAST if dtypes.bool in (x.dtype, n.dtype) else Ops.BITCAST, n.dtype, (v,))
       m, aft = storage_mem(x, g.bind)
-      if m is None: m, aft = g.temp_of(x, after), False
-      m = Mem(m.root, m.off, n.dtype, n.numel)
-      return self.load(m, flat_index(idx, n.shape), valid, not (after or aft), n.dtype)
+      devs = x.device
+      if m is None:
+        t = g.temp_of(x, after, whole=True)
+        m, aft, devs = t.mem, False, t.devs
+      m, off = self.place(devs, Mem(m.root, m.off, n.dtype, n.numel, m.dstride), None)
+      return self.load(m, flat_index(idx, n.shape) + off, valid, not (after or aft), n.dtype)
     if op is Ops.CAST:
       v = self.value(n.src[0], idx, valid, after, bcast)
       return v if n.src[0].dtype == n.dtype else Expr(Ops.CAST, n.dtype, (v,))
@@ -244,15 +342,13 @@ class _Builder:
       for s in n.src: srcs.append(self.value(s, idx, valid, after, bcast))
       return Expr(op, n.dtype, tuple(srcs))
     if op is Ops.REDUCE:
-      if bcast and not top:
-        m = g.temp_of(n, after)
-        return self.load(m, flat_index(idx, n.shape), valid, False, n.dtype)
+      if bcast and not top: return self.temp(n, idx, valid, after, dev)
       rop, axes = n.arg
       x = n.src[0]
       rvars, cidx = [], list(idx)
       for a in sorted(set(axes)):
         if x.shape[a] == 1: continue
-        v = Var(f"r{self.nvars}", x.shape[a]); self.nvars += 1
+        v = Var(f"r{self.nvars}", int(x.shape[a])); self.nvars += 1
         rvars.append(v); cidx[a] = Idx.var(v) if v.size > 1 else Idx.const(0)
       body = self.value(x, tuple(cidx), valid, after, bcast)
       if not rvars: return body
@@ -286,6 +382,29 @@ def _target(t: Node, bind: dict):
     return flat_index(idx, base.shape)
   return m, index
 
+def _targets(t: Node, bind: dict) -> list:
+  """(Mem, store index, domain shape, kernel device, value index) for each kernel a STORE into `t` needs: one per
+  device of a multi-device target (its shard of a MULTI, or its copy of per-device storage), else one."""
+  devs = t.device
+  if not isinstance(devs, tuple):
+    m, index = _target(t, bind)
+    return [(m, index, t.shape, (devs, None, None), None)]
+  m = t
+  while m.op in (Ops.AFTER, Ops.DETACH): m = m.src[0]   # an earlier write's AFTER: the same storage
+  if m.op is Ops.MULTI:   # device d writes its shard: the logical value at the shard's indices
+    x, a = m.src[0], m.arg
+    m, index = _target(x, bind)
+    def shifted(d):
+      return lambda idx: idx[:a] + (idx[a] + d * x.shape[a],) + idx[a + 1:]
+    return [(m.on(d), index, x.shape, (dv, devs, d), shifted(d)) for d, dv in enumerate(devs)]
+  if not is_shard(t):
+    ops, n = [], t
+    while n.src and n.op is not Ops.MULTI: ops.append(n.op.name); n = n.src[0]
+    raise UnsupportedOpError(f"LLVM backend: a STORE through {'/'.join(ops)} into {n.op.name} on {devs} is not supported "
+                             "(only into a whole MULTI or into per-device storage)")
+  m, index = _target(t, bind)   # per-device storage: every device gets the value (a replicated value: a copy each)
+  return [(m.on(d), index, t.shape, (dv, devs, d), None) for d, dv in enumerate(devs)]
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the schedule
 
@@ -311,10 +430,53 @@ def _effects(body: Node) -> list[Node]:
   from lower.numpy import _schedule
   return [n for n in _schedule([body]) if n.op in (Ops.STORE, Ops.CALL)]
 
-def _arg_mem(a: Node, bind: dict) -> Mem:
-  m, _ = storage_mem(a, bind)
-  if m is None: raise UnsupportedOpError(f"LLVM backend: a nested CALL argument computed by {a.op.name} is not supported (only storage views)")
-  return m
+def _call_group(call: Node, bind: dict, ctx: _Ctx) -> _GroupPlan:
+  """A nested CALL as one group: its program with PARAM(i) bound to argument i's storage. An argument that is a
+  contiguous view of storage (through AFTERs: the storage after their writes) binds to it; any other (a strided view,
+  a MULTI's logical value, computed data) is first copied into a temporary, read at the time the call runs."""
+  g, inner, copied = _Group(ctx, bind), {}, {}
+  for i, a in enumerate(call.src[1:]):
+    if (m := view_mem(a, bind)) is None:
+      g.realize |= _realize_set(a, FUSE_CAP)
+      for n, _ in _realize_order(a, g.realize): g.temp_of(n, True)
+      m = g.temp_of(a, True, whole=True).mem
+      copied[i] = a
+    inner[i] = m
+  prog = schedule(call.src[0], inner, ctx)
+  for i, a in copied.items():
+    if inner[i].root in prog.written:
+      raise UnsupportedOpError(f"LLVM backend: a nested CALL writes its argument {i}, which is {a.op.name} {a.shape}, not a contiguous view of storage")
+  steps = [st for s in g.specs for st in _finalize(s, {}, ctx)] + prog.steps
+  reads = [m for s in steps for m in (s.mems[:1] if s.kernel is None else s.mems)]
+  writes = [m for s in steps if s.kernel is not None for m in s.mems[s.kernel.store.param:s.kernel.store.param + 1]]
+  return _GroupPlan(None, steps, writes, reads, [])
+
+def _store_group(eff: Node, bind: dict, ctx: _Ctx) -> _GroupPlan:
+  tgt, val = eff.src
+  outs = _targets(tgt, bind)
+  g = _Group(ctx, bind)
+  g.realize = _realize_set(val, FUSE_CAP)
+  for n, after in _realize_order(val, g.realize): g.temp_of(n, after)   # children first: bounded recursion
+  for m, index, shape, kdev, lidx in outs: g.kernel(shape, m, index, val, False, kdev=kdev, lidx=lidx, final=True)
+  specs = g.specs + _apart(g.finals, ctx)
+  keys = [x.arg[0] for s in specs for x in _iter_exprs(s.value) if x.op == 'load']
+  return _GroupPlan(specs, None, [o[0] for o in outs if math.prod(o[2])],
+                    [k[0] for k in keys if not k[1] and k[0].root[0] != "tmp"],
+                    [k[0] for k in keys if k[1] and k[0].root[0] != "tmp"])
+
+def _apart(specs: list, ctx: _Ctx) -> list:
+  """The per-device kernels of one STORE run one after another: when one reads what another writes, each computes
+  into a temporary first and the copies back come after all of them."""
+  hit = any(k[0].overlaps(o.mem) for i, s in enumerate(specs) for k in (x.arg[0] for x in _iter_exprs(s.value) if x.op == 'load') for j, o in enumerate(specs) if i != j)
+  if not hit: return specs
+  pairs = [_via_temp(s, ctx) for s in specs]
+  return [p[0] for p in pairs] + [p[1] for p in pairs]
+
+def _via_temp(s: Spec, ctx: _Ctx) -> tuple[Spec, Spec]:
+  """`s` as (compute into a temporary, copy it to s's target)."""
+  t = ctx.temp(s.mem.dtype, math.prod(v.size for v in s.domain))
+  first = Spec(s.domain, t, flat_index(tuple(Idx.var(v) for v in s.domain), tuple(v.size for v in s.domain)), s.value, s.kind)
+  return first, Spec(s.domain, s.mem, s.idx, Expr('load', t.dtype, (), ((t, False), first.idx, ())), "c")
 
 def schedule(body: Node, bind: dict, ctx: _Ctx | None = None) -> Program:
   """Kernels for the SINK `body` with PARAM(slot) bound to bind[slot] (a Mem)."""
@@ -322,27 +484,12 @@ def schedule(body: Node, bind: dict, ctx: _Ctx | None = None) -> Program:
   if sys.getrecursionlimit() < 20000: sys.setrecursionlimit(20000)   # value building recurses up to ~FUSE_CAP deep
   from lower.inline import inline_functions   # plain FUNCTIONs are inlined; precompiled ones are nested CALLs
   body = inline_functions(body)
+  multi = False
   for n in toposort([body], enter_calls=False):
     if n.op in UNSUPPORTED: raise UnsupportedOpError(f"LLVM backend: {n.op.name} is not supported yet (a later issue adds it)")
-  groups: list[_GroupPlan] = []
-  for eff in _effects(body):
-    if eff.op is Ops.CALL:
-      inner_bind = {i: _arg_mem(a, bind) for i, a in enumerate(eff.src[1:])}
-      prog = schedule(eff.src[0], inner_bind, ctx)
-      reads = [m for s in prog.steps for m in (s.mems[:1] if s.kernel is None else s.mems)]
-      writes = [m for s in prog.steps if s.kernel is not None for m in s.mems[s.kernel.store.param:s.kernel.store.param + 1]]
-      groups.append(_GroupPlan(None, prog.steps, writes, reads, []))
-      continue
-    tgt, val = eff.src
-    m, index = _target(tgt, bind)
-    g = _Group(ctx, bind)
-    g.realize = _realize_set(val, FUSE_CAP)
-    for n, after in _realize_order(val, g.realize): g.temp_of(n, after)   # children first: bounded recursion
-    g.kernel(tgt.shape, m, index, val, False)
-    keys = [x.arg[0] for s in g.specs for x in _iter_exprs(s.value) if x.op == 'load']
-    groups.append(_GroupPlan(g.specs, None, [m] if tgt.numel else [],
-                             [k[0] for k in keys if not k[1] and k[0].root[0] != "tmp"],
-                             [k[0] for k in keys if k[1] and k[0].root[0] != "tmp"]))
+    multi = multi or isinstance(n.device, tuple)
+  if multi: ctx.axes.update(shard_axes([body]))   # how multi-device temporaries are split
+  groups = [_call_group(eff, bind, ctx) if eff.op is Ops.CALL else _store_group(eff, bind, ctx) for eff in _effects(body)]
   order, snaps = _order(groups)
   steps, snap_mem = [], {}
   for gi, ms in snaps.items():
@@ -361,7 +508,7 @@ def schedule(body: Node, bind: dict, ctx: _Ctx | None = None) -> Program:
     for m in s.mems:
       if m.root[0] == "tmp": temps[m.root] = max(temps.get(m.root, 0), m.off + m.nbytes)
   written = {s.mems[s.kernel.store.param].root for s in steps if s.kernel is not None}
-  return Program(steps, temps, written)
+  return Program(steps, temps, written, set(ctx.peers))
 
 def _order(groups: list) -> tuple[list, dict]:
   """A topological order of the groups and, per group, the Mems its direct reads must take from a snapshot."""
@@ -425,10 +572,8 @@ def _finalize(s: Spec, redirect: dict, ctx: _Ctx) -> list[Step]:
   loads = [(resolve(e.arg[0]), e.arg[1], e.arg[2]) for e in _iter_exprs(s.value) if e.op == 'load']
   unsafe = any(m.overlaps(s.mem) and (m != s.mem or i != s.idx) for m, i, v in loads)
   if unsafe:   # the value reads its own target elsewhere: compute into a temporary, then copy back
-    t = ctx.temp(s.mem.dtype, math.prod(v.size for v in s.domain))
-    first = Spec(s.domain, t, flat_index(tuple(Idx.var(v) for v in s.domain), tuple(v.size for v in s.domain)), s.value, s.kind)
-    copy_val = Expr('load', t.dtype, (), ((t, False), first.idx, ()))
-    return _finalize(first, redirect, ctx) + _finalize(Spec(s.domain, s.mem, s.idx, copy_val, "c"), {}, ctx)
+    first, copy = _via_temp(s, ctx)
+    return _finalize(first, redirect, ctx) + _finalize(copy, {}, ctx)
   mems: list[Mem] = [s.mem]
   for m, _, _ in loads:
     if m not in mems: mems.append(m)
@@ -539,5 +684,5 @@ def arg_binding(call: Node) -> tuple[dict, list[Node]]:
     b = a if a.op is Ops.BUFFER else a.src[0]
     if b.arg.uid not in canon: canon[b.arg.uid] = len(bufs); bufs.append(b)
     off = 0 if a.op is Ops.BUFFER else a.arg[0] * b.dtype.itemsize
-    bind[i] = Mem(("arg", canon[b.arg.uid]), off, a.dtype, a.numel)
+    bind[i] = Mem(("arg", canon[b.arg.uid]), off, a.dtype, a.numel, _dstride(b))
   return bind, bufs

@@ -1,5 +1,5 @@
 """MULTI (spec EX9): sharded and replicated tensors, per-shard buffers, elementwise and reduce across shards, values on
-the PYTHON devices (the LLVM backend has no per-shard kernels yet and says so)."""
+the PYTHON devices (the same programs on CPU devices, natively: test_multi_native.py)."""
 import numpy as np
 import pytest
 from egraph import Tensor, callify, dtypes, ShapeError, UnsupportedOpError
@@ -50,7 +50,8 @@ def test_same_graph_on_new_shards_hits_the_cache():
 
 def test_errors():
   with pytest.raises(ShapeError, match="split"): Tensor(np.ones((3, 2), np.float32), device="PYTHON").shard(DEVS, axis=0)
-  with pytest.raises(UnsupportedOpError, match="PYTHON devices only"): (Tensor([1., 2]).shard(("CPU", "CPU:1")) + 1).numpy()
+  np.testing.assert_equal((Tensor([1., 2]).shard(("CPU", "CPU:1")) + 1).numpy(), [2, 3])   # native: tests/coverage/test_multi_native.py
+  with pytest.raises(UnsupportedOpError, match="CUDA"): (Tensor([1., 2]).shard(("CUDA", "CUDA:1")) + 1).numpy()
 
 def test_contiguous_view_of_a_sharded_tensor_is_a_per_shard_slice():
   Y = np.arange(16, dtype=np.float32).reshape(4, 4)
