@@ -10,7 +10,7 @@ CALLSAT_CACHE_DIR=/path turns it on there, CALLSAT_CACHE=1 at $XDG_CACHE_HOME/ca
 turns it off whatever else is set; both are read when this module is imported, `CACHE.disk = path` (or None) sets it at
 run time. CALLSAT_CACHE_MAX_MB (default 256) bounds the directory (within ~2 %): the least recently used entries go."""
 from __future__ import annotations
-import hashlib, os, random, secrets, sys, time
+import weakref, hashlib, os, random, secrets, sys, time
 from lower.kernel import Kernel
 
 MODULE_OPS = 3000
@@ -120,6 +120,7 @@ class KernelCache:
     self.disk_hits = 0       # modules loaded from the disk cache (neither optimized nor compiled)
     self.disk_misses = 0     # modules compiled while the disk cache was on (and written to it)
     self.schedules: dict = {}
+    self.plans = weakref.WeakKeyDictionary()   # CALL -> jit._Plan: its launches prepared on the storage it last ran on
     self.disk = disk
 
   @property
@@ -128,7 +129,7 @@ class KernelCache:
   def disk(self, path): self._disk = DiskCache(path) if path else None
 
   def __len__(self): return len(self._fns)
-  def clear(self): self._fns.clear(); self.schedules.clear()
+  def clear(self): self._fns.clear(); self.schedules.clear(); self.plans.clear()
 
   def get(self, kernels: list[Kernel]) -> list:
     from lower.jit import compile_kernels

@@ -1,0 +1,140 @@
+"""The native kernel threads (lower/pool.py) and the prepared per-CALL plans of run_native: values against numpy on split
+launches (1-4 chunks), concurrent callers, a forked child, the Python-worker fallback, bounds errors from a worker's
+chunk, and plans that must not outlive the arrays they point into. No timings."""
+import gc, os, subprocess, sys, threading
+import numpy as np
+import pytest
+from egraph import callify
+from egraph.dtypes import dtypes
+from egraph.ir import Node, Ops, new_buffer, const
+from lower import jit, pool
+from lower.cache import CACHE
+from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const as kconst
+from lower.runtime import Storage, run_call
+
+RNG = np.random.default_rng(7)
+needs_pool = pytest.mark.skipif(pool.pool() is None, reason="native kernel threads need Linux x86-64")
+
+def _scale_kernel(n: int) -> Kernel:
+  """out[i] = a[i] * 3 over i < n."""
+  i = Var("i0", n)
+  f = dtypes.float32
+  val = Expr(Ops.MUL, f, (Expr('load', f, (), (1, Idx.var(i), ())), kconst(3.0, f)))
+  ps = (Param("p0", f, n, 4, True, False, True), Param("p1", f, n, 4, True, True))
+  return Kernel(f"scale_{n}", ps, (i,), Store(0, Idx.var(i), val))
+
+@needs_pool
+@pytest.mark.parametrize("n", [2, 7, 1000, 100_003])
+def test_split_launch_covers_every_element_once(n):
+  (c,) = jit.compile_kernels([(_scale_kernel(n), f"pool_scale_{n}")])
+  assert c.thunk
+  a = np.arange(n, dtype=np.float32)   # each element says which index it came from
+  want = a * np.float32(3)
+  for threads in (1, 2, 3, 4):
+    out = np.full(n, np.nan, np.float32)
+    run = jit.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=threads)
+    run(); run()   # a prepared launch runs again on the same pointers
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    cuts = run.cuts(threads)
+    if cuts is not None: assert cuts[0] == 0 and cuts[-1] == n and all(x <= y for x, y in zip(cuts, cuts[1:]))
+
+def _matmul(S, M=192):
+  def buf(x):
+    b = new_buffer(x.size, dtypes.float32, "CPU"); S.set_data(b, x.reshape(-1)); return b
+  a_np, b_np = RNG.standard_normal((M, M)).astype(np.float32), RNG.standard_normal((M, M)).astype(np.float32)
+  A, B = buf(a_np).reshape((M, M)), buf(b_np).reshape((M, M))
+  prod = Node(Ops.MUL, None, (A.reshape((M, 1, M)).expand((M, M, M)), B.permute((1, 0)).reshape((1, M, M)).expand((M, M, M))))
+  return callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M))), a_np @ b_np
+
+@needs_pool
+def test_concurrent_callers_get_right_values():
+  # one caller holds the pool at a time; the others run their kernel on their own thread
+  S = Storage()
+  res, want = _matmul(S)
+  run_call(res.call, S)
+  errs = []
+  def work():
+    try:
+      S2 = S.copy()
+      for _ in range(20):
+        run_call(res.call, S2)
+        np.testing.assert_allclose(S2[res.call.src[1]].reshape(want.shape), want, rtol=1e-3, atol=1e-3)
+    except Exception as e: errs.append(e)
+  ts = [threading.Thread(target=work) for _ in range(3)]
+  for t in ts: t.start()
+  for t in ts: t.join(timeout=120)
+  assert not errs and not any(t.is_alive() for t in ts)
+
+@needs_pool
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_forked_child_makes_its_own_threads():
+  # a forked child inherits the pool's memory but none of its threads: it must start new ones, not wait forever
+  S = Storage()
+  res, want = _matmul(S)
+  run_call(res.call, S)
+  old = jit.pool()
+  pid = os.fork()
+  if pid == 0:
+    ok = False
+    try:
+      out = S[res.call.src[1]]; out[:] = 0
+      CACHE.plans.clear()
+      run_call(res.call, S)
+      ok = jit.pool() is not old and np.allclose(out.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
+    finally: os._exit(0 if ok else 3)
+  _, status = os.waitpid(pid, 0)
+  assert os.WEXITSTATUS(status) == 0
+
+def test_python_workers_when_native_threads_are_off():
+  code = ("import numpy as np; from lower import jit; from test_pool import _matmul; from lower.runtime import Storage, run_call\n"
+          "S = Storage(); res, want = _matmul(S); run_call(res.call, S)\n"
+          "assert jit.pool() is None and jit._WORKERS, 'expected the Python workers'\n"
+          "np.testing.assert_allclose(S[res.call.src[1]].reshape(want.shape), want, rtol=1e-3, atol=1e-3); print('ok')")
+  env = {**os.environ, "CALLSAT_NATIVE_THREADS": "0", "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.getcwd()])}
+  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+@needs_pool
+def test_bounds_error_from_a_workers_chunk():
+  n = 64
+  i = Var("i0", n)
+  f = dtypes.float32
+  bad = Expr('load', f, (), (1, Idx.var(i) + (n - 4), ()))   # reads past the end in the last chunk (the worker's)
+  k = Kernel("pool_bad", (Param("p0", f, n, 4, True, False, True), Param("p1", f, n, 4, True, True)), (i,), Store(0, Idx.var(i), bad),
+             checked=True)
+  (c,) = jit.compile_kernels([(k, "pool_bad")])
+  out, src = np.zeros(n, np.float32), np.ones(n, np.float32)
+  with pytest.raises(jit.BoundsError, match="pool_bad.*p1"): jit.launch(c, [out.ctypes.data, src.ctypes.data], work=1 << 30, threads=2)
+
+def test_plan_reused_and_dropped_with_its_arrays():
+  S = Storage()
+  x = RNG.standard_normal(1000).astype(np.float32)
+  b = new_buffer(1000, dtypes.float32, "CPU"); S.set_data(b, x)
+  res = callify(Node(Ops.ADD, None, (b, const(1.0, dtypes.float32, "CPU").reshape((1,)).expand((1000,)))))
+  run_call(res.call, S)
+  assert res.call in CACHE.plans
+  out = res.call.src[1]
+  S[out][:] = 0; run_call(res.call, S)                         # the prepared plan, same arrays
+  np.testing.assert_allclose(S[out], x + 1, rtol=1e-6)
+  # new storage, new arrays: the plan's arrays are gone (their memory may be reused); the full path must run
+  y = RNG.standard_normal(1000).astype(np.float32)
+  del S; gc.collect()
+  S2 = Storage(); S2.set_data(b, y)
+  run_call(res.call, S2)
+  np.testing.assert_allclose(S2[out], y + 1, rtol=1e-6)
+  S2.set_data(b, x)   # replaced input array: not the plan's
+  run_call(res.call, S2)
+  np.testing.assert_allclose(S2[out], x + 1, rtol=1e-6)
+
+def test_plan_not_taken_on_a_storage_without_its_buffers():
+  # a CALL with no inputs: its only array (the output) dies with the first storage; a new storage holds nothing, which
+  # must not pass for "the same arrays" (the plan would write into freed memory and leave the output unallocated)
+  res = callify(Node(Ops.MUL, None, (const(2.0, dtypes.float32, "CPU").reshape((1,)).expand((5000,)),
+                                      const(3.0, dtypes.float32, "CPU").reshape((1,)).expand((5000,)))).contiguous())
+  S = Storage()
+  run_call(res.call, S)
+  np.testing.assert_array_equal(S[res.call.src[1]], np.full(5000, 6, np.float32))
+  del S; gc.collect()
+  S2 = Storage()
+  run_call(res.call, S2)
+  np.testing.assert_array_equal(S2[res.call.src[1]], np.full(5000, 6, np.float32))
