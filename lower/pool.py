@@ -32,10 +32,9 @@ entry:
   %sp = getelementptr i8, ptr %w, i64 24
   %ep = getelementptr i8, ptr %w, i64 32
   %dp = getelementptr i8, ptr %w, i64 64
-  %last0 = load atomic i32, ptr %w acquire, align 4
   br label %idle
-idle:
-  %last = phi i32 [%last0, %entry], [%last, %sleep], [%seq, %run]
+idle:                                        ; last: the jobs run so far (seq starts at 0; a worker may start after the first post)
+  %last = phi i32 [0, %entry], [%last, %sleep], [%seq, %run]
   %t0 = call i64 @llvm.readcyclecounter()
   br label %spin
 spin:

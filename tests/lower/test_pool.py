@@ -1,7 +1,7 @@
 """The native kernel threads (lower/pool.py) and the prepared per-CALL plans of run_native: values against numpy on split
 launches (1-4 chunks), concurrent callers, a forked child, the Python-worker fallback, bounds errors from a worker's
 chunk, and plans that must not outlive the arrays they point into. No timings."""
-import gc, os, subprocess, sys, threading
+import gc, os, subprocess, sys, threading, time
 import numpy as np
 import pytest
 from egraph import callify
@@ -82,8 +82,14 @@ def test_forked_child_makes_its_own_threads():
       run_call(res.call, S)
       ok = jit.pool() is not old and np.allclose(out.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
     finally: os._exit(0 if ok else 3)
-  _, status = os.waitpid(pid, 0)
-  assert os.WEXITSTATUS(status) == 0
+  for _ in range(1200):   # a lost job would hang the child: give it 120 s, then kill it and fail
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done: break
+    time.sleep(0.1)
+  else:
+    os.kill(pid, 9); os.waitpid(pid, 0)
+    pytest.fail("the forked child hung in a split launch")
+  assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 def test_python_workers_when_native_threads_are_off():
   code = ("import numpy as np; from lower import jit; from test_pool import _matmul; from lower.runtime import Storage, run_call\n"
