@@ -156,7 +156,13 @@ def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None) -> list[Compil
 # ---------------------------------------------------------------------------------------------------------------------
 # running
 
-THREADS = max(1, min(2, os.cpu_count() or 1))
+def _threads() -> int:
+  """CALLSAT_THREADS, else every CPU this process may use."""
+  try: n = int(os.environ.get("CALLSAT_THREADS") or 0)
+  except ValueError: raise CallsatError(f"CALLSAT_THREADS={os.environ['CALLSAT_THREADS']!r} is not an integer") from None
+  return max(1, n or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+THREADS = _threads()
 PARALLEL_WORK = 1 << 21          # estimated element-ops above which a kernel is split across THREADS
 PIN = os.environ.get("CALLSAT_PIN", "1") not in ("", "0")
 _WORKERS: list = []

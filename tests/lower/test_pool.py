@@ -1,7 +1,7 @@
 """The native kernel threads (lower/pool.py) and the prepared per-CALL plans of run_native: values against numpy on split
 launches (1-4 chunks), concurrent callers, a forked child, the Python-worker fallback, bounds errors from a worker's
 chunk, and plans that must not outlive the arrays they point into. No timings."""
-import gc, os, subprocess, sys, threading, time
+import ctypes, gc, os, subprocess, sys, threading, time
 import numpy as np
 import pytest
 from egraph import callify
@@ -144,3 +144,23 @@ def test_plan_not_taken_on_a_storage_without_its_buffers():
   S2 = Storage()
   run_call(res.call, S2)
   np.testing.assert_array_equal(S2[res.call.src[1]], np.full(5000, 6, np.float32))
+
+@needs_pool
+def test_chunks_no_worker_takes_run_on_the_caller():
+  # a pool whose workers all sit on one CPU: the caller (on that CPU or not) runs every chunk it could not hand out
+  me = jit._sched_getcpu()
+  p = pool.Pool([me, me])
+  n = 10_000
+  (c,) = jit.compile_kernels([(_scale_kernel(n), "pool_tail")])
+  a = np.arange(n, dtype=np.float32)
+  for nt in (2, 3, 5):
+    out = np.full(n, np.nan, np.float32)
+    run = jit.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=nt)
+    assert p.run(c.thunk, ctypes.addressof(run.argv), run.cuts(nt))
+    np.testing.assert_array_equal(out, a * 3)
+
+def test_threads_setting(monkeypatch):
+  monkeypatch.setenv("CALLSAT_THREADS", "3"); assert jit._threads() == 3
+  monkeypatch.setenv("CALLSAT_THREADS", "many")
+  with pytest.raises(Exception, match="CALLSAT_THREADS"): jit._threads()
+  monkeypatch.delenv("CALLSAT_THREADS"); assert jit._threads() == len(os.sched_getaffinity(0))
