@@ -212,6 +212,12 @@ class Pool:
 
 _POOL: Pool | None = None
 _POOL_FAILED = False
+_MAKING = threading.Lock()
+
+def _after_fork_in_child():
+  global _MAKING
+  _MAKING = threading.Lock()   # a fork while another thread held it would leave the child's copy locked for good
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def pool() -> Pool | None:
   """The process's pool, made on first use (and made again in a forked child, which inherits no threads); None where
@@ -219,6 +225,8 @@ def pool() -> Pool | None:
   global _POOL, _POOL_FAILED
   if _POOL is not None and _POOL.pid == os.getpid(): return _POOL
   if _POOL_FAILED or not available() or os.environ.get("CALLSAT_NATIVE_THREADS", "1") in ("", "0"): return None
-  try: _POOL = Pool(sorted(os.sched_getaffinity(0)))
-  except (OSError, AttributeError): _POOL_FAILED = True; return None
+  with _MAKING:   # two threads' first split launches must not start two sets of workers
+    if _POOL is None or _POOL.pid != os.getpid():
+      try: _POOL = Pool(sorted(os.sched_getaffinity(0)))
+      except (OSError, AttributeError): _POOL_FAILED = True; return None
   return _POOL
