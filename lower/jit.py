@@ -212,10 +212,10 @@ class Launch:
 
   def cuts(self, nt: int) -> list[int] | None:
     """Chunk bounds for nt threads (multiples of the tile's row step), or None when the kernel runs on one thread."""
-    if (cs := self._cuts.get(nt, 0)) == 0:
+    if nt <= 1 or self.work < PARALLEL_WORK or self.n0 < 2 * self.step: return None
+    if (cs := self._cuts.get(nt)) is None:
       n0, step = self.n0, self.step
-      cs = self._cuts[nt] = ([0] + [((n0 * t // nt) // step) * step for t in range(1, nt)] + [n0]
-                             if nt > 1 and self.work >= PARALLEL_WORK and n0 >= 2 * step else None)
+      cs = self._cuts[nt] = [0] + [((n0 * t // nt) // step) * step for t in range(1, nt)] + [n0]
     return cs
 
   def __call__(self) -> None:

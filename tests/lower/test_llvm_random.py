@@ -131,3 +131,14 @@ def _graphgen():
 @given(_graphgen())
 def test_graphgen_graphs_match_reference(g):
   compare(list(g.roots), g.storage)
+
+@settings(SET, max_examples=80)
+@given(programs(), st.sampled_from([2, 3]))
+def test_random_programs_split_across_threads(p, nt):
+  # every kernel split into nt chunks whatever its size (chunk edges inside vectors, streams and tiles), on the native
+  # threads where the pool has room and on the Python workers otherwise
+  from lower import jit
+  old = jit.PARALLEL_WORK, jit.THREADS
+  jit.PARALLEL_WORK, jit.THREADS = 0, nt
+  try: compare(*p)
+  finally: jit.PARALLEL_WORK, jit.THREADS = old
