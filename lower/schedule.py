@@ -18,7 +18,8 @@
 * A REDUCE is computed in place, as an accumulator loop nest, unless a broadcasting EXPAND lies between it and the
   store (then every output element would recompute it): such a REDUCE is split into its own kernel writing a
   contiguous temporary, which the consumer reads through the same index arithmetic. softmax is therefore 3 kernels
-  (max, sum of exp, the division), a row sum or a matmul is one.
+  (max, sum of exp, the division), a row sum or a matmul is one. A big REDUCE below another REDUCE (_nested_reduces)
+  is realized too, so softmax(a @ b) runs the matmul once, tiled, and the softmax's kernels read it.
 * Bounded fusion: a pass over the value graph estimates the per-element expression size; when a node exceeds FUSE_CAP,
   its largest inputs are realized into temporaries (their own kernels). Compile time is ~quadratic in function size,
   so a 100k-op chain becomes ~100k/FUSE_CAP kernels of bounded size.
@@ -43,6 +44,7 @@ from egraph.ir import Node, Ops, GroupOp, toposort, is_shard, shard_axes
 from lower.kernel import Idx, Var, Bound, Expr, Param, Store, Kernel, const, flat_index, unflatten
 
 FUSE_CAP = 400           # max estimated expression nodes per kernel
+NESTED_REDUCE_WORK = 1 << 15   # a REDUCE inside another's body with at least this many inputs gets its own kernel
 STREAM_MIN_BYTES = 8 << 20   # outputs at least this large (4x a core's L2) get non-temporal stores (Kernel.stream)
 UNSUPPORTED = {Ops.FUNCTION: "FUNCTION", Ops.TUPLE: "TUPLE", Ops.GETTUPLE: "GETTUPLE", Ops.BIND: "BIND"}
 IDENTITY = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
@@ -180,6 +182,18 @@ def _realize_set(root: Node, cap: int) -> set:
       size[k.id] = size[b.id] = 1
     size[n.id] = s
   return realize
+
+def _nested_reduces(root: Node) -> set:
+  """Big REDUCEs (NESTED_REDUCE_WORK inputs or more) below another REDUCE: realized, so that they run once, on their
+  own (parallel, maybe tiled) domain. Fused, softmax(a @ b) computed the matmul inside the max, the sum and the final
+  division (3 times, untiled, ~100x slower each) and (a @ b).sum() ran the matmul on the sum's 1-element domain."""
+  order = toposort([root], enter_calls=False)
+  under: set = set()
+  for n in reversed(order):                 # consumers first
+    if n.op in (Ops.STORE, Ops.CALL): continue
+    if n.op is Ops.REDUCE or n.id in under: under.update(s.id for s in n.src)
+  return {n.id for n in order if n.op is Ops.REDUCE and n.id in under and n.src[0].shape is not None
+          and math.prod(n.src[0].shape) >= NESTED_REDUCE_WORK}
 
 def _realize_order(root: Node, realize: set) -> list:
   """(node, reached-through-AFTER) for every realized node, children first."""
@@ -455,7 +469,7 @@ def _store_group(eff: Node, bind: dict, ctx: _Ctx) -> _GroupPlan:
   tgt, val = eff.src
   outs = _targets(tgt, bind)
   g = _Group(ctx, bind)
-  g.realize = _realize_set(val, FUSE_CAP)
+  g.realize = _realize_set(val, FUSE_CAP) | _nested_reduces(val)
   for n, after in _realize_order(val, g.realize): g.temp_of(n, after)   # children first: bounded recursion
   for m, index, shape, kdev, lidx in outs: g.kernel(shape, m, index, val, False, kdev=kdev, lidx=lidx, final=True)
   specs = g.specs + _apart(g.finals, ctx)

@@ -122,6 +122,26 @@ def test_matmul_is_tiled_and_right():
   p = sched.schedule(res.call.src[0], _bind(res.call))
   assert any(s.kernel.tile == ("matmul", 8, 32) for s in p.steps if s.kernel)
 
+def test_big_reduce_inside_another_gets_its_own_kernel():
+  # softmax(a @ b): the matmul is one tiled kernel read by max, sum and the division (fused, each recomputed it untiled);
+  # (a @ b).sum(): the matmul runs on its own 2-D domain, not inside the sum's 1-element one
+  M = 64
+  an, bn = RNG.standard_normal((M, M)).astype(np.float32), RNG.standard_normal((M, M)).astype(np.float32)
+  a, b = Tensor(an).realize(), Tensor(bn).realize()
+  for t, want, n_kernels in [((a @ b).softmax(), None, 4), ((a @ b).sum(), (an @ bn).sum(), 2)]:
+    res = callify(t.node)
+    ks = [s.kernel for s in sched.schedule(res.call.src[0], _bind(res.call)).steps if s.kernel]
+    assert sum(k.tile == ("matmul", 8, 32) for k in ks) == 1 and len(ks) == n_kernels, [k.name for k in ks]
+    if want is None:
+      m = an @ bn; e = np.exp(m - m.max(1, keepdims=True)); want = e / e.sum(1, keepdims=True)
+    np.testing.assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-5)
+  # below NESTED_REDUCE_WORK inputs a nested reduce stays fused (one kernel)
+  x = Tensor(RNG.standard_normal((8, 8, 8)).astype(np.float32)).realize()
+  y = x.sum(axis=2).max(axis=1)
+  res = callify(y.node)
+  assert len([s for s in sched.schedule(res.call.src[0], _bind(res.call)).steps if s.kernel]) == 1
+  np.testing.assert_allclose(y.numpy(), x.numpy().sum(2).max(1), rtol=1e-5)
+
 def test_in_place_reads_of_the_target():
   S = Storage()
   a = buf(S, np.arange(16), dtypes.float32)
