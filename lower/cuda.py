@@ -413,12 +413,13 @@ def render_kernel(k: Kernel, name: str, reduce: str = "auto", max_grid: int = MA
   return CudaKernel(name, k, mode, grid, (threads, 1, 1), types, f.barriers, src)
 
 def _render_matmul(k: Kernel, name: str, max_grid: int) -> CudaKernel:
-  """C[ci*i + j + cc] = sum_k A[ai*i + ak*k + ac] * B[bk*k + j + bc] (the strides the IR carries in Kernel.matmul)."""
+  """C[ci*i + j + cc] = sum_k A[ai*i + ak*k + ac] * B[bk*k + bj*j + bc] (the strides the IR carries in Kernel.matmul)."""
   pa, A, pb, B, iv, jv, kv = k.matmul
   C = k.store.idx
   M, N, K = iv.size, jv.size, kv.size
-  ai, ak, bk, ci = A.coef(iv), A.coef(kv), B.coef(kv), C.coef(iv)
+  ai, ak, bk, bj, ci = A.coef(iv), A.coef(kv), B.coef(kv), B.coef(jv), C.coef(iv)
   ac, bc, cc = A.c, B.c, C.c
+  gjb = "gj" if bj == 1 else f"gj * {bj}LL"   # B's column stride (a transposed B: q @ k.T)
   P = lambda i: k.params[i].name
   TM, TN, TK, U = TILE_M, TILE_N, TILE_K, MICRO
   TX, TY = TN // U, TM // U
@@ -443,7 +444,7 @@ def _render_matmul(k: Kernel, name: str, max_grid: int) -> CudaKernel:
        f"      for (int l = t; l < {TK * TN}; l += {threads}) {{",
        f"        const int r = l / {TN}, c = l % {TN};",
        f"        const long long gk = k0 + r, gj = j0 + c;",
-       f"        Bs[r][c] = (gk < {K}LL && gj < {N}LL) ? {P(pb)}[gk * {bk}LL + gj + {bc}LL] : 0.0f;",
+       f"        Bs[r][c] = (gk < {K}LL && gj < {N}LL) ? {P(pb)}[gk * {bk}LL + {gjb} + {bc}LL] : 0.0f;",
        f"      }}",
        f"      __syncthreads();  // sync:tile-loaded",
        f"      for (int kk = 0; kk < {TK}; ++kk) {{",

@@ -54,6 +54,45 @@ done:
   ret void
 }
 
+; pack np 32-column panels of B read with any column stride (src: element (k, j) at src + k*bk + j*bj) into dst as
+; callsat_mm_pack_b does: a transposed B (bk = 1) is read along k, contiguously
+define void @callsat_mm_pack_b_strided(ptr noalias nocapture readonly %src, ptr noalias nocapture writeonly align 64 %dst, i64 %kc, i64 %np, i64 %bk, i64 %bj, i64 %pstride) nounwind {
+entry:
+  %ncols = mul i64 %np, 32
+  br label %c.cond
+c.cond:
+  %c = phi i64 [0, %entry], [%c.next, %k.exit]
+  %c.ok = icmp slt i64 %c, %ncols
+  br i1 %c.ok, label %c.body, label %done
+c.body:
+  %p = sdiv i64 %c, 32
+  %cc = srem i64 %c, 32
+  %pd = mul i64 %p, %pstride
+  %d0 = add i64 %pd, %cc
+  %s0 = mul i64 %c, %bj
+  br label %k.cond
+k.cond:
+  %k = phi i64 [0, %c.body], [%k.next, %k.body]
+  %k.ok = icmp slt i64 %k, %kc
+  br i1 %k.ok, label %k.body, label %k.exit
+k.body:
+  %sk = mul i64 %k, %bk
+  %s = add i64 %sk, %s0
+  %sp = getelementptr inbounds float, ptr %src, i64 %s
+  %v = load float, ptr %sp, align 4
+  %dk = mul i64 %k, 32
+  %d = add i64 %dk, %d0
+  %dp = getelementptr inbounds float, ptr %dst, i64 %d
+  store float %v, ptr %dp, align 4
+  %k.next = add nuw nsw i64 %k, 1
+  br label %k.cond, !llvm.loop !13
+k.exit:
+  %c.next = add i64 %c, 1
+  br label %c.cond, !llvm.loop !15
+done:
+  ret void
+}
+
 ; pack 8 rows of A (row r at src + r*ai, column k at + k*ak) k-major into dst: dst[8k + r]
 define void @callsat_mm_pack_a(ptr noalias nocapture readonly %src, ptr noalias nocapture writeonly align 64 %dst, i64 %kc, i64 %ai, i64 %ak) nounwind {
 entry:
@@ -106,7 +145,7 @@ done:
 
 ; the ragged edges, scalar: C[i*ci + j] = sum_k A[i*ai + k*ak] * B[k*bk + j] for rows [start, end) x columns
 ; [j0(i), n), where j0 = jfull for rows below iend (the full tiles covered the columns before it) and 0 after
-define void @callsat_mm_edge(ptr nocapture readonly %a, ptr nocapture readonly %b, ptr nocapture %c, i64 %ai, i64 %ak, i64 %bk, i64 %ci, i64 %kk, i64 %n, i64 %start, i64 %iend, i64 %end, i64 %jfull) nounwind {
+define void @callsat_mm_edge(ptr nocapture readonly %a, ptr nocapture readonly %b, ptr nocapture %c, i64 %ai, i64 %ak, i64 %bk, i64 %bj, i64 %ci, i64 %kk, i64 %n, i64 %start, i64 %iend, i64 %end, i64 %jfull) nounwind {
 entry:
   br label %i.cond
 i.cond:
@@ -134,7 +173,8 @@ k.body:
   %ap = getelementptr inbounds float, ptr %a, i64 %ao
   %av = load float, ptr %ap, align 4
   %kb = mul i64 %k, %bk
-  %bo = add i64 %kb, %j
+  %jb = mul i64 %j, %bj
+  %bo = add i64 %kb, %jb
   %bp = getelementptr inbounds float, ptr %b, i64 %bo
   %bv = load float, ptr %bp, align 4
   %acc.next = call float @llvm.fma.f32(float %av, float %bv, float %acc)
@@ -163,10 +203,13 @@ done:
 !7 = distinct !{!7, !0, !10}
 !9 = distinct !{!9, !0, !10}
 !11 = distinct !{!11, !0, !10}
+!13 = distinct !{!13, !0, !10}
+!15 = distinct !{!15, !0, !10}
 """
 MM_HELPER_DECLS = {
   "declare void @callsat_mm_pack_b(ptr, ptr, i64, i64, i64, i64)", "declare void @callsat_mm_pack_a(ptr, ptr, i64, i64, i64)",
-  "declare void @callsat_mm_edge(ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)"}
+  "declare void @callsat_mm_edge(ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)",
+  "declare void @callsat_mm_pack_b_strided(ptr, ptr, i64, i64, i64, i64, i64)"}
 _MM_HELPERS = None
 
 def mm_helpers():
@@ -178,16 +221,17 @@ def mm_helpers():
     llvm = _llvm()[0]
     t0 = time.perf_counter()
     engine, _ = compile_module(MM_HELPERS_IR, CACHE._disk, level=2)
-    for name in ("callsat_mm_pack_b", "callsat_mm_pack_a", "callsat_mm_edge"):
+    for name in ("callsat_mm_pack_b", "callsat_mm_pack_b_strided", "callsat_mm_pack_a", "callsat_mm_edge"):
       llvm.add_symbol(name, engine.get_function_address(name))
     _MM_HELPERS = (engine, (time.perf_counter() - t0) * 1e3)
   return _MM_HELPERS
 
 def render_matmul(k: Kernel, fname: str) -> str:
-  """C[i, j] = sum_k A[ai*i + ak*k + ac] * B[bk*k + j + bc], stored at C[ci*i + j + cc], GotoBLAS-style:
+  """C[i, j] = sum_k A[ai*i + ak*k + ac] * B[bk*k + bj*j + bc], stored at C[ci*i + j + cc], GotoBLAS-style:
 
     for jb (MM_PB panels of 32 columns), for kb (MM_KC rows of k):
-      pack B[kb:kb+kc, panels] into Bp (stack, 64-byte aligned, one contiguous kc x 32 micro-panel per panel)
+      pack B[kb:kb+kc, panels] into Bp (stack, 64-byte aligned, one contiguous kc x 32 micro-panel per panel; vector
+                                        copies when bj == 1, else a gather: a transposed B as in q @ k.T)
       for it in [start, iend) step MR: pack A[it:it+MR, kb:kb+kc] into Ap (k-major: MR floats per k, any A strides),
                                        unless A is contiguous along k (then the micro-kernel reads A's rows directly)
         for each panel: MR x 2 <16 x float> accumulators (zero on the first k block, else loaded from C), k innermost
@@ -201,7 +245,7 @@ def render_matmul(k: Kernel, fname: str) -> str:
   C = k.store.idx
   N, K = jv.size, kv.size
   NV = NR // 16
-  ai, ak, bk, ci = A.coef(iv), A.coef(kv), B.coef(kv), C.coef(iv)
+  ai, ak, bk, bj, ci = A.coef(iv), A.coef(kv), B.coef(kv), B.coef(jv), C.coef(iv)
   ac, bc, cc = A.c, B.c, C.c
   # A's rows contiguous along k: broadcast straight from its MR rows (MR sequential streams, L1-resident across the
   # panels of a block) instead of packing them; the packing is a transposing gather, ~6% of a 512^3 kernel
@@ -244,9 +288,11 @@ def render_matmul(k: Kernel, fname: str) -> str:
   E(f"  %kc = select i1 %kb.small, i64 %kb.rest, i64 {KC}")
   E("  %first = icmp eq i64 %kb, 0")
   E(f"  %bs.r = mul i64 %kb, {bk}")
-  E("  %bs.o = add i64 %bs.r, %jb.col")
+  E(f"  %bs.c = mul i64 %jb.col, {bj}")
+  E("  %bs.o = add i64 %bs.r, %bs.c")
   E("  %bs = getelementptr inbounds float, ptr %B0, i64 %bs.o")
-  E(f"  call void @callsat_mm_pack_b(ptr %bs, ptr %Bp, i64 %kc, i64 %np, i64 {bk}, i64 {KC * NR})")
+  if bj == 1: E(f"  call void @callsat_mm_pack_b(ptr %bs, ptr %Bp, i64 %kc, i64 %np, i64 {bk}, i64 {KC * NR})")
+  else: E(f"  call void @callsat_mm_pack_b_strided(ptr %bs, ptr %Bp, i64 %kc, i64 %np, i64 {bk}, i64 {bj}, i64 {KC * NR})")
   E(f"  %as.k = mul i64 %kb, {ak}")
   E("  br label %it.cond")
   E("it.cond:")
@@ -323,7 +369,7 @@ def render_matmul(k: Kernel, fname: str) -> str:
   E("  br label %jb.cond" + _noloop(D))
   E("edge:")
   E(f"  %C0 = getelementptr inbounds float, ptr {P(pc)}, i64 {cc}")
-  E(f"  call void @callsat_mm_edge(ptr %A0, ptr %B0, ptr %C0, i64 {ai}, i64 {ak}, i64 {bk}, i64 {ci}, i64 {K}, i64 {N}, "
+  E(f"  call void @callsat_mm_edge(ptr %A0, ptr %B0, ptr %C0, i64 {ai}, i64 {ak}, i64 {bk}, i64 {bj}, i64 {ci}, i64 {K}, i64 {N}, "
     f"i64 %start, i64 %iend, i64 %end, i64 {NT * NR})")
   E("  ret void")
   E("}")

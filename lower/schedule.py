@@ -184,16 +184,25 @@ def _realize_set(root: Node, cap: int) -> set:
   return realize
 
 def _nested_reduces(root: Node) -> set:
-  """Big REDUCEs (NESTED_REDUCE_WORK inputs or more) below another REDUCE: realized, so that they run once, on their
-  own (parallel, maybe tiled) domain. Fused, softmax(a @ b) computed the matmul inside the max, the sum and the final
-  division (3 times, untiled, ~100x slower each) and (a @ b).sum() ran the matmul on the sum's 1-element domain."""
+  """What a reduce's body would recompute, realized so that it runs once on its own (parallel, maybe tiled) domain:
+  a big REDUCE (NESTED_REDUCE_WORK inputs or more) below another REDUCE, and a computed value broadcast (EXPAND to
+  NESTED_REDUCE_WORK elements or more) inside a reduce's body. Fused, softmax(a @ b) computed the matmul inside the
+  max, the sum and the division (3 times, untiled, ~100x slower each), (a @ b).sum() ran the matmul on the sum's
+  1-element domain, and layernorm(x) @ w recomputed the layernorm for every output column (and was not tiled)."""
   order = toposort([root], enter_calls=False)
   under: set = set()
   for n in reversed(order):                 # consumers first
     if n.op in (Ops.STORE, Ops.CALL): continue
     if n.op is Ops.REDUCE or n.id in under: under.update(s.id for s in n.src)
-  return {n.id for n in order if n.op is Ops.REDUCE and n.id in under and n.src[0].shape is not None
-          and math.prod(n.src[0].shape) >= NESTED_REDUCE_WORK}
+  out = set()
+  for n in order:
+    if n.id not in under or n.shape is None: continue
+    if n.op is Ops.REDUCE and math.prod(n.src[0].shape) >= NESTED_REDUCE_WORK: out.add(n.id)
+    elif n.op is Ops.EXPAND and math.prod(n.shape) >= NESTED_REDUCE_WORK:
+      c = n.src[0]
+      while c.op in GroupOp.Movement or c.op in IDENTITY: c = c.src[0]
+      if (c.op in GroupOp.ALU or c.op is Ops.REDUCE) and math.prod(c.shape) > 1: out.add(c.id)
+  return out
 
 def _realize_order(root: Node, realize: set) -> list:
   """(node, reached-through-AFTER) for every realized node, children first."""
@@ -620,7 +629,8 @@ def _reduce_size(e: Expr) -> int:
   return best
 
 def _detect_matmul(k: Kernel) -> Kernel:
-  """C[i, j] = sum_k A[i, k] * B[k, j] in float32 with unit stride along j in B and C: mark it for register tiling."""
+  """C[i, j] = sum_k A[i, k] * B[k, j] in float32 with unit stride along j in C: mark it for register tiling (B with
+  another column stride, e.g. transposed as in q @ k.T, is packed by a gathering helper)."""
   live = [v for v in k.domain if v.size > 1]
   e = k.store.value
   if len(live) != 2 or e.op != 'reduce' or e.arg[0] is not Ops.ADD or len(e.arg[1]) != 1 or e.dtype != dtypes.float32: return k
@@ -633,7 +643,7 @@ def _detect_matmul(k: Kernel) -> Kernel:
   if aff(a.arg[1], j) != 0: a, b = b, a
   A, B, C = a.arg[1], b.arg[1], k.store.idx
   if any(x is None for x in (aff(A, i), aff(A, kv), aff(B, kv), aff(B, j), aff(C, i), aff(C, j))): return k
-  if A.coef(j) != 0 or B.coef(i) != 0 or B.coef(j) != 1 or C.coef(j) != 1 or C.coef(kv) != 0: return k
+  if A.coef(j) != 0 or B.coef(i) != 0 or B.coef(j) == 0 or C.coef(j) != 1 or C.coef(kv) != 0: return k
   if any(not (isinstance(t, Var)) for x in (A, B, C) for t, _ in x.terms): return k
   if j.size < 32 or i.size < 8 or kv.size < 4 or k.domain[0] is not i: return k
   return Kernel(k.name.replace("r_", "mm_", 1), k.params, k.domain, k.store, ("matmul", 8, 32),

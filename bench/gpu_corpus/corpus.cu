@@ -76,42 +76,18 @@ extern "C" __global__ void __launch_bounds__(64) r_32_128_eb0b7458da(float* __re
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) r_32_1_bf6ff44def(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2, const float* __restrict__ p3) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 32LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    float acc2 = cs_f32(4286578688u);
-    for (long long r2_3 = 0; r2_3 < 10LL; ++r2_3) {
-      const long long x4 = r2_3;
-      const float v5 = p1[x4];
-      float acc6 = 0x0.0p+0f;
-      for (long long r3_7 = 0; r3_7 < 128LL; ++r3_7) {
-        const long long x8 = r2_3 + r3_7 * 10LL;
-        const float v9 = p2[x8];
-        const long long x10 = i0_1 * 128LL + r3_7;
-        const float v11 = p3[x10];
-        const float v12 = (v11 * v9);
-        acc6 = (acc6 + v12);
-      }
-      const float v13 = (acc6 + v5);
-      acc2 = cs_fmax(acc2, v13);
-    }
-    const long long x14 = i0_1;
-    p0[x14] = acc2;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128) r_32_10_b2b3dd3097(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2, const float* __restrict__ p3, const float* __restrict__ p4) {
+extern "C" __global__ void __launch_bounds__(128) r_32_10_1_dba2a7c0b3(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   __shared__ float red4[32];
   for (long long o = blockIdx.x; o < 320LL; o += gridDim.x) {
     const long long i0_1 = o / 10LL;
     const long long i1_2 = (o) % 10LL;
     float acc3 = 0x0.0p+0f;
     for (long long r5 = threadIdx.x; r5 < 128LL; r5 += blockDim.x) {
-      const long long r2_6 = r5;
-      const long long x7 = i1_2 + r2_6 * 10LL;
-      const float v8 = p3[x7];
-      const long long x9 = i0_1 * 128LL + r2_6;
-      const float v10 = p4[x9];
+      const long long r3_6 = r5;
+      const long long x7 = i1_2 + r3_6 * 10LL;
+      const float v8 = p1[x7];
+      const long long x9 = i0_1 * 128LL + r3_6;
+      const float v10 = p2[x9];
       const float v11 = (v10 * v8);
       acc3 = (acc3 + v11);
     }
@@ -132,16 +108,43 @@ extern "C" __global__ void __launch_bounds__(128) r_32_10_b2b3dd3097(float* __re
     __syncthreads();  // sync:total-written
     const float red12 = (float)red4[0];
     __syncthreads();  // sync:total-read
-    const long long x13 = i0_1;
-    const float v14 = p1[x13];
-    const long long x15 = i1_2;
-    const float v16 = p2[x15];
-    const float v17 = (red12 + v16);
-    const float v18 = (v17 - v14);
-    const float v19 = (v18 * 0x1.7154760000000p+0f);
-    const float v20 = exp2f(v19);
-    const long long x21 = i0_1 * 10LL + i1_2;
-    if (threadIdx.x == 0) p0[x21] = v20;
+    const long long x13 = i0_1 * 10LL + i1_2;
+    if (threadIdx.x == 0) p0[x13] = red12;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) r_32_1_ebfa0a7c27(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 32LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    float acc2 = cs_f32(4286578688u);
+    for (long long r2_3 = 0; r2_3 < 10LL; ++r2_3) {
+      const long long x4 = r2_3;
+      const float v5 = p1[x4];
+      const long long x6 = i0_1 * 10LL + r2_3;
+      const float v7 = p2[x6];
+      const float v8 = (v7 + v5);
+      acc2 = cs_fmax(acc2, v8);
+    }
+    const long long x9 = i0_1;
+    p0[x9] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) e_32_10_80e2f4cf06(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2, const float* __restrict__ p3) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 320LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o / 10LL;
+    const long long i1_2 = (o) % 10LL;
+    const long long x3 = i0_1;
+    const float v4 = p1[x3];
+    const long long x5 = i1_2;
+    const float v6 = p2[x5];
+    const long long x7 = i0_1 * 10LL + i1_2;
+    const float v8 = p3[x7];
+    const float v9 = (v8 + v6);
+    const float v10 = (v9 - v4);
+    const float v11 = (v10 * 0x1.7154760000000p+0f);
+    const float v12 = exp2f(v11);
+    p0[x7] = v12;
   }
 }
 
@@ -291,6 +294,42 @@ extern "C" __global__ void __launch_bounds__(256) mm_33_64_d26d4e220c(float* __r
     for (int m = 0; m < 4; ++m) for (int n = 0; n < 4; ++n) {
       const long long gi = i0 + ty + 16 * m, gj = j0 + tx + 16 * n;
       if (gi < 33LL && gj < 64LL) p0[gi * 64LL + gj + 0LL] = acc[m][n];
+    }
+  }}
+}
+
+extern "C" __global__ void __launch_bounds__(256) mm_45_70_a2ebe190d0(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+  __shared__ float As[16][64];
+  __shared__ float Bs[16][64];
+  const int tx = threadIdx.x, ty = threadIdx.y, t = ty * 16 + tx;
+  for (long long mt = blockIdx.y; mt < 1LL; mt += gridDim.y) {
+  for (long long nt = blockIdx.x; nt < 2LL; nt += gridDim.x) {
+    const long long i0 = mt * 64LL, j0 = nt * 64LL;
+    float acc[4][4];
+    for (int m = 0; m < 4; ++m) for (int n = 0; n < 4; ++n) acc[m][n] = 0.0f;
+    for (long long k0 = 0; k0 < 33LL; k0 += 16) {
+      for (int l = t; l < 1024; l += 256) {
+        const int r = l / 16, c = l % 16;
+        const long long gi = i0 + r, gk = k0 + c;
+        As[c][r] = (gi < 45LL && gk < 33LL) ? p2[gi * 33LL + gk * 1LL + 0LL] : 0.0f;
+      }
+      for (int l = t; l < 1024; l += 256) {
+        const int r = l / 64, c = l % 64;
+        const long long gk = k0 + r, gj = j0 + c;
+        Bs[r][c] = (gk < 33LL && gj < 70LL) ? p1[gk * 1LL + gj * 33LL + 0LL] : 0.0f;
+      }
+      __syncthreads();  // sync:tile-loaded
+      for (int kk = 0; kk < 16; ++kk) {
+        float a[4], b[4];
+        for (int m = 0; m < 4; ++m) a[m] = As[kk][ty + 16 * m];
+        for (int n = 0; n < 4; ++n) b[n] = Bs[kk][tx + 16 * n];
+        for (int m = 0; m < 4; ++m) for (int n = 0; n < 4; ++n) acc[m][n] += a[m] * b[n];
+      }
+      __syncthreads();  // sync:tile-consumed
+    }
+    for (int m = 0; m < 4; ++m) for (int n = 0; n < 4; ++n) {
+      const long long gi = i0 + ty + 16 * m, gj = j0 + tx + 16 * n;
+      if (gi < 45LL && gj < 70LL) p0[gi * 70LL + gj + 0LL] = acc[m][n];
     }
   }}
 }

@@ -78,6 +78,13 @@ def test_packed_matmul_ragged(M, K, N):
   # A read transposed (a strided k axis): packing takes any strides
   at = Tensor(np.ascontiguousarray(a_np.T))
   np.testing.assert_allclose((at.permute((1, 0)) @ b).numpy(), a_np @ b_np, rtol=2e-4, atol=2e-4)
+  # B read transposed (q @ k.T: a strided column axis), and both: the gathering B packer, the strided edge
+  bt = Tensor(np.ascontiguousarray(b_np.T))
+  np.testing.assert_allclose((a @ bt.permute((1, 0))).numpy(), a_np @ b_np, rtol=2e-4, atol=2e-4)
+  np.testing.assert_allclose((at.permute((1, 0)) @ bt.permute((1, 0))).numpy(), a_np @ b_np, rtol=2e-4, atol=2e-4)
+  res = callify((a @ bt.permute((1, 0))).node)
+  ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+  assert N < 32 or M < 8 or any(k.tile == ("matmul", 8, 32) for k in ks)
 
 def _stream_kernel(n: int, out_dt, in_dts, build) -> Kernel:
   """out[i] = build(loads...) over i < n, marked stream; the last input is also offered as an invariant load s = p[2]."""
