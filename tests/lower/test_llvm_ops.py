@@ -135,6 +135,15 @@ def test_big_reduce_inside_another_gets_its_own_kernel():
     if want is None:
       m = an @ bn; e = np.exp(m - m.max(1, keepdims=True)); want = e / e.sum(1, keepdims=True)
     np.testing.assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-5)
+  # a computed operand (a layernorm) broadcast into the matmul is realized first: the matmul stays tiled, and the
+  # layernorm runs once instead of once per output column
+  c = a - a.mean(axis=1, keepdim=True)
+  h = c / (c * c).mean(axis=1, keepdim=True).add(1e-5).sqrt()
+  res = callify((h @ b).node)
+  ks = [s.kernel for s in sched.schedule(res.call.src[0], _bind(res.call)).steps if s.kernel]
+  assert sum(k.tile == ("matmul", 8, 32) for k in ks) == 1, [k.name for k in ks]
+  cn = an - an.mean(1, keepdims=True)
+  np.testing.assert_allclose((h @ b).numpy(), (cn / np.sqrt((cn * cn).mean(1, keepdims=True) + 1e-5)) @ bn, rtol=1e-4, atol=1e-4)
   # below NESTED_REDUCE_WORK inputs a nested reduce stays fused (one kernel)
   x = Tensor(RNG.standard_normal((8, 8, 8)).astype(np.float32)).realize()
   y = x.sum(axis=2).max(axis=1)
