@@ -188,16 +188,22 @@ def _nested_reduces(root: Node) -> set:
   a big REDUCE (NESTED_REDUCE_WORK inputs or more) below another REDUCE, and a computed value broadcast (EXPAND to
   NESTED_REDUCE_WORK elements or more) inside a reduce's body. Fused, softmax(a @ b) computed the matmul inside the
   max, the sum and the division (3 times, untiled, ~100x slower each), (a @ b).sum() ran the matmul on the sum's
-  1-element domain, and layernorm(x) @ w recomputed the layernorm for every output column (and was not tiled)."""
+  1-element domain, and layernorm(x) @ w recomputed the layernorm for every output column (and was not tiled). A big
+  REDUCE under elementwise ops is realized as well: (a @ b + 1).relu() fused was an untiled matmul (2.2 s at 1024^3)."""
   order = toposort([root], enter_calls=False)
   under: set = set()
   for n in reversed(order):                 # consumers first
     if n.op in (Ops.STORE, Ops.CALL): continue
     if n.op is Ops.REDUCE or n.id in under: under.update(s.id for s in n.src)
+  big = lambda r: r.op is Ops.REDUCE and math.prod(r.src[0].shape) >= NESTED_REDUCE_WORK
   out = set()
   for n in order:
+    if n.op in GroupOp.ALU:   # a big reduce under elementwise ops ((a @ b + 1).relu()): realized, it stays tileable
+      for c in n.src:
+        while c.op in GroupOp.Movement or c.op in IDENTITY: c = c.src[0]
+        if big(c): out.add(c.id)
     if n.id not in under or n.shape is None: continue
-    if n.op is Ops.REDUCE and math.prod(n.src[0].shape) >= NESTED_REDUCE_WORK: out.add(n.id)
+    if big(n): out.add(n.id)
     elif n.op is Ops.EXPAND and math.prod(n.shape) >= NESTED_REDUCE_WORK:
       c = n.src[0]
       while c.op in GroupOp.Movement or c.op in IDENTITY: c = c.src[0]

@@ -144,6 +144,12 @@ def test_big_reduce_inside_another_gets_its_own_kernel():
   assert sum(k.tile == ("matmul", 8, 32) for k in ks) == 1, [k.name for k in ks]
   cn = an - an.mean(1, keepdims=True)
   np.testing.assert_allclose((h @ b).numpy(), (cn / np.sqrt((cn * cn).mean(1, keepdims=True) + 1e-5)) @ bn, rtol=1e-4, atol=1e-4)
+  # a matmul under an elementwise epilogue ((a @ b + 1).relu()) is realized, so it stays tiled
+  t = (a @ b + 1.0).relu()
+  res = callify(t.node)
+  ks = [s.kernel for s in sched.schedule(res.call.src[0], _bind(res.call)).steps if s.kernel]
+  assert sum(k.tile == ("matmul", 8, 32) for k in ks) == 1 and len(ks) == 2, [k.name for k in ks]
+  np.testing.assert_allclose(t.numpy(), np.maximum(an @ bn + 1, 0), rtol=1e-4, atol=1e-4)
   # below NESTED_REDUCE_WORK inputs a nested reduce stays fused (one kernel)
   x = Tensor(RNG.standard_normal((8, 8, 8)).astype(np.float32)).realize()
   y = x.sum(axis=2).max(axis=1)
