@@ -189,14 +189,19 @@ class Expr:
   src: tuple = ()
   arg: Any = None          # const: value; load: (param index, Idx, tuple[Bound]); reduce: (Ops, tuple[Var])
 
-  def count(self) -> int:
-    """Number of distinct Expr nodes (the size a renderer emits)."""
+  def walk(self):
+    """Every node of this Expr DAG once, iteratively (chains can be long)."""
     seen, stack = set(), [self]
     while stack:
       e = stack.pop()
       if id(e) in seen: continue
-      seen.add(id(e)); stack.extend(e.src)
-    return len(seen)
+      seen.add(id(e))
+      yield e
+      stack.extend(e.src)
+
+  def count(self) -> int:
+    """Number of distinct Expr nodes (the size a renderer emits)."""
+    return sum(1 for _ in self.walk())
 
 def const(v, dt: DType) -> Expr:
   if dt == dtypes.bool: v = bool(v)

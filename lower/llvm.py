@@ -269,13 +269,7 @@ class _Fn(_Isel):
     ty = VT[dt.name]
     acc = self.t("acc")
     self.allocas.append(f"{acc} = alloca {ty}")
-    if rop is Ops.ADD: init = _zero(dt)
-    elif rop is Ops.MUL: init = lconst(1, dt)
-    elif dt.is_float(): init = "0xFFF0000000000000" if dt == dtypes.float32 else "0xHFC00"
-    elif dt == dtypes.bool: init = "false"
-    elif dt == dtypes.uint8: init = "0"
-    else: init = str(-(1 << (8 * dt.itemsize - 1)))
-    self.emit(f"store {ty} {init}, ptr {acc}")
+    self.emit(f"store {ty} {_reduce_init(rop, dt)}, ptr {acc}")
     def nest(d):
       if d == len(rvars):
         v = self.value(e.src[0])
@@ -289,6 +283,14 @@ class _Fn(_Isel):
     r = self.t("red")
     self.emit(f"{r} = load {ty}, ptr {acc}")
     return r
+
+def _reduce_init(rop, dt: DType) -> str:
+  if rop is Ops.ADD: return _zero(dt)
+  if rop is Ops.MUL: return lconst(1, dt)
+  if dt.is_float(): return "0xFFF0000000000000" if dt == dtypes.float32 else "0xHFC00"
+  if dt == dtypes.bool: return "false"
+  if dt == dtypes.uint8: return "0"
+  return str(-(1 << (8 * dt.itemsize - 1)))
 
 def _signature(k: Kernel, fname: str) -> str:
   ps = []
@@ -548,6 +550,79 @@ def _render_stream_vec(k: Kernel, fname: str) -> tuple[str, set]:
   out = [_signature(k, fname) + " {", "entry:"] + ["  " + a for a in f.allocas] + f.lines + ["  ret void", "}"]
   return "\n".join(out), f.decls | {"declare void @llvm.x86.sse.sfence()", NT_MD}
 
+COL_W = 256   # output columns a column reduce accumulates at once (an L1-resident block the vectorizer runs along)
+
+def _col_reduce(k: Kernel):
+  """(reduce, j) when the kernel's value holds one reduce whose loads run along the innermost output var j with unit
+  stride and along the reduce with a larger one (x.sum(axis=0), a batch mean): rendered one reduce-step for COL_W
+  columns at a time, the loads stream along rows. Plain, each output walked a column: 124 ms vs numpy's 5 for a
+  4096^2 column sum. Else None."""
+  if k.checked: return None
+  reds = [x for x in k.store.value.walk() if x.op == 'reduce']
+  live = [v for v in k.domain if v.size > 1]
+  if len(reds) != 1 or not live or live[-1].size < 8: return None
+  R, j = reds[0], live[-1]
+  unit = False
+  for ld in (x for x in R.src[0].walk() if x.op == 'load'):
+    ix = ld.arg[1]
+    cj, cr = ix.coef(j), [ix.coef(r) for r in R.arg[1]]
+    if cj not in (0, 1) or None in cr: return None
+    if cj == 1 and any(abs(c) == 1 for c in cr): return None   # contiguous along the reduce: the plain nest is right
+    unit = unit or (cj == 1 and any(abs(c) > 1 for c in cr))
+  return (R, j) if unit else None
+
+def _store(f: _Fn, k: Kernel):
+  v = f.value(k.store.value)
+  p = k.params[k.store.param]
+  ix = f.idx(k.store.idx)
+  f.check(k.store.param, ix)
+  g = f.ptr(k.store.param, ix)
+  if p.dtype == dtypes.bool:
+    y = f.t(); f.emit(f"{y} = zext i1 {v} to i8"); v = y
+  f.emit(f"store {MT[p.dtype.name]} {v}, ptr {g}, align {p.align}")
+
+def _col_block(f: _Fn, k: Kernel, R: Expr, j: Var, lo: str, hi: str):
+  """Columns [lo, hi) of a column reduce, COL_W at a time: acc[c] = init; for the reduce vars: for c: acc[c] op=
+  body(j = jb + c); for c: store the value with the reduce read from acc[c]."""
+  rop, rvars = R.arg
+  dt, ty = R.dtype, VT[R.dtype.name]
+  accs, jaddr = f.t("accs"), f.t("jb.addr")
+  f.allocas += [f"{accs} = alloca [{COL_W} x {ty}], align 64", f"{jaddr} = alloca i64"]
+  cond, body, exit_ = f.t("jb.cond"), f.t("jb.body"), f.t("jb.exit")
+  f.emit(f"store i64 {lo}, ptr {jaddr}"); f.emit(f"br label {cond}")
+  f.label(cond)
+  jb, ok = f.t("jb"), f.t()
+  f.emit(f"{jb} = load i64, ptr {jaddr}"); f.emit(f"{ok} = icmp slt i64 {jb}, {hi}"); f.emit(f"br i1 {ok}, label {body}, label {exit_}")
+  f.label(body)
+  rest, small, n = f.t(), f.t(), f.t("n")
+  f.emit(f"{rest} = sub i64 {hi}, {jb}"); f.emit(f"{small} = icmp slt i64 {rest}, {COL_W}")
+  f.emit(f"{n} = select i1 {small}, i64 {rest}, i64 {COL_W}")
+  c = Var(f"{j.name}c", COL_W)
+  def cols(inner):
+    def b():
+      jv, slot = f.t(j.name), f.t("slot")
+      f.emit(f"{jv} = add nsw i64 {jb}, {f.vars[c]}")
+      f.vars[j] = jv
+      f.emit(f"{slot} = getelementptr inbounds [{COL_W} x {ty}], ptr {accs}, i64 0, i64 {f.vars[c]}")
+      inner(slot)
+    f.loop(c, "0", n, b)
+  cols(lambda slot: f.emit(f"store {ty} {_reduce_init(rop, dt)}, ptr {slot}"))
+  def step(slot):
+    v, a = f.value(R.src[0]), f.t()
+    f.emit(f"{a} = load {ty}, ptr {slot}")
+    f.emit(f"store {ty} {f.alu(rop, dt, (dt, dt), [a, v])}, ptr {slot}")
+  def nest(d):
+    if d == len(rvars): cols(step); return
+    f.loop(rvars[d], "0", str(rvars[d].size), lambda: nest(d + 1))
+  nest(0)
+  def out(slot):
+    r = f.t("red"); f.emit(f"{r} = load {ty}, ptr {slot}")
+    f.put(id(R), r)
+    _store(f, k)
+  cols(out)
+  nx = f.t(); f.emit(f"{nx} = add nsw i64 {jb}, {COL_W}"); f.emit(f"store i64 {nx}, ptr {jaddr}"); f.emit(f"br label {cond}")
+  f.label(exit_)
+
 def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
   """One kernel as an LLVM function (text) and the intrinsic declarations it needs."""
   if k.tile and k.tile[0] == "matmul" and not k.checked:
@@ -556,19 +631,12 @@ def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
     return render_matmul(k, fname)
   if _streams(k): return _render_stream_vec(k, fname) if _vec_ok(k) else _render_stream(k, fname)
   f = _Fn(k)
-  def body():
-    v = f.value(k.store.value)
-    p = k.params[k.store.param]
-    ix = f.idx(k.store.idx)
-    f.check(k.store.param, ix)
-    g = f.ptr(k.store.param, ix)
-    if p.dtype == dtypes.bool:
-      y = f.t(); f.emit(f"{y} = zext i1 {v} to i8"); v = y
-    f.emit(f"store {MT[p.dtype.name]} {v}, ptr {g}, align {p.align}")
+  col = _col_reduce(k)
   def nest(d):
-    if d == len(k.domain): body(); return
+    if d == len(k.domain): _store(f, k); return
     v = k.domain[d]
-    if d == 0: f.loop(v, "%start", "%end", lambda: nest(1))
+    if col is not None and v is col[1]: _col_block(f, k, *col, "%start" if d == 0 else "0", "%end" if d == 0 else str(v.size))
+    elif d == 0: f.loop(v, "%start", "%end", lambda: nest(1))
     elif v.size == 1: nest(d + 1)
     else: f.loop(v, "0", str(v.size), lambda: nest(d + 1))
   nest(0)

@@ -446,14 +446,8 @@ class _GroupPlan:
   rd: list                      # Mems read directly (state before the CALL's writes)
 
 def _iter_exprs(e: Expr):
-  """Every node of the Expr DAG `e` once (iteratively: chains can be long)."""
-  seen, stack = set(), [e]
-  while stack:
-    x = stack.pop()
-    if id(x) in seen: continue
-    seen.add(id(x))
-    yield x
-    stack.extend(x.src)
+  """Every node of the Expr DAG `e` once."""
+  return e.walk()
 
 def _effects(body: Node) -> list[Node]:
   from lower.numpy import _schedule

@@ -178,3 +178,30 @@ def test_matmul_kernels_share_precompiled_helpers():
     out[:] = np.nan
     launch(c, ptrs, work=1 << 30, threads=threads)
     np.testing.assert_allclose(out.reshape(M, N), a_np @ b_np, rtol=2e-4, atol=2e-4)
+
+@pytest.mark.parametrize("shape,axis", [((300, 100), 0), ((64, 300), 0), ((5, 70, 530), 1), ((9, 33, 12), (0, 1)), ((4, 6), 0)])
+def test_column_reduces(shape, axis):
+  # reduces along a strided axis with a unit-stride output axis (x.sum(axis=0)): COL_W columns per reduce step, also
+  # split across threads at any column
+  from lower import llvm as L, jit
+  from lower.runtime import STORAGE
+  xn = (RNG.standard_normal(shape) * 3).astype(np.float32)
+  x = Tensor(xn).realize()
+  ax = axis if isinstance(axis, tuple) else (axis,)
+  pad = ((1, 2),) + ((0, 0),) * (len(shape) - 1)
+  cases = [(x.sum(axis=axis), xn.sum(axis=ax), 1e-4), (x.max(axis=axis), xn.max(axis=ax), 0),
+           (x.mean(axis=axis) * 2 + 1, xn.mean(axis=ax) * 2 + 1, 1e-4), (x.pad(pad).sum(axis=axis), np.pad(xn, pad).sum(axis=ax), 1e-4),
+           (x.cast(dtypes.int32).sum(axis=axis), xn.astype(np.int32).sum(axis=ax), 0),
+           (x.cast(dtypes.float16).sum(axis=axis), xn.astype(np.float16).sum(axis=ax, dtype=np.float32).astype(np.float16), 2e-2)]
+  res = callify(cases[0][0].node)
+  ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+  assert any(L._col_reduce(k) for k in ks) == (shape[-1] >= 8), [k.name for k in ks]
+  for t, want, tol in cases:
+    res = callify(t.node)
+    for nt in (1, 2):
+      old = jit.PARALLEL_WORK, jit.THREADS
+      jit.PARALLEL_WORK, jit.THREADS = 0, nt
+      try: run_call(res.call)
+      finally: jit.PARALLEL_WORK, jit.THREADS = old
+      got = STORAGE[res.call.src[1]].reshape(want.shape)   # the CALL's output buffer (its first argument)
+      np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol * 10)
