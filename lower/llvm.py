@@ -623,6 +623,41 @@ def _col_block(f: _Fn, k: Kernel, R: Expr, j: Var, lo: str, hi: str):
   nx = f.t(); f.emit(f"{nx} = add nsw i64 {jb}, {COL_W}"); f.emit(f"store i64 {nx}, ptr {jaddr}"); f.emit(f"br label {cond}")
   f.label(exit_)
 
+TILE_T = 32  # the square block a transposing kernel walks (two 32x32 float tiles: 8 KiB, in L1)
+
+def _transposing(k: Kernel):
+  """(o, j): the two innermost live domain vars when the store runs along j with unit stride and some load runs along j
+  with a stride of TILE_T or more but along o with unit stride (a transpose copy): walked in TILE_T x TILE_T blocks so
+  that both sides stay in cache lines already fetched. Plain, a 4096^2 transpose took 69 ms. Else None."""
+  if k.checked or any(x.op == 'reduce' for x in k.store.value.walk()): return None
+  live = [v for v in k.domain if v.size > 1]
+  if len(live) < 2 or live[-1].size < TILE_T or live[-2].size < TILE_T or k.store.idx.coef(live[-1]) != 1: return None
+  o, j = live[-2], live[-1]
+  if o is not k.domain[0] and k.domain.index(o) != k.domain.index(j) - 1: return None   # only size-1 vars may sit between
+  for ld in (x for x in k.store.value.walk() if x.op == 'load'):
+    cj, co = ld.arg[1].coef(j), ld.arg[1].coef(o)
+    if cj is not None and co is not None and abs(cj) >= TILE_T and abs(co) == 1: return o, j
+  return None
+
+def _blocked(f: _Fn, o: Var, j: Var, olo: str, ohi: str, body):
+  """for ob in [olo, ohi) step TILE_T: for jb in [0, |j|) step TILE_T: for o in the block: for j in the block: body()."""
+  def stepped(name, lo, hi, inner):
+    addr, cond, bl, ex = f.t(name + ".addr"), f.t(name + ".cond"), f.t(name + ".body"), f.t(name + ".exit")
+    f.allocas.append(f"{addr} = alloca i64")
+    f.emit(f"store i64 {lo}, ptr {addr}"); f.emit(f"br label {cond}")
+    f.label(cond)
+    cur, ok = f.t(name), f.t()
+    f.emit(f"{cur} = load i64, ptr {addr}"); f.emit(f"{ok} = icmp slt i64 {cur}, {hi}"); f.emit(f"br i1 {ok}, label {bl}, label {ex}")
+    f.label(bl)
+    end, nx, lt = f.t(), f.t(), f.t()
+    f.emit(f"{nx} = add nsw i64 {cur}, {TILE_T}"); f.emit(f"{lt} = icmp slt i64 {nx}, {hi}")
+    f.emit(f"{end} = select i1 {lt}, i64 {nx}, i64 {hi}")
+    inner(cur, end)
+    f.emit(f"store i64 {nx}, ptr {addr}"); f.emit(f"br label {cond}")
+    f.label(ex)
+  stepped(o.name + "b", olo, ohi, lambda o0, o1: stepped(j.name + "b", "0", str(j.size),
+    lambda j0, j1: f.loop(o, o0, o1, lambda: f.loop(j, j0, j1, body))))
+
 def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
   """One kernel as an LLVM function (text) and the intrinsic declarations it needs."""
   if k.tile and k.tile[0] == "matmul" and not k.checked:
@@ -631,11 +666,13 @@ def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
     return render_matmul(k, fname)
   if _streams(k): return _render_stream_vec(k, fname) if _vec_ok(k) else _render_stream(k, fname)
   f = _Fn(k)
-  col = _col_reduce(k)
+  col, tr = _col_reduce(k), _transposing(k)
   def nest(d):
     if d == len(k.domain): _store(f, k); return
     v = k.domain[d]
     if col is not None and v is col[1]: _col_block(f, k, *col, "%start" if d == 0 else "0", "%end" if d == 0 else str(v.size))
+    elif tr is not None and v is tr[0]:
+      _blocked(f, *tr, "%start" if d == 0 else "0", "%end" if d == 0 else str(v.size), lambda: nest(k.domain.index(tr[1]) + 1))
     elif d == 0: f.loop(v, "%start", "%end", lambda: nest(1))
     elif v.size == 1: nest(d + 1)
     else: f.loop(v, "0", str(v.size), lambda: nest(d + 1))

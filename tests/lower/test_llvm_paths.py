@@ -205,3 +205,24 @@ def test_column_reduces(shape, axis):
       finally: jit.PARALLEL_WORK, jit.THREADS = old
       got = STORAGE[res.call.src[1]].reshape(want.shape)   # the CALL's output buffer (its first argument)
       np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol * 10)
+
+@pytest.mark.parametrize("shape,perm,blocked", [((100, 70), (1, 0), True), ((33, 64), (1, 0), True), ((3, 40, 50), (0, 2, 1), True),
+                                                ((40, 3, 50), (2, 1, 0), False), ((64, 32), (1, 0), True), ((20, 64), (1, 0), False)])
+def test_transposes_walk_blocks(shape, perm, blocked):
+  # a store along j with a load strided along j: TILE_T x TILE_T blocks, ragged edges, split across threads at any row
+  from lower import llvm as L, jit
+  from lower.runtime import STORAGE
+  for dt in (np.float32, np.int64, np.uint8):
+    xn = (RNG.standard_normal(shape) * 50).astype(dt)
+    x = Tensor(xn).realize()
+    t = (x.permute(perm) + x.permute(perm)).contiguous() if dt == np.uint8 else x.permute(perm).contiguous()
+    want = xn.transpose(perm) + xn.transpose(perm) if dt == np.uint8 else xn.transpose(perm)
+    res = callify(t.node)
+    ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+    assert any(L._transposing(k) for k in ks) == blocked, [k.name for k in ks]
+    for nt in (1, 2, 3):
+      old = jit.PARALLEL_WORK, jit.THREADS
+      jit.PARALLEL_WORK, jit.THREADS = 0, nt
+      try: run_call(res.call)
+      finally: jit.PARALLEL_WORK, jit.THREADS = old
+      np.testing.assert_array_equal(STORAGE[res.call.src[1]].reshape(want.shape), want)
