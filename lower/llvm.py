@@ -7,7 +7,10 @@ accumulators are allocas in the entry block (SROA turns them into phis). Float r
 not vectorize without it); elementwise float math has no fast-math flags, so it is bit-exact with numpy except where
 LLVM's libm calls differ. NaNs are kept (no `nnan`): MAX is llvm.maximum (NaN-propagating, as np.maximum).
 `noalias` is claimed only for params the scheduler proved disjoint from every other param; alignment only as the
-element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", MR, NR) go to lower/matmul.py. Kernels
+element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", MR, NR) go to lower/matmul.py. A
+column reduce (one reduce whose loads run along the innermost output var with unit stride and along the reduce with a
+stride) accumulates COL_W columns per reduce step (_col_reduce); a transposing kernel walks TILE_T x TILE_T blocks
+(_transposing). Kernels
 marked `stream` get aligned non-temporal vector stores: straight from explicit vector IR of the value when it
 vectorizes that way (_vec_ok / _render_stream_vec: no auto-vectorizer, ~half the compile time), else through a stack
 block (_render_stream). Loops that hold hand-written vector code or scalar edges carry metadata that keeps the
