@@ -210,6 +210,23 @@ def _nested_reduces(root: Node) -> set:
       if (c.op in GroupOp.ALU or c.op is Ops.REDUCE) and math.prod(c.shape) > 1: out.add(c.id)
   return out
 
+SPLIT_REDUCE_WORK = 1 << 21   # a reduce of everything this big is split: P partial reduces, then one over them
+
+def _split_full_reduce(n: Node) -> Node | None:
+  """REDUCE of every axis of x (one output value) over SPLIT_REDUCE_WORK inputs or more, as partial reduces over P
+  slices of x's first axis that P (256..16) divides, then one reduce over those (x's axis a split as (P, d/P): index
+  arithmetic stays affine). Alone, the reduce is one kernel on a 1-element domain, one thread; the partial reduces
+  are a kernel over P rows that splits across threads."""
+  x = n.src[0]
+  if isinstance(n.device, tuple) or x.shape is None or math.prod(n.shape) != 1 or math.prod(x.shape) < SPLIT_REDUCE_WORK: return None
+  if set(n.arg[1]) != {a for a, d in enumerate(x.shape) if d != 1}: return None
+  for a, d in enumerate(x.shape):
+    if (P := next((p for p in (256, 128, 64, 32, 16) if d % p == 0 and d > p), None)) is not None: break
+  else: return None
+  shape = x.shape[:a] + (P, x.shape[a] // P) + x.shape[a + 1:]
+  part = Node(Ops.REDUCE, None, (x.reshape(shape),), (n.arg[0], tuple(i for i in range(len(shape)) if i != a)))
+  return Node(Ops.REDUCE, None, (part,), (n.arg[0], tuple(range(len(shape))))).reshape(n.shape)
+
 def _realize_order(root: Node, realize: set) -> list:
   """(node, reached-through-AFTER) for every realized node, children first."""
   if not realize: return []
@@ -372,6 +389,9 @@ class _Builder:
       return Expr(op, n.dtype, tuple(srcs))
     if op is Ops.REDUCE:
       if bcast and not top: return self.temp(n, idx, valid, after, dev)
+      if (split := _split_full_reduce(n)) is not None:   # a big reduce to one value: partial sums first, in parallel
+        g.realize.add(split.src[0].src[0].id)
+        return self.value(split, idx, valid, after, bcast, top, dev)
       rop, axes = n.arg
       x = n.src[0]
       rvars, cidx = [], list(idx)

@@ -226,3 +226,18 @@ def test_transposes_walk_blocks(shape, perm, blocked):
       try: run_call(res.call)
       finally: jit.PARALLEL_WORK, jit.THREADS = old
       np.testing.assert_array_equal(STORAGE[res.call.src[1]].reshape(want.shape), want)
+
+@pytest.mark.parametrize("shape", [(1 << 21,), (2048, 1024), (3, 1024, 1024), (2 ** 21 + 7,)])
+def test_full_reduces_split_into_partials(shape):
+  # a reduce of everything over >= SPLIT_REDUCE_WORK inputs: partial reduces over P slices (one kernel, split across
+  # threads), then one over them; a size no P divides stays one kernel
+  xn = RNG.standard_normal(shape).astype(np.float32)
+  x = Tensor(xn).realize()
+  split = any(d % 16 == 0 and d > 16 for d in shape)
+  res = callify(x.sum().node)
+  ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+  assert len(ks) == (2 if split else 1), [k.name for k in ks]
+  for t, want, tol in [(x.sum(), xn.sum(dtype=np.float64), 1e-3), (x.max(), xn.max(), 0), (x.mean() * 3, xn.mean(dtype=np.float64) * 3, 1e-3),
+                       (x.permute(tuple(reversed(range(len(shape))))).abs().sum(), np.abs(xn).sum(dtype=np.float64), 1e-4),
+                       ((x * 100).cast(dtypes.int32).sum(), (xn * 100).astype(np.int32).sum(dtype=np.int32), 0)]:
+    np.testing.assert_allclose(np.float64(t.numpy()), np.float64(want), rtol=tol, atol=tol)
