@@ -43,6 +43,7 @@ def _tensor_cases() -> list:
   def mm_square(): return [(rnd(128, 96, seed=3) @ rnd(96, 64, seed=4)).contiguous()]
   def mm_transposed(): return [(rnd(40, 33, seed=5).T @ rnd(40, 64, seed=6)).contiguous()]
   def mm_b_transposed(): return [(rnd(45, 33, seed=5) @ rnd(70, 33, seed=6).T).contiguous()]   # q @ k.T
+  def bmm(): return [(rnd(3, 40, 20, seed=7) @ rnd(3, 20, 48, seed=8)).contiguous()]   # batched: the plain form on CUDA
   def row_sum(): return [rnd(8, 1000, seed=7).sum(axis=1)]
   def full_sum(): return [rnd(5000, seed=8).sum()]
   def col_max(): return [rnd(300, 20, seed=9).max(axis=0)]
@@ -56,7 +57,7 @@ def _tensor_cases() -> list:
   def views():
     x = rnd(6, 8, seed=13)
     return [x.flip(0).permute(1, 0).pad(((1, 2), (0, 3))).contiguous(), x[1:5, 2:7].sum(axis=0)]
-  return [("mm_ragged", mm_ragged), ("mm_square", mm_square), ("mm_transposed", mm_transposed), ("mm_b_transposed", mm_b_transposed), ("row_sum", row_sum),
+  return [("mm_ragged", mm_ragged), ("mm_square", mm_square), ("mm_transposed", mm_transposed), ("mm_b_transposed", mm_b_transposed), ("bmm", bmm), ("row_sum", row_sum),
           ("full_sum", full_sum), ("col_max", col_max), ("softmax", softmax), ("elementwise", elementwise), ("views", views)]
 
 def _alu_cases() -> list:

@@ -34,7 +34,7 @@ import numpy as np
 from egraph.dtypes import DType, dtypes
 from egraph.errors import CallsatError, DeviceError, UnsupportedOpError
 from egraph.ir import Ops
-from lower.kernel import Kernel, Expr, Idx, Var, Div, Mod
+from lower.kernel import Kernel, Expr, Idx, Var, Div, Mod, mm_batched
 from lower import cuda_driver as drv
 
 BLOCK = 256                # threads per block (serial and block forms)
@@ -384,7 +384,7 @@ def _grid(n: int, max_grid: int) -> int: return max(1, min(n, max_grid))
 
 def render_kernel(k: Kernel, name: str, reduce: str = "auto", max_grid: int = MAX_GRID, block: int = BLOCK) -> CudaKernel:
   """One kernel as a CUDA function plus its launch shape. reduce: "auto" | "serial" | "block" (when it has reduces)."""
-  if k.tile and k.tile[0] == "matmul": return _render_matmul(k, name, max_grid)
+  if k.tile and k.tile[0] == "matmul" and not mm_batched(k): return _render_matmul(k, name, max_grid)   # bmm: plain form
   nout = math.prod(v.size for v in k.domain)
   tops = _top_reduces(k.store.value)
   rsize = max((math.prod(v.size for v in r.arg[1]) for r in tops), default=0)

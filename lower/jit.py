@@ -6,7 +6,7 @@ import ctypes, hashlib, os, re, sys, time, weakref
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from egraph.errors import CallsatError
-from lower.kernel import Kernel, render as render_kernel
+from lower.kernel import Kernel, mm_batched, render as render_kernel
 from lower.llvm import render_llvm
 from lower.pool import pool
 
@@ -208,7 +208,7 @@ class Launch:
     self.err = ctypes.c_int32(0) if k.checked else None
     self.extra = (ctypes.byref(self.err),) if k.checked else ()
     self.argv = (ctypes.c_void_p * (len(ptrs) + bool(k.checked)))(*ptrs, *([ctypes.addressof(self.err)] if k.checked else []))
-    self.n0, self.step, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile else 1, {}
+    self.n0, self.step, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile and not mm_batched(k) else 1, {}
 
   def cuts(self, nt: int) -> list[int] | None:
     """Chunk bounds for nt threads (multiples of the tile's row step), or None when the kernel runs on one thread."""

@@ -235,6 +235,10 @@ class Kernel:
     """The cache key: the kernel without its name."""
     return render(self, with_name=False)
 
+def mm_batched(k: "Kernel") -> bool:
+  """A tiled matmul kernel whose outermost domain var is a batch (each batch index one C[i, j] plane), not its rows."""
+  return k.tile is not None and k.tile[0] == "matmul" and k.domain[0] != k.matmul[4]
+
 # ---------------------------------------------------------------------------------------------------------------------
 # printing (DEBUG=2 and the cache key)
 

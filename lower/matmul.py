@@ -1,7 +1,7 @@
 """The register-tiled, packed matmul renderer (kernels marked ("matmul", MR, NR)) and its shared, precompiled helpers."""
 from __future__ import annotations
 import time
-from lower.kernel import Kernel
+from lower.kernel import Kernel, mm_batched
 from lower.llvm import _signature, _noloop
 from lower.jit import _llvm, compile_module
 
@@ -226,7 +226,25 @@ def mm_helpers():
     _MM_HELPERS = (engine, (time.perf_counter() - t0) * 1e3)
   return _MM_HELPERS
 
-def render_matmul(k: Kernel, fname: str) -> str:
+def render_matmul(k: Kernel, fname: str) -> tuple[str, set]:
+  """A tiled matmul kernel; a batched one (bmm) is a loop over its batch range [start, end) calling the one-plane
+  kernel (`<fname>.plane`, rows [0, M)) with every pointer offset by that batch's coefficient."""
+  if not mm_batched(k): return _render_plane(k, fname)
+  plane, D = _render_plane(k, fname + ".plane")
+  bv, M = k.domain[0], k.matmul[4].size
+  pa, A, pb, B = k.matmul[:4]
+  coef = {pa: A.coef(bv), pb: B.coef(bv), k.store.param: k.store.idx.coef(bv)}
+  L = [_signature(k, fname) + " {", "entry:", "  br label %b.cond", "b.cond:", "  %b = phi i64 [%start, %entry], [%b.next, %b.body]",
+       "  %b.ok = icmp slt i64 %b, %end", "  br i1 %b.ok, label %b.body, label %b.exit", "b.body:"]
+  args = []
+  for pi, p in enumerate(k.params):
+    L += [f"  %o{pi} = mul i64 %b, {coef.get(pi, 0)}", f"  %q{pi} = getelementptr inbounds float, ptr %{p.name}, i64 %o{pi}"]
+    args.append(f"ptr %q{pi}")
+  L += [f"  call void @{fname}.plane({', '.join(args)}, i64 0, i64 {M})", "  %b.next = add i64 %b, 1",
+        "  br label %b.cond" + _noloop(D), "b.exit:", "  ret void", "}"]
+  return plane + "\n\n" + "\n".join(L), D
+
+def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
   """C[i, j] = sum_k A[ai*i + ak*k + ac] * B[bk*k + bj*j + bc], stored at C[ci*i + j + cc], GotoBLAS-style:
 
     for jb (MM_PB panels of 32 columns), for kb (MM_KC rows of k):

@@ -653,11 +653,15 @@ def _detect_matmul(k: Kernel) -> Kernel:
   another column stride, e.g. transposed as in q @ k.T, is packed by a gathering helper)."""
   live = [v for v in k.domain if v.size > 1]
   e = k.store.value
-  if len(live) != 2 or e.op != 'reduce' or e.arg[0] is not Ops.ADD or len(e.arg[1]) != 1 or e.dtype != dtypes.float32: return k
+  if len(live) not in (2, 3) or e.op != 'reduce' or e.arg[0] is not Ops.ADD or len(e.arg[1]) != 1 or e.dtype != dtypes.float32: return k
   if live[0] is not k.domain[0] and k.domain[0].size != 1: return k
   mul = e.src[0]
   if mul.op is not Ops.MUL or any(x.op != 'load' or x.arg[2] for x in mul.src): return k
-  i, j, kv = live[0], live[1], e.arg[1][0]
+  bv = live[0] if len(live) == 3 else None   # a batch (bmm): one C[i, j] plane per index, A, B and C offset by it
+  i, j, kv = live[-2], live[-1], e.arg[1][0]
+  if bv is not None:
+    if k.domain[1:3] != (i, j) or any(x.arg[1].coef(bv) is None for x in mul.src) or k.store.idx.coef(bv) is None: return k
+    if mul.src[0].arg[0] == mul.src[1].arg[0] and mul.src[0].arg[1].coef(bv) != mul.src[1].arg[1].coef(bv): return k
   a, b = mul.src
   def aff(ix: Idx, v): return ix.coef(v)
   if aff(a.arg[1], j) != 0: a, b = b, a
@@ -665,7 +669,8 @@ def _detect_matmul(k: Kernel) -> Kernel:
   if any(x is None for x in (aff(A, i), aff(A, kv), aff(B, kv), aff(B, j), aff(C, i), aff(C, j))): return k
   if A.coef(j) != 0 or B.coef(i) != 0 or B.coef(j) == 0 or C.coef(j) != 1 or C.coef(kv) != 0: return k
   if any(not (isinstance(t, Var)) for x in (A, B, C) for t, _ in x.terms): return k
-  if j.size < 32 or i.size < 8 or kv.size < 4 or k.domain[0] is not i: return k
+  if any(t not in (i, j, kv, bv) for x in (A, B, C) for t, _ in x.terms): return k
+  if j.size < 32 or i.size < 8 or kv.size < 4 or (bv is None and k.domain[0] is not i): return k
   return Kernel(k.name.replace("r_", "mm_", 1), k.params, k.domain, k.store, ("matmul", 8, 32),
                 (a.arg[0], A, b.arg[0], B, i, j, kv), k.checked)
 

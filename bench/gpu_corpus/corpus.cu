@@ -34,45 +34,54 @@ static __device__ __forceinline__ float cs_hr(float x) { return cs_h2f(cs_f2h(x)
 static __device__ __forceinline__ float cs_fmax(float a, float b) { return a != a ? a : b != b ? b : a > b ? a : b; }
 
 
-extern "C" __global__ void __launch_bounds__(64) r_32_128_eb0b7458da(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2, const float* __restrict__ p3) {
-  __shared__ float red4[32];
-  for (long long o = blockIdx.x; o < 4096LL; o += gridDim.x) {
+extern "C" __global__ void __launch_bounds__(256) mm_32_128_1_6fdc20e8d1(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+  __shared__ float As[16][64];
+  __shared__ float Bs[16][64];
+  const int tx = threadIdx.x, ty = threadIdx.y, t = ty * 16 + tx;
+  for (long long mt = blockIdx.y; mt < 1LL; mt += gridDim.y) {
+  for (long long nt = blockIdx.x; nt < 2LL; nt += gridDim.x) {
+    const long long i0 = mt * 64LL, j0 = nt * 64LL;
+    float acc[4][4];
+    for (int m = 0; m < 4; ++m) for (int n = 0; n < 4; ++n) acc[m][n] = 0.0f;
+    for (long long k0 = 0; k0 < 64LL; k0 += 16) {
+      for (int l = t; l < 1024; l += 256) {
+        const int r = l / 16, c = l % 16;
+        const long long gi = i0 + r, gk = k0 + c;
+        As[c][r] = (gi < 32LL && gk < 64LL) ? p2[gi * 64LL + gk * 1LL + 0LL] : 0.0f;
+      }
+      for (int l = t; l < 1024; l += 256) {
+        const int r = l / 64, c = l % 64;
+        const long long gk = k0 + r, gj = j0 + c;
+        Bs[r][c] = (gk < 64LL && gj < 128LL) ? p1[gk * 128LL + gj + 0LL] : 0.0f;
+      }
+      __syncthreads();  // sync:tile-loaded
+      for (int kk = 0; kk < 16; ++kk) {
+        float a[4], b[4];
+        for (int m = 0; m < 4; ++m) a[m] = As[kk][ty + 16 * m];
+        for (int n = 0; n < 4; ++n) b[n] = Bs[kk][tx + 16 * n];
+        for (int m = 0; m < 4; ++m) for (int n = 0; n < 4; ++n) acc[m][n] += a[m] * b[n];
+      }
+      __syncthreads();  // sync:tile-consumed
+    }
+    for (int m = 0; m < 4; ++m) for (int n = 0; n < 4; ++n) {
+      const long long gi = i0 + ty + 16 * m, gj = j0 + tx + 16 * n;
+      if (gi < 32LL && gj < 128LL) p0[gi * 128LL + gj + 0LL] = acc[m][n];
+    }
+  }}
+}
+
+extern "C" __global__ void __launch_bounds__(256) e_32_128_fe3420cdc3(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 4096LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o / 128LL;
     const long long i1_2 = (o) % 128LL;
-    float acc3 = 0x0.0p+0f;
-    for (long long r5 = threadIdx.x; r5 < 64LL; r5 += blockDim.x) {
-      const long long r2_6 = r5;
-      const long long x7 = i1_2 + r2_6 * 128LL;
-      const float v8 = p2[x7];
-      const long long x9 = i0_1 * 64LL + r2_6;
-      const float v10 = p3[x9];
-      const float v11 = (v10 * v8);
-      acc3 = (acc3 + v11);
-    }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc3, off);
-      acc3 = (acc3 + other);
-    }
-    if ((threadIdx.x & 31) == 0) red4[threadIdx.x >> 5] = (float)acc3;
-    __syncthreads();  // sync:partials-written
-    if (threadIdx.x < 32) {
-      acc3 = threadIdx.x < (blockDim.x >> 5) ? (float)red4[threadIdx.x] : 0x0.0p+0f;
-      for (int off = 16; off > 0; off >>= 1) {
-        const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc3, off);
-        acc3 = (acc3 + other);
-      }
-      if (threadIdx.x == 0) red4[0] = (float)acc3;
-    }
-    __syncthreads();  // sync:total-written
-    const float red12 = (float)red4[0];
-    __syncthreads();  // sync:total-read
-    const long long x13 = i1_2;
-    const float v14 = p1[x13];
-    const float v15 = (red12 + v14);
-    const bool v16 = (0x0.0p+0f < v15);
-    const float v17 = (v16 ? v15 : 0x0.0p+0f);
-    const long long x18 = i0_1 * 128LL + i1_2;
-    if (threadIdx.x == 0) p0[x18] = v17;
+    const long long x3 = i1_2;
+    const float v4 = p1[x3];
+    const long long x5 = i0_1 * 128LL + i1_2;
+    const float v6 = p2[x5];
+    const float v7 = (v6 + v4);
+    const bool v8 = (0x0.0p+0f < v7);
+    const float v9 = (v8 ? v7 : 0x0.0p+0f);
+    p0[x5] = v9;
   }
 }
 
@@ -332,6 +341,25 @@ extern "C" __global__ void __launch_bounds__(256) mm_45_70_a2ebe190d0(float* __r
       if (gi < 45LL && gj < 70LL) p0[gi * 70LL + gj + 0LL] = acc[m][n];
     }
   }}
+}
+
+extern "C" __global__ void __launch_bounds__(256) mm_3_40_48_94375111f0(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 5760LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o / 1920LL;
+    const long long i1_2 = (o / 48LL) % 40LL;
+    const long long i2_3 = (o) % 48LL;
+    float acc4 = 0x0.0p+0f;
+    for (long long r3_5 = 0; r3_5 < 20LL; ++r3_5) {
+      const long long x6 = i0_1 * 960LL + i2_3 + r3_5 * 48LL;
+      const float v7 = p1[x6];
+      const long long x8 = i0_1 * 800LL + i1_2 * 20LL + r3_5;
+      const float v9 = p2[x8];
+      const float v10 = (v9 * v7);
+      acc4 = (acc4 + v10);
+    }
+    const long long x11 = i0_1 * 1920LL + i1_2 * 48LL + i2_3;
+    p0[x11] = acc4;
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) r_8_1_fbaf00f1ea(float* __restrict__ p0, const float* __restrict__ p1) {

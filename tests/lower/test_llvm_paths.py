@@ -9,7 +9,7 @@ from lower import schedule as sched
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
 from lower.jit import compile_kernels, launch, module_text
 from lower.schedule import arg_binding as _arg_binding
-from lower.runtime import Storage, run_call
+from lower.runtime import Storage, run_call, STORAGE as STORAGE_
 from lower.numpy import evaluate
 
 RNG = np.random.default_rng(1)
@@ -241,3 +241,24 @@ def test_full_reduces_split_into_partials(shape):
                        (x.permute(tuple(reversed(range(len(shape))))).abs().sum(), np.abs(xn).sum(dtype=np.float64), 1e-4),
                        ((x * 100).cast(dtypes.int32).sum(), (xn * 100).astype(np.int32).sum(dtype=np.int32), 0)]:
     np.testing.assert_allclose(np.float64(t.numpy()), np.float64(want), rtol=tol, atol=tol)
+
+@pytest.mark.parametrize("B,M,K,N", [(3, 37, 19, 70), (4, 8, 64, 32), (2, 64, 33, 100)])
+def test_batched_matmul_is_tiled(B, M, K, N):
+  # (B, M, K) @ (B, K, N): one tiled plane per batch index, the batch range split across threads; also a shared
+  # (broadcast) right operand, a transposed one, and a @ a.T from one buffer
+  from lower import jit
+  from lower.kernel import mm_batched
+  an, bn = RNG.standard_normal((B, M, K)).astype(np.float32), RNG.standard_normal((B, K, N)).astype(np.float32)
+  wn = RNG.standard_normal((K, N)).astype(np.float32)
+  a, b, w = Tensor(an).realize(), Tensor(bn).realize(), Tensor(wn).realize()
+  bt = Tensor(np.ascontiguousarray(bn.transpose(0, 2, 1))).realize()
+  for t, want in [(a @ b, an @ bn), (a @ w, an @ wn), (a @ bt.transpose(1, 2), an @ bn), (a @ a.transpose(1, 2), an @ an.transpose(0, 2, 1))]:
+    res = callify(t.node)
+    ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+    assert any(mm_batched(k) for k in ks) == (M >= 8 and want.shape[-1] >= 32), [k.name for k in ks]
+    for nt in (1, 2):
+      old = jit.PARALLEL_WORK, jit.THREADS
+      jit.PARALLEL_WORK, jit.THREADS = 0, nt
+      try: run_call(res.call)
+      finally: jit.PARALLEL_WORK, jit.THREADS = old
+      np.testing.assert_allclose(STORAGE_[res.call.src[1]].reshape(want.shape), want, rtol=2e-4, atol=2e-4)
