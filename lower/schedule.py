@@ -224,8 +224,10 @@ def _split_full_reduce(n: Node) -> Node | None:
     if (P := next((p for p in (256, 128, 64, 32, 16) if d % p == 0 and d > p), None)) is not None: break
   else: return None
   shape = x.shape[:a] + (P, x.shape[a] // P) + x.shape[a + 1:]
-  part = Node(Ops.REDUCE, None, (x.reshape(shape),), (n.arg[0], tuple(i for i in range(len(shape)) if i != a)))
-  return Node(Ops.REDUCE, None, (part,), (n.arg[0], tuple(range(len(shape))))).reshape(n.shape)
+  y = x.reshape(shape)
+  if x.dtype == dtypes.float16 and n.arg[0] is not Ops.MAX: y = y.cast(dtypes.float32)   # partials kept in float32, as one reduce accumulates
+  part = Node(Ops.REDUCE, None, (y,), (n.arg[0], tuple(i for i in range(len(shape)) if i != a)))
+  return Node(Ops.REDUCE, None, (part,), (n.arg[0], tuple(range(len(shape))))).reshape(n.shape).cast(n.dtype)
 
 def _realize_order(root: Node, realize: set) -> list:
   """(node, reached-through-AFTER) for every realized node, children first."""

@@ -239,7 +239,8 @@ def test_full_reduces_split_into_partials(shape):
   assert len(ks) == (2 if split else 1), [k.name for k in ks]
   for t, want, tol in [(x.sum(), xn.sum(dtype=np.float64), 1e-3), (x.max(), xn.max(), 0), (x.mean() * 3, xn.mean(dtype=np.float64) * 3, 1e-3),
                        (x.permute(tuple(reversed(range(len(shape))))).abs().sum(), np.abs(xn).sum(dtype=np.float64), 1e-4),
-                       ((x * 100).cast(dtypes.int32).sum(), (xn * 100).astype(np.int32).sum(dtype=np.int32), 0)]:
+                       ((x * 100).cast(dtypes.int32).sum(), (xn * 100).astype(np.int32).sum(dtype=np.int32), 0),
+                       ((x * 0.01).cast(dtypes.float16).sum(), (xn * 0.01).astype(np.float16).sum(dtype=np.float32).astype(np.float16), 2e-3)]:
     np.testing.assert_allclose(np.float64(t.numpy()), np.float64(want), rtol=tol, atol=tol)
 
 @pytest.mark.parametrize("B,M,K,N", [(3, 37, 19, 70), (4, 8, 64, 32), (2, 64, 33, 100)])
