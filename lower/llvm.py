@@ -5,7 +5,8 @@ Every kernel is `void @name(ptr p0, ..., i64 start, i64 end[, ptr err])`: it run
 [start, end), so one function serves one thread or a split across threads (ctypes releases the GIL). Loop counters and
 accumulators are allocas in the entry block (SROA turns them into phis). Float reductions carry `reassoc nsz` (they do
 not vectorize without it); elementwise float math has no fast-math flags, so it is bit-exact with numpy except where
-LLVM's libm calls differ. NaNs are kept (no `nnan`): MAX is llvm.maximum (NaN-propagating, as np.maximum).
+LLVM's libm calls differ and for float32 exp2, which is callsat's own polynomial (_Isel.exp2f: within 2 ulp, and it
+vectorizes; a libm call does not). NaNs are kept (no `nnan`): MAX is llvm.maximum (NaN-propagating, as np.maximum).
 `noalias` is claimed only for params the scheduler proved disjoint from every other param; alignment only as the
 element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", MR, NR) go to lower/matmul.py. A
 column reduce (one reduce whose loads run along the innermost output var with unit stride and along the reduce with a
@@ -58,6 +59,8 @@ _FBIN = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.FDIV: "fdiv"}
 _CMP = {Ops.CMPLT: ("fcmp olt", "icmp slt", "icmp ult"), Ops.CMPNE: ("fcmp une", "icmp ne", "icmp ne"),
         Ops.CMPEQ: ("fcmp oeq", "icmp eq", "icmp eq")}                    # float, signed, unsigned
 _BOOL = {Ops.ADD: "or", Ops.SUB: "xor", Ops.MUL: "and", Ops.IDIV: "and", Ops.MAX: "or", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}
+_EXP2_P = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3, 5.550332471162809e-2, 2.402264791363012e-1,
+           6.931472028550421e-1, 1.0)   # 2**f on [-1/2, 1/2], Horner order (Cephes exp2f)
 _FUN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
 
 class _Isel:
@@ -87,6 +90,7 @@ class _Isel:
       if op is Ops.MAX:   # llvm.maximum propagates NaN, as np.maximum
         f = self.intrinsic(f"llvm.maximum.{self.sfx(dt)}", ty, f"{ty}, {ty}")
         E(f"{r} = call {ty} @{f}({ty} {a[0]}, {ty} {a[1]})"); return r
+      if op is Ops.EXP2 and dt == dtypes.float32: return self.exp2f(a[0])
       f = self.intrinsic(f"llvm.{_FUN[op]}.{self.sfx(dt)}", ty, ty)
       E(f"{r} = call {ty} @{f}({ty} {a[0]})"); return r
     # integers: wrap like C
@@ -117,6 +121,31 @@ class _Isel:
       E(f"{q} = {'srem' if signed else 'urem'} {ty} {x}, {bs}")
       E(f"{r} = select {bt} {z}, {ty} {x}, {ty} {q}"); return r
     raise CallsatError(f"LLVM backend: cannot {self.what} {op} on {dt.name}")
+
+  def exp2f(self, x: str) -> str:
+    """2**x in float32 as plain IR, so loops with it vectorize (a call to libm's exp2f does not, and softmax's exps
+    ran one at a time): x = n + f with |f| <= 1/2, 2**f = 1 + f*P(f) (Cephes' degree-5 P), 2**n put in the exponent
+    bits in two halves (denormal results and n = 128 stay exact); within 2 ulp of libm, NaN and +-inf as exp2f."""
+    f32, i32 = dtypes.float32, dtypes.int32
+    ty, ity, E = self.ty(f32), self.ty(i32), self.emit
+    def call(name, *xs):
+      fn = self.intrinsic(f"llvm.{name}.{self.sfx(f32)}", ty, ", ".join([ty] * len(xs)))
+      r = self.t(); E(f"{r} = call {ty} @{fn}({', '.join(f'{ty} {v}' for v in xs)})"); return r
+    def op(o, u, v, t=ty):
+      r = self.t(); E(f"{r} = {o} {t} {u}, {v}"); return r
+    xc = call("minnum", call("maxnum", x, self.cst(-151.0, f32)), self.cst(129.0, f32))
+    n = call("roundeven", xc)
+    fr, p = op("fsub", xc, n), self.cst(_EXP2_P[0], f32)
+    for c in _EXP2_P[1:]: p = op("fadd", op("fmul", p, fr), self.cst(c, f32))
+    ni = self.t(); E(f"{ni} = fptosi {ty} {n} to {ity}")
+    n1 = op("ashr", ni, self.cst(1, i32), ity)
+    def pow2(k):
+      e, r = op("shl", op("add", k, self.cst(127, i32), ity), self.cst(23, i32), ity), self.t()
+      E(f"{r} = bitcast {ity} {e} to {ty}"); return r
+    v = op("fmul", op("fmul", p, pow2(n1)), pow2(op("sub", ni, n1, ity)))
+    nan, r = self.t(), self.t()
+    E(f"{nan} = fcmp uno {ty} {x}, {x}"); E(f"{r} = select {self.ty(dtypes.bool)} {nan}, {ty} {x}, {ty} {v}")
+    return r
 
   def cast(self, src: DType, dst: DType, x: str) -> str:
     if src == dst: return x

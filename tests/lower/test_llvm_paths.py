@@ -263,3 +263,18 @@ def test_batched_matmul_is_tiled(B, M, K, N):
       try: run_call(res.call)
       finally: jit.PARALLEL_WORK, jit.THREADS = old
       np.testing.assert_allclose(STORAGE_[res.call.src[1]].reshape(want.shape), want, rtol=2e-4, atol=2e-4)
+
+@pytest.mark.parametrize("n", [1001, 1 << 21])   # a plain (auto-vectorized) loop, a streaming kernel's explicit vectors
+def test_exp2_polynomial_within_2_ulp(n):
+  # float32 exp2 is callsat's own polynomial (so loops with it vectorize): within 2 ulp of libm over the whole range,
+  # NaN, +-inf, overflow and underflow as exp2f
+  xs = np.linspace(-155, 130, n, dtype=np.float32)
+  xs[:8] = [np.nan, np.inf, -np.inf, 0, -0.0, 128, -126, 127.99999]
+  got = Tensor(xs).exp2().numpy()
+  with np.errstate(over="ignore"): want = np.exp2(xs)
+  normal = np.isfinite(want) & (want >= np.finfo(np.float32).tiny)
+  ulp = np.abs(got[normal].astype(np.float64) - want[normal]) / np.spacing(want[normal]).astype(np.float64)
+  assert ulp.max() <= 2, ulp.max()
+  np.testing.assert_array_equal(got[:7], want[:7])   # exact: NaN, +-inf, 1, overflow to inf, 2**-126
+  sub = ~normal & np.isfinite(want)   # denormal results: within one denormal step
+  assert np.all(np.abs(got[sub].astype(np.float64) - want[sub]) <= 2 * 1.401298464324817e-45)
