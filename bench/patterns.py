@@ -14,7 +14,14 @@ def cases():
   rng = np.random.default_rng(0)
   xn = rng.standard_normal((4096, 4096)).astype(np.float32); x = Tensor(xn).realize()
   an = rng.standard_normal((1024, 1024)).astype(np.float32); a = Tensor(an).realize()
-  sm = lambda v: (lambda e: e / e.sum(1, keepdims=True))(np.exp(v - v.max(1, keepdims=True)))
+  sm = lambda v: (lambda e: e / e.sum(-1, keepdims=True))(np.exp(v - v.max(-1, keepdims=True)))
+  T, H, Dh = 256, 8, 64
+  qn, kn, vn = (rng.standard_normal((T, H * Dh)).astype(np.float32) for _ in range(3))
+  q, k, v = (Tensor(t).realize() for t in (qn, kn, vn))
+  heads = lambda t: t.reshape(T, H, Dh).permute(1, 0, 2)
+  nheads = lambda t: t.reshape(T, H, Dh).transpose(1, 0, 2)
+  mha = (((heads(q) @ heads(k).transpose(1, 2)) * (1 / 8.0)).softmax() @ heads(v)).permute(1, 0, 2).reshape(T, H * Dh)
+  mha_np = lambda: (sm(nheads(qn) @ nheads(kn).transpose(0, 2, 1) / 8.0) @ nheads(vn)).transpose(1, 0, 2).reshape(T, H * Dh)
   return [
     ("sum of 16M f32", x.sum(), lambda: xn.sum()),
     ("row sums 4096^2", x.sum(axis=1), lambda: xn.sum(1)),
@@ -25,6 +32,7 @@ def cases():
     ("relu(a @ a + 1), 1024^3", (a @ a + 1.0).relu(), lambda: np.maximum(an @ an + 1, 0)),
     ("a.T @ a, 1024^3", a.transpose(1, 0) @ a, lambda: an.T @ an),
     ("softmax(a @ a.T), 1024^3", (a @ a.transpose(1, 0)).softmax(), lambda: sm(an @ an.T)),
+    ("attention, 8 heads x 64, T=256 (bmm)", mha, mha_np),
     ("logsumexp rows 1024^2", (a - a.max(axis=1, keepdim=True)).exp().sum(axis=1).log(), lambda: np.log(np.exp(an - an.max(1, keepdims=True)).sum(1))),
   ]
 
