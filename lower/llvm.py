@@ -124,27 +124,34 @@ class _Isel:
 
   def exp2f(self, x: str) -> str:
     """2**x in float32 as plain IR, so loops with it vectorize (a call to libm's exp2f does not, and softmax's exps
-    ran one at a time): x = n + f with |f| <= 1/2, 2**f = 1 + f*P(f) (Cephes' degree-5 P), 2**n put in the exponent
-    bits in two halves (denormal results and n = 128 stay exact); within 2 ulp of libm, NaN and +-inf as exp2f."""
+    ran one at a time): x = n + f with |f| <= 1/2, 2**f = 1 + f*P(f) (Cephes' degree-5 P); for n >= -125 the result is
+    p * 2**n (two power-of-two factors: n = 128 overflows to inf), below it the denormal's bits are built as an integer,
+    round(p * 2**(n + 149)): no multiply ever makes a denormal (x86 takes a ~100-cycle assist for each, and softmax of
+    large logits is full of exps that underflow). Within 2 ulp of libm; NaN and +-inf as exp2f."""
     f32, i32 = dtypes.float32, dtypes.int32
-    ty, ity, E = self.ty(f32), self.ty(i32), self.emit
-    def call(name, *xs):
-      fn = self.intrinsic(f"llvm.{name}.{self.sfx(f32)}", ty, ", ".join([ty] * len(xs)))
-      r = self.t(); E(f"{r} = call {ty} @{fn}({', '.join(f'{ty} {v}' for v in xs)})"); return r
+    ty, ity, bt, E = self.ty(f32), self.ty(i32), self.ty(dtypes.bool), self.emit
+    def call(name, t, sfx, *xs):
+      fn = self.intrinsic(f"llvm.{name}.{sfx}", t, ", ".join([t] * len(xs)))
+      r = self.t(); E(f"{r} = call {t} @{fn}({', '.join(f'{t} {v}' for v in xs)})"); return r
+    fcall = lambda name, *xs: call(name, ty, self.sfx(f32), *xs)
     def op(o, u, v, t=ty):
       r = self.t(); E(f"{r} = {o} {t} {u}, {v}"); return r
-    xc = call("minnum", call("maxnum", x, self.cst(-151.0, f32)), self.cst(129.0, f32))
-    n = call("roundeven", xc)
+    def conv(o, v, a, b):
+      r = self.t(); E(f"{r} = {o} {a} {v} to {b}"); return r
+    pow2 = lambda k: conv("bitcast", op("shl", op("add", k, self.cst(127, i32), ity), self.cst(23, i32), ity), ity, ty)
+    xc = fcall("minnum", fcall("maxnum", x, self.cst(-151.0, f32)), self.cst(129.0, f32))
+    n = fcall("roundeven", xc)
     fr, p = op("fsub", xc, n), self.cst(_EXP2_P[0], f32)
     for c in _EXP2_P[1:]: p = op("fadd", op("fmul", p, fr), self.cst(c, f32))
-    ni = self.t(); E(f"{ni} = fptosi {ty} {n} to {ity}")
-    n1 = op("ashr", ni, self.cst(1, i32), ity)
-    def pow2(k):
-      e, r = op("shl", op("add", k, self.cst(127, i32), ity), self.cst(23, i32), ity), self.t()
-      E(f"{r} = bitcast {ity} {e} to {ty}"); return r
-    v = op("fmul", op("fmul", p, pow2(n1)), pow2(op("sub", ni, n1, ity)))
-    nan, r = self.t(), self.t()
-    E(f"{nan} = fcmp uno {ty} {x}, {x}"); E(f"{r} = select {self.ty(dtypes.bool)} {nan}, {ty} {x}, {ty} {v}")
+    ni = conv("fptosi", n, ty, ity)
+    nc = call("smax", ity, self.sfx(i32), ni, self.cst(-125, i32))
+    n1 = op("ashr", nc, self.cst(1, i32), ity)
+    big = op("fmul", op("fmul", p, pow2(n1)), pow2(op("sub", nc, n1, ity)))
+    m = conv("fptosi", fcall("roundeven", op("fmul", p, pow2(op("add", ni, self.cst(149, i32), ity)))), ty, ity)
+    tiny, small, nan = conv("bitcast", m, ity, ty), self.t(), self.t()
+    E(f"{small} = icmp slt {ity} {ni}, {self.cst(-125, i32)}")
+    v = self.t(); E(f"{v} = select {bt} {small}, {ty} {tiny}, {ty} {big}")
+    r = self.t(); E(f"{nan} = fcmp uno {ty} {x}, {x}"); E(f"{r} = select {bt} {nan}, {ty} {x}, {ty} {v}")
     return r
 
   def cast(self, src: DType, dst: DType, x: str) -> str:
