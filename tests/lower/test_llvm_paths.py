@@ -179,7 +179,7 @@ def test_matmul_kernels_share_precompiled_helpers():
     launch(c, ptrs, work=1 << 30, threads=threads)
     np.testing.assert_allclose(out.reshape(M, N), a_np @ b_np, rtol=2e-4, atol=2e-4)
 
-@pytest.mark.parametrize("shape,axis", [((300, 100), 0), ((64, 300), 0), ((5, 70, 530), 1), ((9, 33, 12), (0, 1)), ((4, 6), 0)])
+@pytest.mark.parametrize("shape,axis", [((300, 100), 0), ((64, 300), 0), ((5, 70, 530), 1), ((9, 33, 12), (0, 1)), ((4, 6), 0), ((20, 8200), 0)])
 def test_column_reduces(shape, axis):
   # reduces along a strided axis with a unit-stride output axis (x.sum(axis=0)): COL_W columns per reduce step, also
   # split across threads at any column
