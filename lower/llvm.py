@@ -5,8 +5,8 @@ Every kernel is `void @name(ptr p0, ..., i64 start, i64 end[, ptr err])`: it run
 [start, end), so one function serves one thread or a split across threads (ctypes releases the GIL). Loop counters and
 accumulators are allocas in the entry block (SROA turns them into phis). Float reductions carry `reassoc nsz` (they do
 not vectorize without it); elementwise float math has no fast-math flags, so it is bit-exact with numpy except where
-LLVM's libm calls differ and for float32 exp2, which is callsat's own polynomial (_Isel.exp2f: within 2 ulp, and it
-vectorizes; a libm call does not). NaNs are kept (no `nnan`): MAX is llvm.maximum (NaN-propagating, as np.maximum).
+LLVM's libm calls differ and for float32 exp2 and log2, which are callsat's own polynomials (_Isel.exp2f/log2f: within
+2 ulp, and they vectorize; a libm call does not). NaNs are kept (no `nnan`): MAX is llvm.maximum (NaN-propagating, as np.maximum).
 `noalias` is claimed only for params the scheduler proved disjoint from every other param; alignment only as the
 element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", MR, NR) go to lower/matmul.py. A
 column reduce (one reduce whose loads run along the innermost output var with unit stride and along the reduce with a
@@ -61,6 +61,8 @@ _CMP = {Ops.CMPLT: ("fcmp olt", "icmp slt", "icmp ult"), Ops.CMPNE: ("fcmp une",
 _BOOL = {Ops.ADD: "or", Ops.SUB: "xor", Ops.MUL: "and", Ops.IDIV: "and", Ops.MAX: "or", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}
 _EXP2_P = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3, 5.550332471162809e-2, 2.402264791363012e-1,
            6.931472028550421e-1, 1.0)   # 2**f on [-1/2, 1/2], Horner order (Cephes exp2f)
+_LOG_P = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
+          2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)   # ln(1 + t) = t - t^2/2 + t^3 P(t), Horner order (Cephes logf)
 _FUN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
 
 class _Isel:
@@ -91,6 +93,7 @@ class _Isel:
         f = self.intrinsic(f"llvm.maximum.{self.sfx(dt)}", ty, f"{ty}, {ty}")
         E(f"{r} = call {ty} @{f}({ty} {a[0]}, {ty} {a[1]})"); return r
       if op is Ops.EXP2 and dt == dtypes.float32: return self.exp2f(a[0])
+      if op is Ops.LOG2 and dt == dtypes.float32: return self.log2f(a[0])
       f = self.intrinsic(f"llvm.{_FUN[op]}.{self.sfx(dt)}", ty, ty)
       E(f"{r} = call {ty} @{f}({ty} {a[0]})"); return r
     # integers: wrap like C
@@ -153,6 +156,38 @@ class _Isel:
     v = self.t(); E(f"{v} = select {bt} {small}, {ty} {tiny}, {ty} {big}")
     r = self.t(); E(f"{nan} = fcmp uno {ty} {x}, {x}"); E(f"{r} = select {bt} {nan}, {ty} {x}, {ty} {v}")
     return r
+
+  def log2f(self, x: str) -> str:
+    """log2(x) in float32 as plain IR (vectorizes, as exp2f): x = m * 2**e with m in [sqrt(1/2), sqrt(2)), ln(m) by
+    Cephes' logf polynomial, then e + ln(m) * log2(e) with log2(e) split (Cephes log2f); denormal inputs scaled by
+    2**23 first. Within 2 ulp of libm away from x = 1 (absolute 1e-7 near it); 0, negatives, inf and NaN as log2f."""
+    f32, i32 = dtypes.float32, dtypes.int32
+    ty, ity, bt, E = self.ty(f32), self.ty(i32), self.ty(dtypes.bool), self.emit
+    def op(o, u, v, t=ty):
+      r = self.t(); E(f"{r} = {o} {t} {u}, {v}"); return r
+    def conv(o, v, a, b):
+      r = self.t(); E(f"{r} = {o} {a} {v} to {b}"); return r
+    def sel(c, u, v, t=ty):
+      r = self.t(); E(f"{r} = select {bt} {c}, {t} {u}, {t} {v}"); return r
+    fc, ic = lambda v: self.cst(v, f32), lambda v: self.cst(v, i32)
+    den = op("fcmp olt", x, fc(2.0 ** -126))
+    xs = sel(den, op("fmul", x, fc(2.0 ** 23)), x)
+    bits = conv("bitcast", xs, ty, ity)
+    e = op("add", op("sub", op("and", op("ashr", bits, ic(23), ity), ic(255), ity), ic(127), ity), sel(den, ic(-23), ic(0), ity), ity)
+    m = conv("bitcast", op("or", op("and", bits, ic(0x7FFFFF), ity), ic(0x3F800000), ity), ity, ty)
+    big = op("fcmp ogt", m, fc(1.4142135623730951))
+    m = sel(big, op("fmul", m, fc(0.5)), m)
+    ef = conv("sitofp", op("add", e, conv("zext", big, bt, ity), ity), ity, ty)
+    t = op("fsub", m, fc(1.0))
+    z = op("fmul", t, t)
+    p = fc(_LOG_P[0])
+    for c in _LOG_P[1:]: p = op("fadd", op("fmul", p, t), fc(c))
+    y = op("fsub", op("fmul", t, op("fmul", z, p)), op("fmul", z, fc(0.5)))   # ln(1 + t) - t
+    r = op("fmul", y, fc(0.44269504088896340736))
+    r = op("fadd", op("fadd", op("fadd", op("fadd", r, op("fmul", t, fc(0.44269504088896340736))), y), t), ef)
+    r = sel(op("fcmp oeq", x, fc(float("inf"))), fc(float("inf")), r)
+    r = sel(op("fcmp oeq", x, fc(0.0)), fc(float("-inf")), r)
+    return sel(op("fcmp ult", x, fc(0.0)), fc(float("nan")), r)   # negatives and NaN (unordered) give NaN
 
   def cast(self, src: DType, dst: DType, x: str) -> str:
     if src == dst: return x

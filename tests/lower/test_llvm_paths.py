@@ -278,3 +278,16 @@ def test_exp2_polynomial_within_2_ulp(n):
   np.testing.assert_array_equal(got[:7], want[:7])   # exact: NaN, +-inf, 1, overflow to inf, 2**-126
   sub = ~normal & np.isfinite(want)   # denormal results: within one denormal step
   assert np.all(np.abs(got[sub].astype(np.float64) - want[sub]) <= 2 * 1.401298464324817e-45)
+
+@pytest.mark.parametrize("n", [1001, 1 << 21])
+def test_log2_polynomial_within_2_ulp(n):
+  # float32 log2 is callsat's own polynomial too: within 2 ulp of libm over normal and denormal inputs; 0, negatives,
+  # inf and NaN exact
+  xs = np.exp2(np.linspace(-149, 127.9, n)).astype(np.float32)
+  xs[:9] = [0, -0.0, -1, np.inf, -np.inf, np.nan, 1, 2, 1e-40]
+  got = Tensor(xs).log2().numpy()
+  with np.errstate(all="ignore"): want = np.log2(xs)
+  np.testing.assert_array_equal(got[:9], want[:9])
+  fin = np.isfinite(want) & (want != 0)
+  ulp = np.abs(got[fin].astype(np.float64) - want[fin]) / np.spacing(np.abs(want[fin])).astype(np.float64)
+  assert ulp.max() <= 2, ulp.max()
