@@ -181,7 +181,10 @@ def _param(n: Node, params: list[np.ndarray] | None) -> np.ndarray:
 def _store(n: Node, tgt: np.ndarray, val: np.ndarray, memo: dict[int, Any]) -> None:
   b = n.src[0]
   if b.op is Ops.MULTI:   # a logical value into per-device storage: each device gets its shard
-    b, tgt, val = b.src[0], memo[b.src[0].id], np.stack(np.split(val, len(b.device), b.arg))
+    D = len(b.device)
+    if is_shard(n.src[1]): val = np.stack([np.split(val[d], D, b.arg)[d] for d in range(D)])   # per-device copies: each its own shard
+    else: val = np.stack(np.split(val, D, b.arg))
+    b, tgt = b.src[0], memo[b.src[0].id]
   elif is_shard(b) and not is_shard(n.src[1]): val = np.broadcast_to(val, tgt.shape)   # replicated: every device a copy
   chain = []
   while b.op not in (Ops.BUFFER, Ops.PARAM):

@@ -4,7 +4,7 @@ number of PYTHON devices. Plus the kernel structure (a device's kernel touches i
 across shards) and a hypothesis differential over random sharded programs."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, HealthCheck, strategies as st
+from hypothesis import example, given, settings, HealthCheck, strategies as st
 from egraph import Tensor, callify, dtypes, function, CallsatError, UnsupportedOpError
 from egraph.ir import Node, Ops, ParamArg, new_buffer, const
 from lower.cache import CACHE
@@ -227,6 +227,7 @@ def check(recipe):
       np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4); np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-3)
     else: np.testing.assert_array_equal(g, r); np.testing.assert_array_equal(g, w)
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)   # CI: the same 60
 @given(recipes())
-def test_random_sharded_programs_match_the_reference(recipe): check(recipe)
+@example(recipe=(2, (2, 2), "float32", [0, None], [("bin", 0, 0, 0), ("assign", 1, 0, 0)], [3], 0))   # a replicated value into a
+def test_random_sharded_programs_match_the_reference(recipe): check(recipe)                             # sharded target (reference bug)
