@@ -164,9 +164,15 @@ def _valid_possible(valid: tuple) -> bool:
 # ---------------------------------------------------------------------------------------------------------------------
 # fusion cap
 
-def _realize_set(root: Node, cap: int) -> set:
+def _unview(n: Node) -> Node:
+  """n below its movement and identity ops."""
+  while n.op in GroupOp.Movement or n.op in IDENTITY: n = n.src[0]
+  return n
+
+def _realize_set(order: list, cap: int) -> set:
+  """Nodes of a value graph (`order`: its toposort) realized to keep every kernel's expression under `cap` nodes."""
   size, realize = {}, set()
-  for n in toposort([root], enter_calls=False):
+  for n in order:
     if n.op in (Ops.PARAM, Ops.BUFFER, Ops.CONST, Ops.STORE, Ops.CALL, Ops.SINK) or not n.src: size[n.id] = 1; continue
     if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in (Ops.AFTER, Ops.SLICE, Ops.MULTI):
       size[n.id] = size[n.src[0].id]; continue
@@ -175,22 +181,21 @@ def _realize_set(root: Node, cap: int) -> set:
     while s > cap:
       k = max(kids, key=lambda k: size[k.id])
       if size[k.id] <= 1: break
-      b = k
-      while b.op in GroupOp.Movement or b.op in IDENTITY: b = b.src[0]
+      b = _unview(k)
       realize.add(b.id)
       s -= size[k.id] - 1
       size[k.id] = size[b.id] = 1
     size[n.id] = s
   return realize
 
-def _nested_reduces(root: Node) -> set:
+def _nested_reduces(order: list) -> set:
   """What a reduce's body would recompute, realized so that it runs once on its own (parallel, maybe tiled) domain:
   a big REDUCE (NESTED_REDUCE_WORK inputs or more) below another REDUCE, and a computed value broadcast (EXPAND to
   NESTED_REDUCE_WORK elements or more) inside a reduce's body. Fused, softmax(a @ b) computed the matmul inside the
   max, the sum and the division (3 times, untiled, ~100x slower each), (a @ b).sum() ran the matmul on the sum's
   1-element domain, and layernorm(x) @ w recomputed the layernorm for every output column (and was not tiled). A big
-  REDUCE under elementwise ops is realized as well: (a @ b + 1).relu() fused was an untiled matmul (2.2 s at 1024^3)."""
-  order = toposort([root], enter_calls=False)
+  REDUCE under elementwise ops is realized as well: (a @ b + 1).relu() fused was an untiled matmul (2.2 s at 1024^3).
+  `order`: the value graph's toposort."""
   under: set = set()
   for n in reversed(order):                 # consumers first
     if n.op in (Ops.STORE, Ops.CALL): continue
@@ -199,14 +204,11 @@ def _nested_reduces(root: Node) -> set:
   out = set()
   for n in order:
     if n.op in GroupOp.ALU:   # a big reduce under elementwise ops ((a @ b + 1).relu()): realized, it stays tileable
-      for c in n.src:
-        while c.op in GroupOp.Movement or c.op in IDENTITY: c = c.src[0]
-        if big(c): out.add(c.id)
+      out.update(c.id for c in map(_unview, n.src) if big(c))
     if n.id not in under or n.shape is None: continue
     if big(n): out.add(n.id)
     elif n.op is Ops.EXPAND and math.prod(n.shape) >= NESTED_REDUCE_WORK:
-      c = n.src[0]
-      while c.op in GroupOp.Movement or c.op in IDENTITY: c = c.src[0]
+      c = _unview(n.src[0])
       if (c.op in GroupOp.ALU or c.op is Ops.REDUCE) and math.prod(c.shape) > 1: out.add(c.id)
   return out
 
@@ -229,11 +231,10 @@ def _split_full_reduce(n: Node) -> Node | None:
   part = Node(Ops.REDUCE, None, (y,), (n.arg[0], tuple(i for i in range(len(shape)) if i != a)))
   return Node(Ops.REDUCE, None, (part,), (n.arg[0], tuple(range(len(shape))))).reshape(n.shape).cast(n.dtype)
 
-def _realize_order(root: Node, realize: set) -> list:
-  """(node, reached-through-AFTER) for every realized node, children first."""
+def _realize_order(order: list, realize: set) -> list:
+  """(node, reached-through-AFTER) for every realized node of the value graph whose toposort is `order`, children first."""
   if not realize: return []
-  order = toposort([root], enter_calls=False)
-  flags: dict = {root.id: {False}}
+  flags: dict = {order[-1].id: {False}}
   for n in reversed(order):
     fs = flags.get(n.id, set())
     for i, s in enumerate(n.src):
@@ -482,8 +483,9 @@ def _call_group(call: Node, bind: dict, ctx: _Ctx) -> _GroupPlan:
   g, inner, copied = _Group(ctx, bind), {}, {}
   for i, a in enumerate(call.src[1:]):
     if (m := view_mem(a, bind)) is None:
-      g.realize |= _realize_set(a, FUSE_CAP)
-      for n, _ in _realize_order(a, g.realize): g.temp_of(n, True)
+      order = toposort([a], enter_calls=False)
+      g.realize |= _realize_set(order, FUSE_CAP)
+      for n, _ in _realize_order(order, g.realize): g.temp_of(n, True)
       m = g.temp_of(a, True, whole=True).mem
       copied[i] = a
     inner[i] = m
@@ -500,8 +502,9 @@ def _store_group(eff: Node, bind: dict, ctx: _Ctx) -> _GroupPlan:
   tgt, val = eff.src
   outs = _targets(tgt, bind)
   g = _Group(ctx, bind)
-  g.realize = _realize_set(val, FUSE_CAP) | _nested_reduces(val)
-  for n, after in _realize_order(val, g.realize): g.temp_of(n, after)   # children first: bounded recursion
+  order = toposort([val], enter_calls=False)   # one walk of the value serves the three passes below
+  g.realize = _realize_set(order, FUSE_CAP) | _nested_reduces(order)
+  for n, after in _realize_order(order, g.realize): g.temp_of(n, after)   # children first: bounded recursion
   for m, index, shape, kdev, lidx in outs: g.kernel(shape, m, index, val, False, kdev=kdev, lidx=lidx, final=True)
   specs = g.specs + _apart(g.finals, ctx)
   keys = [x.arg[0] for s in specs for x in _iter_exprs(s.value) if x.op == 'load']
