@@ -125,6 +125,22 @@ class _Isel:
       E(f"{r} = select {bt} {z}, {ty} {x}, {ty} {q}"); return r
     raise CallsatError(f"LLVM backend: cannot {self.what} {op} on {dt.name}")
 
+  # small emitters for the polynomial functions below (each returns the new SSA value)
+  def _ins(self, o: str, t: str, u: str, v: str) -> str:
+    r = self.t(); self.emit(f"{r} = {o} {t} {u}, {v}"); return r
+  def _conv(self, o: str, v: str, a: str, b: str) -> str:
+    r = self.t(); self.emit(f"{r} = {o} {a} {v} to {b}"); return r
+  def _sel(self, c: str, t: str, u: str, v: str) -> str:
+    r = self.t(); self.emit(f"{r} = select {self.ty(dtypes.bool)} {c}, {t} {u}, {t} {v}"); return r
+  def _call(self, name: str, dt: DType, *xs: str) -> str:
+    t = self.ty(dt)
+    fn = self.intrinsic(f"llvm.{name}.{self.sfx(dt)}", t, ", ".join([t] * len(xs)))
+    r = self.t(); self.emit(f"{r} = call {t} @{fn}({', '.join(f'{t} {v}' for v in xs)})"); return r
+  def _horner(self, coefs: tuple, x: str) -> str:
+    ty, p = self.ty(dtypes.float32), self.cst(coefs[0], dtypes.float32)
+    for c in coefs[1:]: p = self._ins("fadd", ty, self._ins("fmul", ty, p, x), self.cst(c, dtypes.float32))
+    return p
+
   def exp2f(self, x: str) -> str:
     """2**x in float32 as plain IR, so loops with it vectorize (a call to libm's exp2f does not, and softmax's exps
     ran one at a time): x = n + f with |f| <= 1/2, 2**f = 1 + f*P(f) (Cephes' degree-5 P); for n >= -125 the result is
@@ -132,62 +148,42 @@ class _Isel:
     round(p * 2**(n + 149)): no multiply ever makes a denormal (x86 takes a ~100-cycle assist for each, and softmax of
     large logits is full of exps that underflow). Within 2 ulp of libm; NaN and +-inf as exp2f."""
     f32, i32 = dtypes.float32, dtypes.int32
-    ty, ity, bt, E = self.ty(f32), self.ty(i32), self.ty(dtypes.bool), self.emit
-    def call(name, t, sfx, *xs):
-      fn = self.intrinsic(f"llvm.{name}.{sfx}", t, ", ".join([t] * len(xs)))
-      r = self.t(); E(f"{r} = call {t} @{fn}({', '.join(f'{t} {v}' for v in xs)})"); return r
-    fcall = lambda name, *xs: call(name, ty, self.sfx(f32), *xs)
-    def op(o, u, v, t=ty):
-      r = self.t(); E(f"{r} = {o} {t} {u}, {v}"); return r
-    def conv(o, v, a, b):
-      r = self.t(); E(f"{r} = {o} {a} {v} to {b}"); return r
-    pow2 = lambda k: conv("bitcast", op("shl", op("add", k, self.cst(127, i32), ity), self.cst(23, i32), ity), ity, ty)
-    xc = fcall("minnum", fcall("maxnum", x, self.cst(-151.0, f32)), self.cst(129.0, f32))
-    n = fcall("roundeven", xc)
-    fr, p = op("fsub", xc, n), self.cst(_EXP2_P[0], f32)
-    for c in _EXP2_P[1:]: p = op("fadd", op("fmul", p, fr), self.cst(c, f32))
-    ni = conv("fptosi", n, ty, ity)
-    nc = call("smax", ity, self.sfx(i32), ni, self.cst(-125, i32))
-    n1 = op("ashr", nc, self.cst(1, i32), ity)
-    big = op("fmul", op("fmul", p, pow2(n1)), pow2(op("sub", nc, n1, ity)))
-    m = conv("fptosi", fcall("roundeven", op("fmul", p, pow2(op("add", ni, self.cst(149, i32), ity)))), ty, ity)
-    tiny, small, nan = conv("bitcast", m, ity, ty), self.t(), self.t()
-    E(f"{small} = icmp slt {ity} {ni}, {self.cst(-125, i32)}")
-    v = self.t(); E(f"{v} = select {bt} {small}, {ty} {tiny}, {ty} {big}")
-    r = self.t(); E(f"{nan} = fcmp uno {ty} {x}, {x}"); E(f"{r} = select {bt} {nan}, {ty} {x}, {ty} {v}")
-    return r
+    ty, ity, fc, ic = self.ty(f32), self.ty(i32), lambda v: self.cst(v, f32), lambda v: self.cst(v, i32)
+    op, iop = lambda o, u, v: self._ins(o, ty, u, v), lambda o, u, v: self._ins(o, ity, u, v)
+    pow2 = lambda k: self._conv("bitcast", iop("shl", iop("add", k, ic(127)), ic(23)), ity, ty)
+    xc = self._call("minnum", f32, self._call("maxnum", f32, x, fc(-151.0)), fc(129.0))
+    n = self._call("roundeven", f32, xc)
+    p = self._horner(_EXP2_P, op("fsub", xc, n))
+    ni = self._conv("fptosi", n, ty, ity)
+    nc = self._call("smax", i32, ni, ic(-125))
+    n1 = iop("ashr", nc, ic(1))
+    big = op("fmul", op("fmul", p, pow2(n1)), pow2(iop("sub", nc, n1)))
+    m = self._conv("fptosi", self._call("roundeven", f32, op("fmul", p, pow2(iop("add", ni, ic(149))))), ty, ity)
+    v = self._sel(iop("icmp slt", ni, ic(-125)), ty, self._conv("bitcast", m, ity, ty), big)
+    return self._sel(op("fcmp uno", x, x), ty, x, v)
 
   def log2f(self, x: str) -> str:
     """log2(x) in float32 as plain IR (vectorizes, as exp2f): x = m * 2**e with m in [sqrt(1/2), sqrt(2)), ln(m) by
     Cephes' logf polynomial, then e + ln(m) * log2(e) with log2(e) split (Cephes log2f); denormal inputs scaled by
     2**23 first. Within 2 ulp of libm away from x = 1 (absolute 1e-7 near it); 0, negatives, inf and NaN as log2f."""
     f32, i32 = dtypes.float32, dtypes.int32
-    ty, ity, bt, E = self.ty(f32), self.ty(i32), self.ty(dtypes.bool), self.emit
-    def op(o, u, v, t=ty):
-      r = self.t(); E(f"{r} = {o} {t} {u}, {v}"); return r
-    def conv(o, v, a, b):
-      r = self.t(); E(f"{r} = {o} {a} {v} to {b}"); return r
-    def sel(c, u, v, t=ty):
-      r = self.t(); E(f"{r} = select {bt} {c}, {t} {u}, {t} {v}"); return r
-    fc, ic = lambda v: self.cst(v, f32), lambda v: self.cst(v, i32)
+    ty, ity, fc, ic = self.ty(f32), self.ty(i32), lambda v: self.cst(v, f32), lambda v: self.cst(v, i32)
+    op, iop = lambda o, u, v: self._ins(o, ty, u, v), lambda o, u, v: self._ins(o, ity, u, v)
     den = op("fcmp olt", x, fc(2.0 ** -126))
-    xs = sel(den, op("fmul", x, fc(2.0 ** 23)), x)
-    bits = conv("bitcast", xs, ty, ity)
-    e = op("add", op("sub", op("and", op("ashr", bits, ic(23), ity), ic(255), ity), ic(127), ity), sel(den, ic(-23), ic(0), ity), ity)
-    m = conv("bitcast", op("or", op("and", bits, ic(0x7FFFFF), ity), ic(0x3F800000), ity), ity, ty)
+    bits = self._conv("bitcast", self._sel(den, ty, op("fmul", x, fc(2.0 ** 23)), x), ty, ity)
+    e = iop("add", iop("sub", iop("and", iop("ashr", bits, ic(23)), ic(255)), ic(127)), self._sel(den, ity, ic(-23), ic(0)))
+    m = self._conv("bitcast", iop("or", iop("and", bits, ic(0x7FFFFF)), ic(0x3F800000)), ity, ty)
     big = op("fcmp ogt", m, fc(1.4142135623730951))
-    m = sel(big, op("fmul", m, fc(0.5)), m)
-    ef = conv("sitofp", op("add", e, conv("zext", big, bt, ity), ity), ity, ty)
+    m = self._sel(big, ty, op("fmul", m, fc(0.5)), m)
+    ef = self._conv("sitofp", iop("add", e, self._conv("zext", big, self.ty(dtypes.bool), ity)), ity, ty)
     t = op("fsub", m, fc(1.0))
     z = op("fmul", t, t)
-    p = fc(_LOG_P[0])
-    for c in _LOG_P[1:]: p = op("fadd", op("fmul", p, t), fc(c))
-    y = op("fsub", op("fmul", t, op("fmul", z, p)), op("fmul", z, fc(0.5)))   # ln(1 + t) - t
+    y = op("fsub", op("fmul", t, op("fmul", z, self._horner(_LOG_P, t))), op("fmul", z, fc(0.5)))   # ln(1 + t) - t
     r = op("fmul", y, fc(0.44269504088896340736))
     r = op("fadd", op("fadd", op("fadd", op("fadd", r, op("fmul", t, fc(0.44269504088896340736))), y), t), ef)
-    r = sel(op("fcmp oeq", x, fc(float("inf"))), fc(float("inf")), r)
-    r = sel(op("fcmp oeq", x, fc(0.0)), fc(float("-inf")), r)
-    return sel(op("fcmp ult", x, fc(0.0)), fc(float("nan")), r)   # negatives and NaN (unordered) give NaN
+    r = self._sel(op("fcmp oeq", x, fc(float("inf"))), ty, fc(float("inf")), r)
+    r = self._sel(op("fcmp oeq", x, fc(0.0)), ty, fc(float("-inf")), r)
+    return self._sel(op("fcmp ult", x, fc(0.0)), ty, fc(float("nan")), r)   # negatives and NaN (unordered) give NaN
 
   def cast(self, src: DType, dst: DType, x: str) -> str:
     if src == dst: return x
@@ -253,6 +249,22 @@ class _Fn(_Isel):
     self.emit(f"store i64 {nxt}, ptr {addr}")
     self.emit(f"br label {cond}")
     self.label(exitl)
+
+  def blocks(self, name: str, lo: str, hi: str, step: int, body):
+    """for b in [lo, hi) step `step`: body(b, min(b + step, hi)) (SSA values)."""
+    addr, cond, bl, ex = self.t(name + ".addr"), self.t(name + ".cond"), self.t(name + ".body"), self.t(name + ".exit")
+    self.allocas.append(f"{addr} = alloca i64")
+    self.emit(f"store i64 {lo}, ptr {addr}"); self.emit(f"br label {cond}")
+    self.label(cond)
+    cur, ok = self.t(name), self.t()
+    self.emit(f"{cur} = load i64, ptr {addr}"); self.emit(f"{ok} = icmp slt i64 {cur}, {hi}"); self.emit(f"br i1 {ok}, label {bl}, label {ex}")
+    self.label(bl)
+    end, nx, lt = self.t(), self.t(), self.t()
+    self.emit(f"{nx} = add nsw i64 {cur}, {step}"); self.emit(f"{lt} = icmp slt i64 {nx}, {hi}")
+    self.emit(f"{end} = select i1 {lt}, i64 {nx}, i64 {hi}")
+    body(cur, end)
+    self.emit(f"store i64 {nx}, ptr {addr}"); self.emit(f"br label {cond}")
+    self.label(ex)
 
   # index expressions
   def idx(self, i: Idx) -> str:
@@ -390,6 +402,18 @@ def _noloop(decls: set) -> str:
 STREAM_STAGE = 8192      # bytes of the on-stack staging block of a streaming kernel (L1-resident)
 NT_MD = "!9000 = !{i32 1}"
 
+def _head_count(E, first: str, sh: int):
+  """%h = min(%n, elements from output element `first` (byte offset `first` << sh from %obase) to the next 64-byte
+  boundary): the scalar or masked head before the aligned non-temporal vector stores."""
+  E(f"%d.b = shl i64 {first}, {sh}")
+  E("%d.a = add i64 %obase, %d.b")
+  E("%d.m = and i64 %d.a, 63")
+  E("%d.r = sub i64 64, %d.m")
+  E("%d.r2 = and i64 %d.r, 63")
+  E(f"%h0 = lshr i64 %d.r2, {sh}")
+  E("%h.lt = icmp slt i64 %h0, %n")
+  E("%h = select i1 %h.lt, i64 %h0, i64 %n")
+
 def _streams(k: Kernel) -> bool:
   return k.stream and not k.checked and len(k.domain) == 1 and platform.machine() in ("x86_64", "AMD64")
 
@@ -442,14 +466,7 @@ def _render_stream(k: Kernel, fname: str) -> tuple[str, set]:
   E("%n = sub i64 %e, %b")
   E(f"%dg = add i64 %b, {c}")
   E(f"%dst = getelementptr inbounds {ty}, ptr %{p.name}, i64 %dg")
-  E(f"%d.b = shl i64 %dg, {sh}")
-  E("%d.a = add i64 %obase, %d.b")
-  E("%d.m = and i64 %d.a, 63")
-  E("%d.r = sub i64 64, %d.m")
-  E("%d.r2 = and i64 %d.r, 63")
-  E(f"%h0 = lshr i64 %d.r2, {sh}")
-  E("%h.lt = icmp slt i64 %h0, %n")
-  E("%h = select i1 %h.lt, i64 %h0, i64 %n")
+  _head_count(E, "%dg", sh)
   E("%nv0 = sub i64 %n, %h")
   E(f"%nv1 = lshr i64 %nv0, {(lanes).bit_length() - 1}")
   E(f"%nv = shl i64 %nv1, {(lanes).bit_length() - 1}")
@@ -584,14 +601,7 @@ def _render_stream_vec(k: Kernel, fname: str) -> tuple[str, set]:
   E(f"%obase = ptrtoint ptr %{p.name} to i64")
   E("%n = sub i64 %end, %start")
   E(f"%d.g = add i64 %start, {c}")
-  E(f"%d.b = shl i64 %d.g, {sh}")
-  E("%d.a = add i64 %obase, %d.b")
-  E("%d.m = and i64 %d.a, 63")
-  E("%d.r = sub i64 64, %d.m")
-  E("%d.r2 = and i64 %d.r, 63")
-  E(f"%h0 = lshr i64 %d.r2, {sh}")
-  E("%h.lt = icmp slt i64 %h0, %n")
-  E("%h = select i1 %h.lt, i64 %h0, i64 %n")
+  _head_count(E, "%d.g", sh)
   E("%h.any = icmp sgt i64 %h, 0")
   E("br i1 %h.any, label %head, label %v.pre")
   f.label("%head")
@@ -661,42 +671,34 @@ def _col_block(f: _Fn, k: Kernel, R: Expr, j: Var, lo: str, hi: str):
   body(j = jb + c); for c: store the value with the reduce read from acc[c]."""
   rop, rvars = R.arg
   dt, ty = R.dtype, VT[R.dtype.name]
-  accs, jaddr = f.t("accs"), f.t("jb.addr")
-  f.allocas += [f"{accs} = alloca [{COL_W} x {ty}], align 64", f"{jaddr} = alloca i64"]
-  cond, body, exit_ = f.t("jb.cond"), f.t("jb.body"), f.t("jb.exit")
-  f.emit(f"store i64 {lo}, ptr {jaddr}"); f.emit(f"br label {cond}")
-  f.label(cond)
-  jb, ok = f.t("jb"), f.t()
-  f.emit(f"{jb} = load i64, ptr {jaddr}"); f.emit(f"{ok} = icmp slt i64 {jb}, {hi}"); f.emit(f"br i1 {ok}, label {body}, label {exit_}")
-  f.label(body)
-  rest, small, n = f.t(), f.t(), f.t("n")
-  f.emit(f"{rest} = sub i64 {hi}, {jb}"); f.emit(f"{small} = icmp slt i64 {rest}, {COL_W}")
-  f.emit(f"{n} = select i1 {small}, i64 {rest}, i64 {COL_W}")
+  accs = f.t("accs")
+  f.allocas.append(f"{accs} = alloca [{COL_W} x {ty}], align 64")
   c = Var(f"{j.name}c", COL_W)
-  def cols(inner):
-    def b():
-      jv, slot = f.t(j.name), f.t("slot")
-      f.emit(f"{jv} = add nsw i64 {jb}, {f.vars[c]}")
-      f.vars[j] = jv
-      f.emit(f"{slot} = getelementptr inbounds [{COL_W} x {ty}], ptr {accs}, i64 0, i64 {f.vars[c]}")
-      inner(slot)
-    f.loop(c, "0", n, b)
-  cols(lambda slot: f.emit(f"store {ty} {_reduce_init(rop, dt)}, ptr {slot}"))
-  def step(slot):
-    v, a = f.value(R.src[0]), f.t()
-    f.emit(f"{a} = load {ty}, ptr {slot}")
-    f.emit(f"store {ty} {f.alu(rop, dt, (dt, dt), [a, v])}, ptr {slot}")
-  def nest(d):
-    if d == len(rvars): cols(step); return
-    f.loop(rvars[d], "0", str(rvars[d].size), lambda: nest(d + 1))
-  nest(0)
-  def out(slot):
-    r = f.t("red"); f.emit(f"{r} = load {ty}, ptr {slot}")
-    f.put(id(R), r)
-    _store(f, k)
-  cols(out)
-  nx = f.t(); f.emit(f"{nx} = add nsw i64 {jb}, {COL_W}"); f.emit(f"store i64 {nx}, ptr {jaddr}"); f.emit(f"br label {cond}")
-  f.label(exit_)
+  def block(jb, jend):
+    n = f.t("n"); f.emit(f"{n} = sub i64 {jend}, {jb}")
+    def cols(inner):
+      def b():
+        jv, slot = f.t(j.name), f.t("slot")
+        f.emit(f"{jv} = add nsw i64 {jb}, {f.vars[c]}")
+        f.vars[j] = jv
+        f.emit(f"{slot} = getelementptr inbounds [{COL_W} x {ty}], ptr {accs}, i64 0, i64 {f.vars[c]}")
+        inner(slot)
+      f.loop(c, "0", n, b)
+    cols(lambda slot: f.emit(f"store {ty} {_reduce_init(rop, dt)}, ptr {slot}"))
+    def step(slot):
+      v, a = f.value(R.src[0]), f.t()
+      f.emit(f"{a} = load {ty}, ptr {slot}")
+      f.emit(f"store {ty} {f.alu(rop, dt, (dt, dt), [a, v])}, ptr {slot}")
+    def nest(d):
+      if d == len(rvars): cols(step); return
+      f.loop(rvars[d], "0", str(rvars[d].size), lambda: nest(d + 1))
+    nest(0)
+    def out(slot):
+      r = f.t("red"); f.emit(f"{r} = load {ty}, ptr {slot}")
+      f.put(id(R), r)
+      _store(f, k)
+    cols(out)
+  f.blocks("jb", lo, hi, COL_W, block)
 
 TILE_T = 32  # the square block a transposing kernel walks (two 32x32 float tiles: 8 KiB, in L1)
 
@@ -716,21 +718,7 @@ def _transposing(k: Kernel):
 
 def _blocked(f: _Fn, o: Var, j: Var, olo: str, ohi: str, body):
   """for ob in [olo, ohi) step TILE_T: for jb in [0, |j|) step TILE_T: for o in the block: for j in the block: body()."""
-  def stepped(name, lo, hi, inner):
-    addr, cond, bl, ex = f.t(name + ".addr"), f.t(name + ".cond"), f.t(name + ".body"), f.t(name + ".exit")
-    f.allocas.append(f"{addr} = alloca i64")
-    f.emit(f"store i64 {lo}, ptr {addr}"); f.emit(f"br label {cond}")
-    f.label(cond)
-    cur, ok = f.t(name), f.t()
-    f.emit(f"{cur} = load i64, ptr {addr}"); f.emit(f"{ok} = icmp slt i64 {cur}, {hi}"); f.emit(f"br i1 {ok}, label {bl}, label {ex}")
-    f.label(bl)
-    end, nx, lt = f.t(), f.t(), f.t()
-    f.emit(f"{nx} = add nsw i64 {cur}, {TILE_T}"); f.emit(f"{lt} = icmp slt i64 {nx}, {hi}")
-    f.emit(f"{end} = select i1 {lt}, i64 {nx}, i64 {hi}")
-    inner(cur, end)
-    f.emit(f"store i64 {nx}, ptr {addr}"); f.emit(f"br label {cond}")
-    f.label(ex)
-  stepped(o.name + "b", olo, ohi, lambda o0, o1: stepped(j.name + "b", "0", str(j.size),
+  f.blocks(o.name + "b", olo, ohi, TILE_T, lambda o0, o1: f.blocks(j.name + "b", "0", str(j.size), TILE_T,
     lambda j0, j1: f.loop(o, o0, o1, lambda: f.loop(j, j0, j1, body))))
 
 def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
