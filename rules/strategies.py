@@ -50,7 +50,7 @@ def movement(draw, x: Node) -> Node:
   st = hypothesis_strategies()
   kind = draw(st.sampled_from(["reshape", "shrink", "permute", "flip", "pad", "expand", "shrink_rows"]))
   s = x.shape
-  if kind == "reshape": return x.reshape(draw(st.sampled_from(factorizations(x.numel))))
+  if kind == "reshape": return x.reshape(draw(st.sampled_from(factorizations(x.numel)))) if x.numel else x
   if kind in ("shrink", "shrink_rows"):
     arg = []
     for i, d in enumerate(s):

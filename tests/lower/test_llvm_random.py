@@ -13,7 +13,7 @@ from egraph.dtypes import dtypes
 from egraph.ir import Node, Ops, new_buffer, const, toposort
 from lower.runtime import Storage, run_call
 from lower.numpy import evaluate
-from rules.strategies import factorizations
+from rules.strategies import factorizations, movement   # one random movement op (the soundness checker draws the same)
 
 SET = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 SHAPES = [(16,), (4, 4), (2, 8), (2, 2, 4), (1, 4, 4), (8,), (2, 4), (3, 5), (1,), (2, 3, 1)]
@@ -27,21 +27,6 @@ def data(rng, n, dt):
   if dt == dtypes.bool: return rng.integers(0, 2, n).astype(bool)
   if dt == dtypes.uint8: return rng.integers(0, 256, n).astype(np.uint8)
   return rng.integers(-20, 20, n).astype(dt.np)
-
-def movement(draw, x):
-  s = x.shape
-  kind = draw(st.sampled_from(["reshape", "shrink", "permute", "flip", "pad", "expand"]))
-  if kind == "reshape": return x.reshape(draw(st.sampled_from(factorizations(x.numel)))) if x.numel else x
-  if kind == "shrink":
-    arg = []
-    for d in s:
-      a = draw(st.integers(0, d)); b = draw(st.integers(a, d)); arg.append((a, b))
-    return x.shrink(arg)
-  if kind == "permute": return x.permute(draw(st.permutations(range(len(s)))))
-  if kind == "flip": return x.flip([draw(st.booleans()) for _ in s])
-  if kind == "pad": return x.pad([(draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in s])
-  if 1 in s: return x.expand(tuple(draw(st.sampled_from([1, 3])) if d == 1 else d for d in s))
-  return x.reshape((1,) + s).expand((2,) + s)
 
 def cst(v, dt, shape): return const(v, dt, "CPU").reshape((1,) * len(shape)).expand(shape)
 
