@@ -44,7 +44,7 @@ def main():
     T, D = map(int, size.split("x"))
     out, ref = build(T, D)
     res = callify(out.node)
-    from lower.schedule import schedule, arg_binding
+    from lower.kernelize import schedule, arg_binding
     kernels = sum(st.kernel is not None for st in schedule(res.call.src[0], arg_binding(res.call)[0]).steps)
     run_call(res.call)
     np.testing.assert_allclose(out.numpy(), ref(), rtol=2e-3, atol=2e-3)

@@ -5,9 +5,9 @@
 from __future__ import annotations
 import argparse, datetime, math, os, random, statistics, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from egraph.callify import callify
+from egraph.driver import callify
 from egraph.ir import Node, Ops, new_buffer, const, toposort
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 
 def chain(n: int) -> list[Node]:
   """x_{i+1} = x_i (+|*) a, with a CONTIGUOUS every 10 steps and a contiguous slice every 25: n IR nodes, depth ~n."""

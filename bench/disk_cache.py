@@ -18,10 +18,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 def graphs():
   import numpy as np
   from egraph import callify
-  from egraph.dtypes import dtypes
+  from egraph.dtype import dtypes
   from egraph.ir import Node, Ops, new_buffer, const
-  from lower.runtime import Storage
-  from lower.schedule import schedule, arg_binding
+  from egraph.storage import Storage
+  from lower.kernelize import schedule, arg_binding
   S, rng = Storage(), np.random.default_rng(0)
   def buf(a):
     b = new_buffer(a.size, dtypes.float32, "CPU"); S.set_data(b, a.reshape(-1)); return b

@@ -23,9 +23,10 @@ import argparse, datetime, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import callify
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, new_buffer, const
-from lower.runtime import Storage, run_call
+from egraph.storage import Storage
+from lower.runtime import run_call
 from lower import jit, matmul
 from lower.cache import CACHE
 
@@ -94,8 +95,8 @@ def main():
   mm = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M)))
 
   # compile latency: cold (cache cleared), per kernel, each compiled alone; then a cache hit
-  from lower.schedule import arg_binding as _arg_binding
-  from lower.schedule import schedule
+  from lower.kernelize import arg_binding as _arg_binding
+  from lower.kernelize import schedule
   jit._llvm()
   cold = {}
   for name, res in [("elementwise", ew), ("row sum", rs), ("matmul (tiled)", mm), ("triad", triad)]:

@@ -9,7 +9,7 @@ import numpy as np
 from egraph import Tensor
 from lower import jit
 from lower.cache import CACHE
-from lower.schedule import FUSE_CAP
+from lower.kernelize import FUSE_CAP
 
 def main():
   ap = argparse.ArgumentParser()

@@ -7,7 +7,7 @@ Writes, under --out:
   manifest.json        per case: the launch plan (lower/cuda_driver.py format, without the source), buffer dtypes and
                        tolerances; plus the benchmark cases (sizes only: their inputs are generated on the GPU machine)
   cases/NAME.npz       the case's inputs (every non-temporary buffer before the CALL: in_<buffer>) and the expected
-                       values of the buffers it writes (out_<buffer>), from the numpy reference (lower/numpy.py)
+                       values of the buffers it writes (out_<buffer>), from the numpy reference (lower/reference.py)
 
 `corpus()` is also the corpus of tests/lower/test_cuda*.py: the example models of egraph/cli.py, hand-written Tensor
 programs (tiled matmuls with ragged edges, block reductions, softmax, every ALU op per dtype, casts, views), and random
@@ -24,7 +24,7 @@ if ROOT not in sys.path: sys.path.insert(0, ROOT)
 class Case:
   name: str
   call: object              # the CALL node
-  storage: object           # lower.runtime.Storage holding its inputs
+  storage: object           # egraph.storage.Storage holding its inputs
 
 def _draw_many(strategy, n: int) -> list:
   from hypothesis import given, settings, HealthCheck
@@ -36,7 +36,7 @@ def _draw_many(strategy, n: int) -> list:
   return out[:n]
 
 def _tensor_cases() -> list:
-  """Tensor programs; each returns its output tensors (inputs are realized in lower.runtime.STORAGE)."""
+  """Tensor programs; each returns its output tensors (inputs are realized in egraph.storage.STORAGE)."""
   from egraph import Tensor
   def rnd(*shape, seed): Tensor.manual_seed(seed); return Tensor.randn(*shape).realize()
   def mm_ragged(): return [(rnd(70, 45, seed=1) @ rnd(45, 100, seed=2)).contiguous()]
@@ -62,9 +62,9 @@ def _tensor_cases() -> list:
 
 def _alu_cases() -> list:
   """Every ALU op, cast and bitcast per dtype (as tests/lower/test_llvm_ops.py), as raw graphs over CPU buffers."""
-  from egraph.dtypes import dtypes
+  from egraph.dtype import dtypes
   from egraph.ir import Node, Ops, new_buffer
-  from lower.runtime import Storage
+  from egraph.storage import Storage
   rng = np.random.default_rng(0)
   vals = {dtypes.float32: rng.standard_normal(24) * 3, dtypes.float16: rng.standard_normal(24) * 3,
           dtypes.int32: np.array([-7, 7, 0, 5, -5, 3, 2**31 - 1, -2**31, 1, -1, 9, 100] * 2),
@@ -98,7 +98,7 @@ def corpus(random: int = 24, graphs: int = 16) -> list[Case]:
   """The CUDA test corpus (see the module docstring); `random`/`graphs`: how many hypothesis programs of each kind."""
   from egraph import Tensor, callify
   from egraph.cli import MODELS
-  from lower.runtime import STORAGE
+  from egraph.storage import STORAGE
   cases = []
   for name in sorted(MODELS):
     out, _ = MODELS[name](Tensor)
@@ -125,7 +125,7 @@ def tolerance(dtype: str) -> tuple[float, float]:
 
 def bench_cases() -> list:
   """CALLs whose inputs the GPU machine generates: elementwise bandwidth and a tiled matmul."""
-  from egraph.dtypes import dtypes
+  from egraph.dtype import dtypes
   from egraph.ir import Node, Ops, new_buffer, ParamArg, CallInfo
   from egraph.ir import const
   def P(slot, shape): return Node(Ops.PARAM, dtypes.float32, (), ParamArg(slot, shape, "CUDA"))
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
   ap.add_argument("--graphs", type=int, default=16)
   args = ap.parse_args(argv)
   from lower import cuda
-  from lower.numpy import evaluate
+  from lower.reference import evaluate
   cases = corpus(args.random, args.graphs)
   benches = bench_cases()
   lows = cuda.plans([c.call for c in cases] + [b[1] for b in benches])

@@ -1,13 +1,13 @@
 """callsat's first package: tensor IR, Tensor front end, e-graph encoding, schedules, extraction, cost models, callify."""
 from egraph.errors import CallsatError, ShapeError, DTypeError, DeviceError, UnsupportedOpError, LimitError, EngineError
-from egraph.dtypes import dtypes, DType
+from egraph.dtype import dtypes, DType
 from egraph.ir import Node, Ops, GroupOp
-from egraph.schedule import Limits, Schedule
+from egraph.runner import Limits, Schedule
 from egraph.cost import CostModel
 from egraph.report import CallifyReport
-from egraph.callify import callify, CallifyResult
+from egraph.driver import callify, CallifyResult
 from egraph.tensor import Tensor
-from egraph.function import function
+from egraph.tracing import function
 from egraph.symbolic import Variable
 
 __all__ = ["CallsatError", "ShapeError", "DTypeError", "DeviceError", "UnsupportedOpError", "LimitError", "EngineError",

@@ -131,7 +131,8 @@ def cuda(args) -> int:
   else: sys.stdout.write(text)
   if args.emulate:
     from egraph.ir import substitute
-    from lower.runtime import STORAGE, read
+    from egraph.storage import STORAGE
+    from lower.runtime import read
     S = STORAGE.copy()
     C.run_lowered(lw, S, C.emulator())
     got = read(substitute([out.node], res.buffer_map)[0], S)

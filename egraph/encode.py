@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, empty_multi, shard_axes, HOST_DEVICES, const_key
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import UnsupportedOpError, DeviceError
 from egraph.view import contiguous_range
 from egraph.symbolic import is_symbolic

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, asdict
 from egraph.ir import Node, Ops, GroupOp, toposort
 from egraph.errors import CallsatError
 from egraph.encode import encode, COMPUTED_TARGET
-from egraph.schedule import Runner, Schedule, Limits, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve, guarded
+from egraph.runner import Runner, Schedule, Limits, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve, guarded
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, knuth, dag_cost, decode, baseline_cost
 from egraph.language import CONSTRUCTORS
-from egraph.callify import storage_view, _nodes
+from egraph.driver import storage_view, _nodes
 import egglog.bindings as eb
 from rules import RULES
 

@@ -17,12 +17,12 @@ import json, math, shutil
 from egraph.ir import Node, Ops, toposort
 from egraph.errors import CallsatError
 from egraph.encode import encode, Encoding
-from egraph.schedule import (Runner, Schedule, Limits, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve, guarded, _ORDERED_EXTRA,
+from egraph.runner import (Runner, Schedule, Limits, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve, guarded, _ORDERED_EXTRA,
                              ordered_ruleset, ordered_rule_text, OPTIMIZE_STEP)
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, knuth
 from egraph.language import program, CONSTRUCTORS
-from egraph.callify import _nodes, callify
+from egraph.driver import _nodes, callify
 from egraph.explain import arg_text, cost_kids
 import egglog.bindings as eb
 from rules import RULES

@@ -4,7 +4,7 @@ egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is n
 from __future__ import annotations
 import functools, heapq
 from egraph.ir import Node, Ops, CallInfo
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.encode import Encoding, COMPUTED_TARGET
 from egraph.cost import CostModel
 from egraph.errors import EngineError

@@ -8,7 +8,7 @@ import itertools, math, struct, weakref
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
-from egraph.dtypes import DType, dtypes
+from egraph.dtype import DType, dtypes
 from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
 from egraph.symbolic import is_symbolic, max_value, map_dims
 

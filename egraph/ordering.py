@@ -1,5 +1,5 @@
 """Ordered vs saturated: run a corpus of graphs under equality saturation and under rule orders (the reference pass's
-order, materialize-first, and K random orders, each in the ordered destructive mode of egraph/schedule.py), and report
+order, materialize-first, and K random orders, each in the ordered destructive mode of egraph/runner.py), and report
 per graph the extracted cost, e-graph size, time, and whether the result depends on the order.
 
 `callsat order` is the command line for this module. Sweeps scale out over processes with `workers`, or over a Ray
@@ -26,7 +26,7 @@ def random_orders(k: int, seed: int = 0) -> list[tuple[str, ...]]:
 
 def _buf(storage, rng, shape, device="CPU"):
   from egraph.ir import new_buffer
-  from egraph.dtypes import dtypes
+  from egraph.dtype import dtypes
   b = new_buffer(math.prod(shape), dtypes.float32, device)
   storage.set_data(b, rng.standard_normal(math.prod(shape)).astype(np.float32))
   return b.reshape(shape)
@@ -36,8 +36,8 @@ def generated_graph(seed: int, steps: int = 12):
   buffers and of realized values, CONTIGUOUS of CONTIGUOUS, assigns into buffers then CONTIGUOUS, assigns into computed
   values, DETACH markers. Returns (roots, storage)."""
   from egraph.ir import Node, Ops, const
-  from egraph.dtypes import dtypes
-  from lower.runtime import Storage
+  from egraph.dtype import dtypes
+  from egraph.storage import Storage
   rng = np.random.default_rng(seed)
   storage = Storage()
   pool = [_buf(storage, rng, (4, 8)) for _ in range(1 + seed % 2)]
@@ -129,7 +129,7 @@ class GraphResult:
             "orders_mean_ms": round(1e3 * sum(r.seconds for r in self.orders) / max(1, len(self.orders)), 2)}
 
 def _run(roots, schedule) -> tuple[Run, object]:
-  from egraph.callify import callify
+  from egraph.driver import callify
   t0 = time.perf_counter()
   res = callify(*roots, schedule=schedule, cache=False)
   rep = res.report
@@ -137,7 +137,7 @@ def _run(roots, schedule) -> tuple[Run, object]:
 
 def run_graph(name: str, k: int = 8, seed: int = 0) -> GraphResult:
   """`name` (a corpus entry) under saturation, the reference order, materialize-first and `k` random orders."""
-  from egraph.schedule import SCHEDULE_PRESETS, ordered_schedule
+  from egraph.runner import SCHEDULE_PRESETS, ordered_schedule
   from egraph.ir import toposort
   roots, _ = build(name)
   sat, rep = _run(roots, "saturate")

@@ -1,6 +1,6 @@
 """Kernel IR (lower/kernel.py) -> CUDA C, the launch plan, and the "CUDA" device.
 
-The scheduler (lower/schedule.py) is shared with the LLVM backend; this module only renders its kernels. Each kernel is
+The scheduler (lower/kernelize.py) is shared with the LLVM backend; this module only renders its kernels. Each kernel is
 one `extern "C" __global__` function (unmangled, so the driver finds it by name) taking the kernel's params as typed
 pointers; every shape is a compile-time constant, every index is 64-bit (`long long`). Three forms:
 
@@ -16,7 +16,7 @@ pointers; every shape is a compile-time constant, every index is 64-bit (`long l
   staged through shared memory 16 deep along k with two `__syncthreads` per k-step; grid-stride over tiles in x and y.
   The IR's (MR, NR) are CPU register sizes; the GPU tile sizes are the renderer's (TILE_* below).
 
-Numerics follow lower/numpy.py like the LLVM renderer: integer arithmetic wraps (done in the unsigned type), x//0 == 0,
+Numerics follow lower/reference.py like the LLVM renderer: integer arithmetic wraps (done in the unsigned type), x//0 == 0,
 x%0 == x, INT_MIN//-1 wraps; float16 lives in memory as IEEE half bits and is computed in float, rounded to half after
 every op (exact for + - * / sqrt); MAX propagates NaN; bool is a byte in memory. nvcc contracts a*b+c into FMAs
 (the default), so results match numpy to rounding, not bit for bit.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib, math, struct
 from dataclasses import dataclass
 import numpy as np
-from egraph.dtypes import DType, dtypes
+from egraph.dtype import DType, dtypes
 from egraph.errors import CallsatError, DeviceError, UnsupportedOpError
 from egraph.ir import Ops
 from lower.kernel import Kernel, Expr, Idx, Var, Div, Mod, mm_batched
@@ -487,8 +487,8 @@ class Lowered:
   nodes: dict                # plan buffer name -> BUFFER node (for "arg" and "buf" buffers)
 
 def lower_call(call, reduce: str = "auto", max_grid: int = MAX_GRID, block: int = BLOCK) -> Lowered:
-  from lower.schedule import schedule, arg_binding
-  from egraph.callify import bindings
+  from lower.kernelize import schedule, arg_binding
+  from egraph.driver import bindings
   from egraph.ir import toposort
   if call.op is not Ops.CALL: raise CallsatError(f"CUDA backend: expected a CALL, got {call.op.name}")
   call, _ = bindings(call)
@@ -531,7 +531,7 @@ def _kernels_of(x, **kw) -> list:
   return lower_call(x, **kw).kernels
 
 def render(x, **kw) -> str:
-  """A complete .cu translation unit for a CALL (scheduled with lower/schedule.py) or a list of kernel-IR Kernels."""
+  """A complete .cu translation unit for a CALL (scheduled with lower/kernelize.py) or a list of kernel-IR Kernels."""
   return translation_unit(_kernels_of(x, **kw))
 
 def plans(calls: list, **kw) -> list[Lowered]:
@@ -551,8 +551,8 @@ def plan(call, **kw) -> dict:
 # running
 
 def run_lowered(lw: Lowered, storage, backend, module=None) -> None:
-  """Run a lowered CALL on `backend` over numpy `storage` (lower/runtime.Storage): outputs are allocated on demand."""
-  from lower.runtime import UnallocatedBufferError
+  """Run a lowered CALL on `backend` over numpy `storage` (egraph.storage.Storage): outputs are allocated on demand."""
+  from egraph.storage import UnallocatedBufferError
   arrays = {}
   for name, b in lw.plan["buffers"].items():
     if b["kind"] == "tmp": continue

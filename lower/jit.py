@@ -260,8 +260,8 @@ def run_native(call, storage) -> None:
       if type(s) is tuple: ctypes.memmove(*s)
       else: s()
     return
-  from lower.schedule import schedule, arg_binding
-  from lower.runtime import UnallocatedBufferError, _elements
+  from lower.kernelize import schedule, arg_binding
+  from egraph.storage import UnallocatedBufferError, elements
   bind, bufs = arg_binding(call)
   key = (call.src[0], tuple(bind[i] for i in range(len(bind))), checked)
   entry = CACHE.schedules.get(key)
@@ -286,8 +286,8 @@ def run_native(call, storage) -> None:
       if r in prog.written or b.arg.size == 0: a = storage.allocate(b)
       else: raise UnallocatedBufferError(f"BUFFER uid={b.arg.uid} ({b.arg.size} x {b.dtype.name} on {b.arg.device}) is read but "
                                          "was never allocated or written")
-    if a.shape != (_elements(b),) or a.dtype != b.dtype.np:   # per-device storage: every device's copy, device-major
-      raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({_elements(b)},)")
+    if a.shape != (elements(b),) or a.dtype != b.dtype.np:   # per-device storage: every device's copy, device-major
+      raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({elements(b)},)")
     arrays[r] = a
   for r in prog.written:
     if r[0] != "tmp" and r not in arrays: arrays[r] = storage.allocate(node_of(r))

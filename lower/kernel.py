@@ -6,7 +6,7 @@ run as `[start, end)` chunks) around ONE `Store(param, index, value)`. Values ar
   const(value)                          a scalar of the Expr's dtype
   load(param, index, valid)             `valid` is a tuple of bounds `lo <= idx < hi` (from PAD); outside them the load
                                         is 0 and must not touch memory
-  <Ops.ALU>(srcs) / CAST / BITCAST      elementwise, with lower/numpy.py's semantics (C integer wrap, x//0 == 0, ...)
+  <Ops.ALU>(srcs) / CAST / BITCAST      elementwise, with lower/reference.py's semantics (C integer wrap, x//0 == 0, ...)
   valid(bounds)                         bool: every `lo <= idx < hi` holds (a PAD mask over computed values)
   reduce(op, vars)(body)                an accumulator loop nest over `vars` (Ops.ADD / MUL / MAX), evaluated where it is used
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
-from egraph.dtypes import DType, dtypes
+from egraph.dtype import DType, dtypes
 from egraph.ir import Ops
 
 # ---------------------------------------------------------------------------------------------------------------------

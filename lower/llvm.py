@@ -23,7 +23,7 @@ the extra `err` out-param and returns; the runner raises BoundsError naming the 
 from __future__ import annotations
 import itertools, platform, struct
 import numpy as np
-from egraph.dtypes import DType, dtypes
+from egraph.dtype import DType, dtypes
 from egraph.errors import CallsatError
 from egraph.ir import Ops
 from lower.kernel import Kernel, Expr, Idx, Var, Div
@@ -67,7 +67,7 @@ _FUN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Op
 
 class _Isel:
   """Instruction selection, written once for scalars (_Fn) and <W x T> vectors (_VecFn): the semantics of every ALU op
-  and CAST per dtype (lower/numpy.py's: C integer wrap, x//0 == 0, NaN-propagating max, ...). A subclass supplies
+  and CAST per dtype (lower/reference.py's: C integer wrap, x//0 == 0, NaN-propagating max, ...). A subclass supplies
   t/emit/intrinsic and the spellings: ty(dt) the value type, sfx(dt) an intrinsic's type suffix, cst(v, dt) a
   constant operand, zero(dt) a zero operand."""
   what = "render"

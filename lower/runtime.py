@@ -1,83 +1,16 @@
 """Runtime: numpy-backed storage for BUFFERs, host buffers, and execution of CALLs.
 
 Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALLs) runs as native code through the LLVM
-backend (lower/jit.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/numpy.py).
+backend (lower/jit.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/reference.py).
 A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU). A sharded CALL on CPU devices
-(("CPU", "CPU:1"), ...) runs natively too, as per-device kernels (lower/schedule.py).
+(("CPU", "CPU:1"), ...) runs natively too, as per-device kernels (lower/kernelize.py).
 """
 from __future__ import annotations
-import os, weakref
-from typing import Iterator
+import weakref
 import numpy as np
-from egraph.dtypes import DType, dtypes
-from egraph.errors import CallsatError, DeviceError, ShapeError, UnsupportedOpError
-from egraph.ir import Node, Ops, new_buffer, toposort, is_shard
-
-class UnallocatedBufferError(CallsatError, LookupError):
-  """A BUFFER is read but storage never allocated it."""
-
-def _uid(x: int | Node) -> int: return x.arg.uid if isinstance(x, Node) else x
-def _elements(buf: Node) -> int:
-  """Elements of storage: on a tuple of devices every device holds its own `size` (device-major)."""
-  return buf.arg.size * (len(buf.arg.device) if isinstance(buf.arg.device, tuple) else 1)
-
-class Storage:
-  """uid -> 1-D numpy array holding a BUFFER's elements. Keys may be given as uids or BUFFER nodes."""
-  def __init__(self): self._bufs: dict[int, np.ndarray] = {}
-  def __contains__(self, x: int | Node) -> bool: return _uid(x) in self._bufs
-  def __len__(self) -> int: return len(self._bufs)
-  def __iter__(self) -> Iterator[int]: return iter(self._bufs)
-  def __getitem__(self, x: int | Node) -> np.ndarray:
-    if (a := self._bufs.get(_uid(x))) is None: raise UnallocatedBufferError(f"BUFFER uid={_uid(x)} is not allocated")
-    return a
-  def get(self, x: int | Node, default=None) -> np.ndarray | None: return self._bufs.get(_uid(x), default)
-
-  def allocate(self, buf: Node) -> np.ndarray:
-    if buf.op is Ops.BUFFER and isinstance(buf.arg.device, str) and buf.arg.device.startswith("DISK:") and buf.arg.uid not in self._bufs:
-      a = self._bufs[buf.arg.uid] = disk_map(buf)
-      return a
-    """The array of `buf`, zero-filled on first use."""
-    if buf.op is not Ops.BUFFER: raise CallsatError(f"allocate: expected a BUFFER, got {buf.op.name}")
-    if (a := self._bufs.get(buf.arg.uid)) is None: a = self._bufs[buf.arg.uid] = np.zeros(_elements(buf), dtype=buf.dtype.np)
-    return a
-
-  def set_data(self, buf: Node, data) -> np.ndarray:
-    """Write `data` (any shape, buf.arg.size elements) into `buf`; in place if allocated, so existing views see it."""
-    a = np.asarray(data).astype(buf.dtype.np, copy=False).reshape(-1)
-    if a.size != _elements(buf): raise ShapeError(f"set_data: {a.size} elements for BUFFER uid={buf.arg.uid} of size {_elements(buf)}")
-    dst = self.allocate(buf)
-    dst[...] = a
-    return dst
-
-  def free(self, x: int | Node) -> None: self._bufs.pop(_uid(x), None)
-  def copy(self) -> "Storage":
-    """An independent copy (every array copied): run a CALL on it without touching this one."""
-    out = Storage(); out._bufs = {u: a.copy() for u, a in self._bufs.items()}
-    return out
-  @property
-  def nbytes(self) -> int: return sum(a.nbytes for a in self._bufs.values())
-  def __repr__(self): return f"<Storage {len(self)} buffers, {self.nbytes} bytes>"
-
-STORAGE = Storage()
-
-def host_buffer(array, dtype: DType | str | None = None, storage: Storage = STORAGE) -> Node:
-  """A new 1-D BUFFER on "NPY" holding a flattened copy of `array` (converted to `dtype`, default: array's dtype)."""
-  a = np.asarray(array)
-  dt = dtypes.from_numpy(a.dtype) if dtype is None else dtypes.from_any(dtype)
-  buf = new_buffer(a.size, dt, "NPY")
-  storage.set_data(buf, a)
-  return buf
-
-def disk_map(buf: Node) -> np.ndarray:
-  """A DISK:/path BUFFER is the first size*itemsize bytes of that file (created or grown with zeros), memory-mapped:
-  every buffer on one path aliases the same bytes, as in the reference."""
-  path, nbytes = buf.arg.device[5:], buf.arg.size * buf.dtype.itemsize
-  try:
-    if not os.path.exists(path) or os.path.getsize(path) < nbytes:
-      with open(path, "ab") as f: f.truncate(nbytes)
-    if nbytes == 0: return np.zeros(0, dtype=buf.dtype.np)
-    return np.memmap(path, dtype=buf.dtype.np, mode="r+", shape=(buf.arg.size,))
-  except OSError as e: raise DeviceError(f"{buf.arg.device}: cannot map {nbytes} bytes of {path!r}: {e}") from e
+from egraph.errors import CallsatError, DeviceError, UnsupportedOpError
+from egraph.ir import Node, Ops, toposort, is_shard
+from egraph.storage import Storage, STORAGE
 
 RUNNABLE = ("CPU", "PYTHON", "NPY", "DISK", "CUDA")
 
@@ -100,11 +33,11 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
     if call.src[0].op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {call.src[0].op.name}")
     route = _ROUTES[call] = _route(call)
   if route == "bind":
-    from egraph.callify import bindings
+    from egraph.driver import bindings
     call, _ = bindings(call)   # symbolic dimensions take their bound values; BIND args leave the call
     if (route := _ROUTES.get(call)) is None: route = _ROUTES[call] = _route(call)
   if route == "python":
-    from lower.numpy import evaluate
+    from lower.reference import evaluate
     evaluate([call], storage)
   elif route == "cuda":
     from lower.cuda import run_cuda   # the GPU through libcuda; DeviceError naming what is missing without one
@@ -116,7 +49,7 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
 def _route(call: Node) -> str:
   """Validate a CALL's args and devices; the backend that runs it ("bind" when BIND args must be applied first)."""
   if any(a.op is Ops.BIND for a in call.src[1:]):
-    from egraph.callify import bindings
+    from egraph.driver import bindings
     bindings(call)   # validates the BIND args
     return "bind"
   for i, a in enumerate(call.src[1:]):
@@ -144,6 +77,6 @@ def read(node: Node, storage: Storage = STORAGE) -> np.ndarray:
   for n in toposort([node], enter_calls=False):
     if n.op in (Ops.STORE, Ops.CALL): raise CallsatError(f"read: the graph contains {n.op.name}; run it (run_call) and read the buffer instead")
   if node.shape is None: raise CallsatError(f"read: {node.op.name} has no value")
-  from lower.numpy import evaluate
+  from lower.reference import evaluate
   v = evaluate([node], storage)[0]
   return np.array(v[0] if is_shard(node) else v, copy=True, order="C")   # a replicated value: device 0's copy

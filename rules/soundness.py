@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from egraph.ir import Node, Ops, toposort, render
 from egraph.encode import encode, COMPUTED_TARGET
-from egraph.schedule import Runner, Schedule, Limits
+from egraph.runner import Runner, Schedule, Limits
 from egraph.extract import EGraphView, knuth, decode
 from egraph.cost import COST_PRESETS
 
@@ -25,7 +25,7 @@ class Violation:
 def rerandomized(storage, seed: int):
   """A copy of `storage` with every buffer refilled with fresh random contents of its dtype."""
   from rules.strategies import random_data
-  from egraph.dtypes import dtypes
+  from egraph.dtype import dtypes
   rng = np.random.default_rng(seed)
   out = storage.copy()
   for uid in list(out):
@@ -50,7 +50,7 @@ def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = Non
   return violations, dict(runner.stats.matches)
 
 def _compare(roots, storage, enc, runner, atol) -> list[Violation]:
-  from lower.numpy import evaluate
+  from lower.reference import evaluate
   g = EGraphView(runner.freeze(), runner.egraph, enc)
   costs = g.local_costs(COST_PRESETS["bytes"])
   _, choice = knuth(g, costs)

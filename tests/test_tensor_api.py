@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import CallsatError, ShapeError, DTypeError, DeviceError
 from egraph.ir import Node, Ops, const
 from egraph.tensor import Tensor, TensorIndexError

@@ -9,7 +9,7 @@ from egraph import Tensor, callify, dtypes, function, CallsatError, UnsupportedO
 from egraph.ir import Node, Ops, ParamArg, new_buffer, const
 from lower.cache import CACHE
 from lower.runtime import run_call
-from lower.schedule import schedule, arg_binding
+from lower.kernelize import schedule, arg_binding
 
 def devs(kind, n): return (kind,) + tuple(f"{kind}:{i}" for i in range(1, n))
 

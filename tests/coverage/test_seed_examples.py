@@ -6,8 +6,9 @@ from hypothesis import given, settings, HealthCheck
 from egraph import Tensor, dtypes, callify
 from egraph.ir import Node, Ops, GroupOp, toposort, new_buffer
 from egraph.encode import realize_points
-from lower.runtime import Storage, run_call
-from lower.numpy import evaluate
+from egraph.storage import Storage
+from lower.runtime import run_call
+from lower.reference import evaluate
 from graphgen import graphs
 
 def storage_of(v: Node) -> Node:

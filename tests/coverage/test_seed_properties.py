@@ -7,8 +7,9 @@ from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import Tensor, dtypes, callify, function, Variable
 from egraph.ir import Node, Ops, GroupOp, toposort, substitute, is_shard
 from egraph.encode import realize_points, assigns_into_computed
-from lower.runtime import STORAGE, run_call
-from lower.numpy import evaluate
+from egraph.storage import STORAGE
+from lower.runtime import run_call
+from lower.reference import evaluate
 
 DEVS = ("PYTHON", "PYTHON:1")
 V = Variable("k", 1, 8)

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 from egraph import callify, Limits, Schedule, CostModel, CallsatError, EngineError
 from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, new_buffer, const, toposort, render
-from egraph.dtypes import dtypes
-from lower.runtime import Storage, run_call
-from lower.numpy import evaluate
+from egraph.dtype import dtypes
+from egraph.storage import Storage
+from lower.runtime import run_call
+from lower.reference import evaluate
 
 def buf(shape, storage=None, dtype=dtypes.float32, device="CPU", data=None):
   b = new_buffer(math.prod(shape), dtype, device)
@@ -201,7 +202,7 @@ def test_bad_presets_and_inputs_raise_callsat_errors():
   with pytest.raises(CallsatError, match="Tensors or Nodes"): callify(3)
 
 def test_egglog_panics_become_engine_errors():
-  from egraph.schedule import guarded
+  from egraph.runner import guarded
   def boom(): raise BaseException("rust panic")   # pyo3's PanicException derives from BaseException
   with pytest.raises(EngineError, match="while testing"): guarded("testing", boom)
 

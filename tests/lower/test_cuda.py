@@ -7,12 +7,13 @@ import importlib.util, os, shutil, subprocess, sys
 import numpy as np
 import pytest
 from egraph import Tensor, callify
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import DeviceError
 from egraph.ir import Node, Ops, new_buffer
 from lower import cuda, cuda_driver as drv
-from lower.numpy import evaluate
-from lower.runtime import Storage, STORAGE, run_call
+from lower.reference import evaluate
+from egraph.storage import Storage, STORAGE
+from lower.runtime import run_call
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 spec = importlib.util.spec_from_file_location("make_gpu_corpus", os.path.join(ROOT, "bench", "make_gpu_corpus.py"))

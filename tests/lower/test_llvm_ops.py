@@ -4,13 +4,14 @@ import math, os
 import numpy as np
 import pytest
 from egraph import callify, Tensor
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import UnsupportedOpError, CallsatError
 from egraph.ir import Node, Ops, ParamArg, CallInfo, new_buffer, const
-from lower.runtime import Storage, run_call
-from lower.numpy import evaluate
+from egraph.storage import Storage
+from lower.runtime import run_call
+from lower.reference import evaluate
 from lower.cache import CACHE
-from lower import schedule as sched
+from lower import kernelize as sched
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var
 from lower.jit import BoundsError, compile_kernels, launch
 
@@ -87,7 +88,7 @@ def test_movement_ops_are_index_arithmetic():
   assert len(ks) == len(views)   # one kernel each: no copies for the views
 
 def _bind(c):
-  from lower.schedule import arg_binding as _arg_binding
+  from lower.kernelize import arg_binding as _arg_binding
   return _arg_binding(c)[0]
 
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool], ids=lambda d: d.name)

@@ -3,14 +3,15 @@ buffers and odd sizes, axis collapsing, and the packed, K-blocked matmul on ragg
 import numpy as np
 import pytest
 from egraph import Tensor, callify
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, new_buffer
-from lower import schedule as sched
+from lower import kernelize as sched
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
 from lower.jit import compile_kernels, launch, module_text
-from lower.schedule import arg_binding as _arg_binding
-from lower.runtime import Storage, run_call, STORAGE as STORAGE_
-from lower.numpy import evaluate
+from lower.kernelize import arg_binding as _arg_binding
+from egraph.storage import Storage, STORAGE as STORAGE_
+from lower.runtime import run_call
+from lower.reference import evaluate
 
 RNG = np.random.default_rng(1)
 
@@ -184,7 +185,7 @@ def test_column_reduces(shape, axis):
   # reduces along a strided axis with a unit-stride output axis (x.sum(axis=0)): COL_W columns per reduce step, also
   # split across threads at any column
   from lower import llvm as L, jit
-  from lower.runtime import STORAGE
+  from egraph.storage import STORAGE
   xn = (RNG.standard_normal(shape) * 3).astype(np.float32)
   x = Tensor(xn).realize()
   ax = axis if isinstance(axis, tuple) else (axis,)
@@ -211,7 +212,7 @@ def test_column_reduces(shape, axis):
 def test_transposes_walk_blocks(shape, perm, blocked):
   # a store along j with a load strided along j: TILE_T x TILE_T blocks, ragged edges, split across threads at any row
   from lower import llvm as L, jit
-  from lower.runtime import STORAGE
+  from egraph.storage import STORAGE
   for dt in (np.float32, np.int64, np.uint8):
     xn = (RNG.standard_normal(shape) * 50).astype(dt)
     x = Tensor(xn).realize()

@@ -1,5 +1,5 @@
 """The LLVM backend against the numpy reference on random programs: each program is callified, then its CALL runs natively
-(device CPU) on one copy of storage and through lower.numpy.evaluate on another; every buffer must agree.
+(device CPU) on one copy of storage and through lower.reference.evaluate on another; every buffer must agree.
 
 The strategy here covers what the backend must get right beyond graphgen's float32 graphs: bool/uint8/int32/int64/float16
 values and casts between them, integer division and modulo by zero and negatives, non-contiguous views (permute, flip,
@@ -9,10 +9,11 @@ import math
 import numpy as np
 from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import callify
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, new_buffer, const, toposort
-from lower.runtime import Storage, run_call
-from lower.numpy import evaluate
+from egraph.storage import Storage
+from lower.runtime import run_call
+from lower.reference import evaluate
 from rules.strategies import factorizations, movement   # one random movement op (the soundness checker draws the same)
 
 SET = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

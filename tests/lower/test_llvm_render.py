@@ -5,7 +5,7 @@ integers, at a size with a masked head, full vectors and a masked tail."""
 import platform
 import numpy as np
 import pytest
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.ir import Ops, GroupOp
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
 from lower.jit import compile_kernels, launch, module_text

@@ -1,11 +1,12 @@
 """lower.runtime: Storage, host buffers, run_call (validation, devices, outputs) and read."""
 import numpy as np
 import pytest
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import CallsatError, DeviceError, ShapeError, UnsupportedOpError
 from egraph.ir import Node, Ops, ParamArg, CallInfo, const, new_buffer
-from lower import runtime
-from lower.runtime import Storage, UnallocatedBufferError, host_buffer, run_call, read
+from egraph import storage
+from egraph.storage import Storage, UnallocatedBufferError, host_buffer
+from lower.runtime import run_call, read
 
 @pytest.fixture
 def S(): return Storage()
@@ -47,9 +48,9 @@ def test_host_buffer(S):
 def test_default_storage():
   b = host_buffer(np.array([1.0, 2.0], dtype=np.float32))
   try:
-    assert b in runtime.STORAGE
+    assert b in storage.STORAGE
     np.testing.assert_array_equal(read(b.reshape((2, 1))), [[1], [2]])
-  finally: runtime.STORAGE.free(b)
+  finally: storage.STORAGE.free(b)
 
 def test_run_call(S):
   a, b = host_buffer(np.array([1, 2, 3], np.float32), storage=S), host_buffer(np.array([10, 20, 30], np.float32), storage=S)

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from egraph import Tensor, function, dtypes, Variable, UnsupportedOpError
 from egraph.ir import Node, Ops, ParamArg, CallInfo, new_buffer, const
-from lower.runtime import STORAGE, run_call
-from lower.schedule import Mem, view_mem
+from egraph.storage import STORAGE
+from lower.runtime import run_call
+from lower.kernelize import Mem, view_mem
 
 @function(precompile=True)
 def twice(x): return x * 2

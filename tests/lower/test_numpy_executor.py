@@ -1,14 +1,14 @@
-"""lower.numpy: values of every op, aliasing of views, STORE/AFTER/CALL effects, deep graphs, and clear errors."""
+"""lower.reference: values of every op, aliasing of views, STORE/AFTER/CALL effects, deep graphs, and clear errors."""
 import math
 import numpy as np
 import pytest
 from egraph.errors import ShapeError
 from hypothesis import given, settings, strategies as st
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import CallsatError, DTypeError, UnsupportedOpError
 from egraph.ir import Node, Ops, ParamArg, CallInfo, const, new_buffer
-from lower.numpy import evaluate, eval_node
-from lower.runtime import Storage, UnallocatedBufferError, host_buffer
+from lower.reference import evaluate, eval_node
+from egraph.storage import Storage, UnallocatedBufferError, host_buffer
 
 @pytest.fixture
 def S(): return Storage()

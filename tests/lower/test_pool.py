@@ -5,12 +5,13 @@ import ctypes, gc, os, subprocess, sys, threading, time
 import numpy as np
 import pytest
 from egraph import callify
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, new_buffer, const
 from lower import jit, pool
 from lower.cache import CACHE
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const as kconst
-from lower.runtime import Storage, run_call
+from egraph.storage import Storage
+from lower.runtime import run_call
 
 RNG = np.random.default_rng(7)
 needs_pool = pytest.mark.skipif(pool.pool() is None, reason="native kernel threads need Linux x86-64")

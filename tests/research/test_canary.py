@@ -4,7 +4,7 @@ import pytest
 from egraph import Tensor, callify
 from egraph.encode import encode
 from egraph.errors import EngineError
-from egraph.schedule import Runner, Schedule, Limits
+from egraph.runner import Runner, Schedule, Limits
 from rules import RULES
 from rules.registry import Rule
 

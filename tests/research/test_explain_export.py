@@ -126,7 +126,7 @@ def test_explanation_data_and_lookup():
   with pytest.raises(CallsatError, match="ordered"): explain(out, b, schedule="reference")
   with pytest.raises(CallsatError, match="labels"): explain(out, b, labels=["x"])
   # a schedule without the view rule: the slice is stored
-  from egraph.schedule import Schedule
+  from egraph.runner import Schedule
   p = explain(out, b, schedule=Schedule("noview", rules=("drop_detach",))).point(1)
   assert p.kind == "fresh" and "contiguous_to_view" not in p.rules
 

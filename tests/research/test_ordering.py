@@ -7,7 +7,7 @@ from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import Tensor, callify
 from egraph.errors import CallsatError
 from egraph.ir import Node, Ops
-from egraph.schedule import Schedule, SCHEDULE_PRESETS, REFERENCE_ORDER, ordered_schedule
+from egraph.runner import Schedule, SCHEDULE_PRESETS, REFERENCE_ORDER, ordered_schedule
 from egraph.ordering import orderable_rules, random_orders, run_graph, generated_graph
 from rules.strategies import graphs, reference_values, executed_values
 
@@ -28,7 +28,7 @@ def test_view_folding_before_materialization_matters():
 def test_contiguous_of_a_view_twice_reference_stores_a_copy():
   """CONTIGUOUS(CONTIGUOUS(a[1:])): the reference folds the inner one into a view, then the outer one sees a view
   (not a CONTIGUOUS) and stores a copy; saturation also knows outer = inner and serves both with the view."""
-  from lower.runtime import Storage
+  from egraph.storage import Storage
   from rules.strategies import Graph
   roots, storage = generated_graph(1)
   sat = callify(*roots, schedule="saturate", cache=False).report

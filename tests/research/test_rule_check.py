@@ -4,11 +4,11 @@ import math
 import numpy as np
 import pytest
 from egraph.ir import Node, Ops, new_buffer
-from egraph.dtypes import dtypes
-from lower.runtime import Storage
+from egraph.dtype import dtypes
+from egraph.storage import Storage
 from rules import RULES
 from rules.registry import Rule
-from rules.check import check, examples_from_env, planter_for, CheckResult
+from rules.checker import check, examples_from_env, planter_for, CheckResult
 from rules.soundness import check_egraph
 
 N = examples_from_env(200)

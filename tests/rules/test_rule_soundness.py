@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck
 from egraph.ir import Node, Ops, ParamArg, CallInfo, new_buffer, const
-from egraph.dtypes import dtypes
-from lower.runtime import Storage
+from egraph.dtype import dtypes
+from egraph.storage import Storage
 from rules import RULES, rules_in
 from rules.soundness import check_egraph
 from graphgen import graphs

@@ -7,11 +7,11 @@ import dataclasses, gc, time
 from collections import OrderedDict
 from dataclasses import dataclass
 from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer, map_args, const_key
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import CallsatError, EngineError, ShapeError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode
-from egraph.schedule import Runner, Limits, Schedule, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
+from egraph.runner import Runner, Limits, Schedule, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, extract, decode, baseline_cost
 from egraph.report import CallifyReport

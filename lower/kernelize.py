@@ -1,6 +1,6 @@
 """CALL body -> an ordered list of kernels (lower/kernel.py) plus a buffer plan.
 
-* One store group per STORE (in lower/numpy.py's effect order); a nested CALL is scheduled recursively as one group.
+* One store group per STORE (in lower/reference.py's effect order); a nested CALL is scheduled recursively as one group.
   Its arguments bind to their storage when they are one contiguous range of it, also through AFTERs (the storage after
   those writes, which the group order keeps first); any other argument (a strided view, a MULTI's logical value,
   computed data) is copied into a temporary right before the call.
@@ -23,7 +23,7 @@
 * Bounded fusion: a pass over the value graph estimates the per-element expression size; when a node exceeds FUSE_CAP,
   its largest inputs are realized into temporaries (their own kernels). Compile time is ~quadratic in function size,
   so a 100k-op chain becomes ~100k/FUSE_CAP kernels of bounded size.
-* Effects follow lower/numpy.py exactly: a read through AFTER sees the state at the time its kernel runs (its deps
+* Effects follow lower/reference.py exactly: a read through AFTER sees the state at the time its kernel runs (its deps
   and everything ordered before it), a direct read of storage sees the state before the CALL's writes. Groups keep
   numpy's order where they conflict (write/write, write/after-read); a direct reader is moved before every writer of
   the storage it reads, and when that is impossible (the writer must precede it) the storage is snapshotted at the start.
@@ -38,7 +38,7 @@
 from __future__ import annotations
 import itertools, math, sys
 from dataclasses import dataclass, field
-from egraph.dtypes import DType, dtypes
+from egraph.dtype import DType, dtypes
 from egraph.errors import CallsatError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, toposort, is_shard, shard_axes
 from lower.kernel import Idx, Var, Bound, Expr, Param, Store, Kernel, const, flat_index, unflatten
@@ -427,7 +427,7 @@ def _target(t: Node, bind: dict):
     raise CallsatError(f"STORE: the target goes through {n.op.name} {n.shape}, which is not a writable view of storage")
   base = n
   def index(idx):
-    # lower/numpy.py refuses a RESHAPE of a non-contiguous view in a target (numpy would copy); the index arithmetic
+    # lower/reference.py refuses a RESHAPE of a non-contiguous view in a target (numpy would copy); the index arithmetic
     # here writes the elements that view names either way
     for c in chain:
       if c.op not in (Ops.AFTER, Ops.DETACH): idx, _ = _through(c, idx, ())
@@ -473,7 +473,7 @@ def _iter_exprs(e: Expr):
   return e.walk()
 
 def _effects(body: Node) -> list[Node]:
-  from lower.numpy import _schedule
+  from lower.reference import _schedule
   return [n for n in _schedule([body]) if n.op in (Ops.STORE, Ops.CALL)]
 
 def _call_group(call: Node, bind: dict, ctx: _Ctx) -> _GroupPlan:

@@ -5,7 +5,7 @@ CALL with its own output buffers when callified (spec §4.2.1)."""
 from __future__ import annotations
 import functools
 from egraph.ir import Node, Ops, ParamArg, CallInfo
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import CallsatError
 
 class Function:

@@ -11,11 +11,11 @@ C's `(bool)(a op b)`: ADD=OR, SUB=XOR, MUL=AND, NEG=identity. EXP2/LOG2/SQRT/SIN
 from __future__ import annotations
 from typing import Any, TYPE_CHECKING
 import numpy as np
-from egraph.dtypes import dtypes
+from egraph.dtype import dtypes
 from egraph.errors import CallsatError, DTypeError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, is_shard, toposort
-from lower.runtime import UnallocatedBufferError
-if TYPE_CHECKING: from lower.runtime import Storage
+from egraph.storage import UnallocatedBufferError
+if TYPE_CHECKING: from egraph.storage import Storage
 
 LATER = frozenset({Ops.BIND})
 # ops a STORE target may go through and still be a view of storage (EXPAND/PAD/compute are not)
@@ -247,7 +247,7 @@ def evaluate(roots: list[Node], storage: Storage, params: list[np.ndarray] | Non
   with np.errstate(all="ignore"): return _run(list(roots), storage, params, {})
 
 def eval_node(node: Node, storage: Storage | None = None) -> np.ndarray | None:
-  """The value of one node as a standalone copy (storage defaults to runtime.STORAGE)."""
+  """The value of one node as a standalone copy (storage defaults to egraph.storage.STORAGE)."""
   if storage is None: from lower.runtime import STORAGE as storage
   v = evaluate([node], storage)[0]
   return None if v is None else np.array(v, copy=True)
