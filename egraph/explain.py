@@ -22,7 +22,7 @@ from egraph.extract import EGraphView, knuth, dag_cost, decode, baseline_cost
 from egraph.language import CONSTRUCTORS
 from egraph.driver import storage_view, _nodes
 import egglog.bindings as eb
-from rules import RULES
+from rules.registry import RULES
 
 KINDS = ("view", "fresh", "alias", "shared", "existing")
 _FACTS = ("storage", "view", "fresh", "zero", "copy_into", "precompiled")

@@ -25,7 +25,7 @@ from egraph.language import program, CONSTRUCTORS
 from egraph.driver import _nodes, callify
 from egraph.explain import arg_text, cost_kids
 import egglog.bindings as eb
-from rules import RULES
+from rules.registry import RULES
 
 _SPAN = eb.RustSpan("callsat/export", 0, 0)
 

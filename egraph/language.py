@@ -1,6 +1,7 @@
 """The egglog program: one sort T for tensor terms, generic constructors by arity, input relations for bulk loading,
 fact relations, and the rules from the `rules` registry. Args are i64 ids into a Python-side intern table."""
-from rules import RULES, PHASES
+import rules.callify  # noqa: F401  (registers the callify rules into RULES)
+from rules.registry import RULES, PHASES
 
 DECLARATIONS = """
 (sort T)

@@ -13,7 +13,7 @@ from egraph.errors import CallsatError
 ORDERABLE_PHASES = ("materialize", "optimize")
 
 def orderable_rules() -> list[str]:
-  from rules import RULES
+  from rules.registry import RULES
   return [r.name for r in RULES.values() if r.phase in ORDERABLE_PHASES]
 
 def random_orders(k: int, seed: int = 0) -> list[tuple[str, ...]]:

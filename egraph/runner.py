@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import egglog.bindings as eb
 from egraph.errors import EngineError, CallsatError
 from egraph.language import program, CONSTRUCTORS
-from rules import RULES, PHASES
+from rules.registry import RULES
 
 STOP_REASONS = ("saturated", "node_limit", "iteration_limit", "time_limit")
 # one optimize iteration: the optimize rules, then the materialize rules again (a merge made by an optimize rule can give
