@@ -2,38 +2,22 @@
 `callsat explain` (why a realized tensor became a view, a fresh buffer or an alias), `callsat export` (.egg / JSON),
 `callsat cuda [--model NAME] [--out FILE] [--emulate]` (the model's CALL as a CUDA translation unit + launch plan)."""
 from __future__ import annotations
-import argparse, sys, time
+import argparse, json, runpy, sys, time
 import numpy as np
 from egraph.errors import CallsatError
-
-def _mlp(T):
-  """2-layer MLP with softmax on random data; returns (output tensor, numpy reference)."""
-  T.manual_seed(0)
-  x, w1, b1, w2, b2 = T.randn(32, 64), T.randn(64, 128) * 0.1, T.randn(128) * 0.1, T.randn(128, 10) * 0.1, T.randn(10) * 0.1
-  Tx = [t.realize() for t in (x, w1, b1, w2, b2)]
-  h = (x @ w1 + b1).relu().contiguous()   # a realized hidden layer, as a model would keep it
-  logits = h @ w2 + b2
-  e = (logits - logits.max(axis=1, keepdim=True)).exp().contiguous()
-  out = e / e.sum(axis=1, keepdim=True)
-  nx, nw1, nb1, nw2, nb2 = (t.numpy().astype(np.float64) for t in Tx)
-  nl = np.maximum(nx @ nw1 + nb1, 0) @ nw2 + nb2
-  ne = np.exp(nl - nl.max(axis=1, keepdims=True))
-  return out, ne / ne.sum(axis=1, keepdims=True)
-
-def _views(T):
-  """Realized buffer, a contiguous slice (zero-copy view), an in-place assign and a multi-output realize."""
-  T.manual_seed(1)
-  a = T.randn(8, 16).realize()
-  na = a.numpy().astype(np.float64)
-  rows = a[2:6].contiguous()               # one contiguous range of a: becomes a SLICE view, no copy
-  s = (rows * 2).sum(axis=1)
-  return s, (na[2:6] * 2).sum(axis=1)
-
-MODELS = {"mlp": _mlp, "views": _views}
+from egraph.ir import substitute
+from egraph.storage import STORAGE
+from egraph.tensor import Tensor
+from egraph.driver import callify
+from egraph.models import MODELS
+from egraph.explain import explain as run_explain
+from egraph.export import export as run_export, require_graphviz
+from egraph import ordering
+from lower import cuda as C
+from lower.runtime import read
 
 def demo(args) -> int:
-  from egraph import Tensor, callify
-  out, ref = MODELS[args.model](Tensor)
+  out, ref = MODELS[args.model]()
   t0 = time.perf_counter()
   res = callify(out, cost=args.cost, schedule=args.schedule)
   print(f"model: {args.model}   output {out.shape} {out.dtype.name} on {out.device}")
@@ -48,7 +32,6 @@ def demo(args) -> int:
   return 0 if ok else 1
 
 def order(args) -> int:
-  from egraph import ordering
   names = args.graphs or ordering.corpus_names(args.generated)
   if args.plot: ordering.require_matplotlib()      # say what to install before running anything
   if args.ray is not None:
@@ -69,12 +52,10 @@ def order(args) -> int:
 def load_tensors(args) -> tuple[list, list[str]]:
   """(output tensors, labels) from `--model NAME` (its output, labelled "out") or `--script PATH --entry FN`: FN() may
   return a Tensor, a list/tuple of Tensors (labelled out0, out1, ...) or a dict {label: Tensor}."""
-  from egraph import Tensor
   if args.script is None:
     if args.model not in MODELS: raise CallsatError(f"unknown model {args.model!r}; choose one of {sorted(MODELS)}")
-    out, _ = MODELS[args.model](Tensor)
+    out, _ = MODELS[args.model]()
     return [out], ["out"]
-  import runpy
   try: ns = runpy.run_path(args.script, run_name="callsat_script")
   except FileNotFoundError as e: raise CallsatError(f"script {args.script!r} not found") from e
   fn = ns.get(args.entry)
@@ -89,8 +70,6 @@ def load_tensors(args) -> tuple[list, list[str]]:
   return [v for _, v in pairs], [k for k, _ in pairs]
 
 def explain(args) -> int:
-  import json
-  from egraph.explain import explain as run_explain
   tensors, labels = load_tensors(args)
   ex = run_explain(*tensors, labels=labels, cost=args.cost, schedule=args.schedule)
   ex = ex.select([int(t) if t.isdigit() else t for t in args.tensors or []])
@@ -102,7 +81,6 @@ def explain(args) -> int:
   return 0
 
 def export(args) -> int:
-  from egraph.export import export as run_export, require_graphviz
   if not (args.egg or args.json or args.svg): raise CallsatError("export: give at least one of --egg, --json, --svg")
   if args.svg: require_graphviz()
   tensors, _ = load_tensors(args)
@@ -119,9 +97,7 @@ def _source_args(p) -> None:
   p.add_argument("--schedule", default="saturate", help="schedule preset")
 
 def cuda(args) -> int:
-  from egraph import Tensor, callify
-  from lower import cuda as C
-  out, ref = MODELS[args.model](Tensor)
+  out, ref = MODELS[args.model]()
   res = callify(out)
   lw = C.plans([res.call])[0]
   text = C.plan_comment(lw.plan) + lw.plan["source"]
@@ -130,11 +106,8 @@ def cuda(args) -> int:
     print(f"{len(lw.plan['kernels'])} kernel(s), {len(lw.plan['steps'])} step(s) written to {args.out}")
   else: sys.stdout.write(text)
   if args.emulate:
-    from egraph.ir import substitute
-    from egraph.storage import STORAGE
-    from lower.runtime import read
     S = STORAGE.copy()
-    C.run_lowered(lw, S, C.emulator())
+    C.run_emulated(res.call, S)
     got = read(substitute([out.node], res.buffer_map)[0], S)
     ok = np.allclose(got, ref, rtol=1e-4, atol=1e-5)
     print(f"emulated on the CPU (lower/cuda_emu.h): {'OK' if ok else 'MISMATCH'} vs numpy", file=sys.stderr)

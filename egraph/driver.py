@@ -1,17 +1,21 @@
 """The callify driver: encode -> saturate -> extract -> decode -> number PARAMs -> buffer_map -> CallifyResult.
 
+`saturate` (encode -> Runner -> load, materialize, optimize) and `extract_call` (freeze -> EGraphView -> costs ->
+extract -> decode) are the pipeline's two halves; explain, export and the soundness checker call them too, so every
+tool sees the e-graph and the extraction callify sees.
 E-class identity replaces tinygrad's tags: each realize point (an original node) names the e-class of its realized
 form, so after extraction its storage is read straight off the chosen term."""
 from __future__ import annotations
 import dataclasses, gc, time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer, map_args, const_key
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError, EngineError, ShapeError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
-from egraph.encode import encode
-from egraph.runner import Runner, Limits, Schedule, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
+from egraph.encode import encode, Encoding
+from egraph.runner import Runner, Limits, Schedule, StepHook, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, extract, decode, baseline_cost
 from egraph.report import CallifyReport
@@ -71,7 +75,8 @@ def bindings(call: Node) -> tuple[Node, dict]:
   body = map_args([call.src[0]], lambda d: binds.get(d.key, d) if isinstance(d, Variable) else d)[0]
   return Node(Ops.CALL, dtypes.void, (body, *(a for a in call.src[1:] if a.op is not Ops.BIND)), call.arg), binds
 
-def _nodes(xs) -> list[Node]:
+def roots_of(xs) -> list[Node]:
+  """The graph roots under Tensors or Nodes (a SINK gives its sources)."""
   out = []
   for x in xs:
     n = getattr(x, "node", x)
@@ -122,8 +127,6 @@ def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
   return CallifyResult(Node(Ops.CALL, dtypes.void, (old.call.src[0], *args), old.call.arg),
                        {topo[pos[k.id]]: v for k, v in zip(old.buffer_map, values)}, report)
 
-def clear_cache() -> None: _CACHE.clear()
-
 def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
             limits: str | Limits | None = None, cache: bool = True) -> CallifyResult:
   """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed.
@@ -132,7 +135,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")
   sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
   lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
-  roots = _nodes(tensors)
+  roots = roots_of(tensors)
   if cache:
     gkey, topo = graph_key(roots)
     key = (gkey, model, sched, lim)
@@ -149,6 +152,44 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
     while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
   return res
 
+# ---- the pipeline, built once ----------------------------------------------------------------------------------------
+
+@dataclass
+class Saturation:
+  """A saturated e-graph: the encoding, the Runner that holds the e-graph (its stats), and a frozen view of it."""
+  enc: Encoding
+  runner: Runner
+  @cached_property
+  def graph(self) -> EGraphView: return EGraphView(self.runner.freeze(), self.runner.egraph, self.enc)
+
+def saturate(enc: Encoding, schedule: str | Schedule = "saturate", limits: str | Limits | None = None,
+             hook: StepHook | None = None) -> Saturation:
+  """Load `enc` into a fresh e-graph and run the load, materialize and optimize phases of `schedule` under `limits`.
+  With a `hook` the rules apply one at a time and the hook sees every step (the same fixpoint)."""
+  runner = Runner(resolve(schedule, SCHEDULE_PRESETS, "schedule"), hook)
+  runner.load(enc.rows, encoding=enc)
+  runner.materialize()
+  runner.optimize(resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits"))
+  return Saturation(enc, runner)
+
+@dataclass
+class Extraction:
+  """What extraction chose: per e-node local costs, the realize classes, one e-node per class, the DAG cost, and the
+  decoded term of every class reachable from the realize classes."""
+  costs: list[int | None]
+  root_classes: list[int]
+  choice: list[int]
+  cost: int
+  terms: dict[int, Node]
+
+def extract_call(sat: Saturation, model: CostModel) -> Extraction:
+  """Extract the CALL form callify uses: pinned (storage-form) extraction with sharing-aware refinement."""
+  g = sat.graph
+  costs = g.local_costs(model)
+  root_classes = [g.class_of_id[sat.enc.key_ids[k.id]] for k in sat.enc.keys]
+  choice, cost = extract(g, costs, root_classes, g.pinned_allowed())
+  return Extraction(costs, root_classes, choice, cost, decode(g, choice, root_classes))
+
 def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float) -> CallifyResult:
   enc = encode(roots)
   report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(toposort(roots, enter_calls=False)),
@@ -156,22 +197,16 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   report.seconds["encode"] = time.perf_counter() - t0
   if not enc.keys:
     return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)
-  runner = Runner(sched)
-  runner.load(enc.rows, encoding=enc)
-  runner.materialize()
-  runner.optimize(lim)
-  st = runner.stats
+  sat = saturate(enc, sched, lim)
+  st = sat.runner.stats
   report.iterations, report.matches, report.stop_reason = st.iterations, dict(st.matches), st.stop_reason
   report.seconds.update(st.seconds)
 
   t1 = time.perf_counter()
-  g = EGraphView(runner.freeze(), runner.egraph, enc)
-  costs = g.local_costs(model)
-  root_classes = [g.class_of_id[enc.key_ids[k.id]] for k in enc.keys]
-  choice, report.cost = extract(g, costs, root_classes, g.pinned_allowed())
-  report.e_nodes, report.e_classes = g.n_enodes, g.n_classes
+  ex = extract_call(sat, model)
+  report.cost, root_classes, terms = ex.cost, ex.root_classes, ex.terms
+  report.e_nodes, report.e_classes = sat.graph.n_enodes, sat.graph.n_classes
   report.baseline_cost = baseline_cost(enc, model)
-  terms = decode(g, choice, root_classes)
   report.seconds["extract"] = time.perf_counter() - t1
 
   t2 = time.perf_counter()

@@ -16,17 +16,15 @@ from dataclasses import dataclass, field, asdict
 from egraph.ir import Node, Ops, GroupOp, toposort
 from egraph.errors import CallsatError
 from egraph.encode import encode, COMPUTED_TARGET
-from egraph.runner import Runner, Schedule, Limits, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve, guarded
+from egraph.runner import Runner, Schedule, Limits, SCHEDULE_PRESETS, StopReason, resolve, stepwise_phases
 from egraph.cost import CostModel, COST_PRESETS
-from egraph.extract import EGraphView, knuth, dag_cost, decode, baseline_cost
+from egraph.extract import EGraphView, knuth, baseline_cost
 from egraph.language import CONSTRUCTORS
-from egraph.driver import storage_view, _nodes
-import egglog.bindings as eb
+from egraph.driver import Saturation, Extraction, saturate, extract_call, storage_view, roots_of
 from rules.registry import RULES
 
 KINDS = ("view", "fresh", "alias", "shared", "existing")
 _FACTS = ("storage", "view", "fresh", "zero", "copy_into", "precompiled")
-_PREFIX = "explain__"   # per-rule rulesets and rule names in the explain e-graph
 
 @dataclass
 class RuleEvent:
@@ -105,7 +103,7 @@ class Explanation:
   e_classes: int
   matches: dict[str, int]        # total matches per rule over the rule-at-a-time run
   rounds: dict[str, int]         # rounds per phase until nothing changed
-  stop_reason: str
+  stop_reason: StopReason
   seconds: float
 
   def point(self, name) -> PointExplanation:
@@ -135,24 +133,7 @@ class Explanation:
             "alias = the assigned buffer itself; shared = a buffer minted for another realize point"]
     return "\n\n".join(["\n".join(head), *(str(p) for p in self.points)])
 
-# ---- running the rules one at a time ---------------------------------------------------------------------------------
-
-def _explain_runner(sched: Schedule) -> tuple[Runner, list[tuple[str, list[str]]]]:
-  if sched.ordered is not None:
-    raise CallsatError(f"explain follows saturation schedules; {sched.name!r} is ordered (destructive). "
-                       "Compare orders with `callsat order` instead")
-  if sched.max_iterations is not None:
-    raise CallsatError(f"explain runs to saturation; schedule {sched.name!r} stops after {sched.max_iterations} iteration(s)")
-  runner = Runner(Schedule("explain", rules=()))      # declares the language, the load and the materialize rules
-  phases = [("materialize", [r.name for r in RULES.values() if r.phase == "materialize"]),
-            ("optimize", [r.name for r in RULES.values() if r.phase == "optimize" and (sched.rules is None or r.name in sched.rules)]
-                         + [r.name for r in RULES.values() if r.phase == "materialize"])]   # as schedule.OPTIMIZE_STEP
-  text = []
-  for n in dict.fromkeys(n for _, names in phases for n in names):   # a materialize rule runs in both phases
-    r = RULES[n]
-    text += [f"(ruleset {_PREFIX}{n})", f'(rule ({r.query}) ({r.actions}) :ruleset {_PREFIX}{n} :name "{_PREFIX}{n}")']
-  runner._cmd("\n".join(text), "declaring the per-rule rulesets for explain")
-  return runner, phases
+# ---- provenance: what each rule step changed in the realize classes -------------------------------------------------
 
 class _Snapshots:
   """Members (op, arg id) counts, inserted handles and facts of each tracked e-class, read from a frozen e-graph."""
@@ -192,10 +173,6 @@ def _describe_node(n: Node | None) -> str:
   dt = n.dtype.name if n.dtype is not None else "-"
   return f"{n.op.name} {dt} {n.shape}" if n.shape is not None else f"{n.op.name} {dt}"
 
-def cost_kids(g: EGraphView) -> list[tuple[int, ...]]:
-  """The child classes whose cost each e-node pays in extraction (all of them, unless the extractor says otherwise)."""
-  return getattr(g, "cost_kids", None) or g.kids
-
 def arg_text(enc, op: str, arg_id: int) -> str:
   if op in ("Cons", "Nil"): return ""
   _, arg = enc.args[arg_id]
@@ -217,78 +194,33 @@ def _buffer_of(sv: Node) -> Node:
   while sv.op not in (Ops.BUFFER, Ops.PARAM): sv = sv.src[0]
   return sv
 
-def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
-            limits: str | Limits | None = None) -> Explanation:
-  """Explain every realize point of the graph under `tensors` (Tensors or Nodes). `labels` names the outputs (default
-  out0, out1, ...); `Explanation.point(name)` picks one by label, output index or "#i" (realize index)."""
-  t0 = time.perf_counter()
-  model: CostModel = resolve(cost, COST_PRESETS, "cost model")
-  sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
-  lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
-  roots = _nodes(tensors)
-  labels = list(labels) if labels is not None else [f"out{i}" for i in range(len(roots))]
-  if len(labels) != len(roots): raise CallsatError(f"explain: {len(labels)} labels for {len(roots)} outputs")
-  enc = encode(roots)
-  if not enc.keys:
-    return Explanation([], 0, 0, model.name, sched.name, 0, 0, {}, {}, "saturated", time.perf_counter() - t0)
-  runner, phases = _explain_runner(sched)
-  runner.load(enc.rows, encoding=enc)
-  tracked = [enc.key_ids[k.id] for k in enc.keys]
-  snaps = _Snapshots(runner, tracked)
-  snap = snaps.take()
-  events: dict[int, list[RuleEvent]] = {t: [] for t in tracked}
-  first: dict[int, dict[tuple, str]] = {t: {} for t in tracked}   # (op, arg, child handles) and (op, arg) -> rule
-  for t in tracked:
-    for m in snap[t][0]: first[t].setdefault(m, "inserted"); first[t].setdefault(m[:2], "inserted")
-  matches: dict[str, int] = {}
-  rounds: dict[str, int] = {}
-  stop = "saturated"
-  for phase, names in phases:
-    rnd = 0
-    while names:
-      if phase == "optimize":
-        if runner.size() > lim.nodes: stop = "node_limit"; break
-        if rnd >= lim.iterations: stop = "iteration_limit"; break
-        if time.perf_counter() - t0 > lim.seconds: stop = "time_limit"; break
-      rnd += 1
-      changed = False
-      for name in names:
-        outs = guarded(f"running rule {name} (explain)",
-                       lambda: runner.egraph.run_program(*runner.egraph.parse_program(f"(run {_PREFIX}{name} 1)")))
-        n = sum(o.report.num_matches_per_rule.get(_PREFIX + name, 0) for o in outs if isinstance(o, eb.RunScheduleOutput))
-        upd = any(o.report.updated for o in outs if isinstance(o, eb.RunScheduleOutput))
-        if not n: continue
-        matches[name] = matches.get(name, 0) + n
-        changed |= upd
-        new = snaps.take()
-        for t in tracked:
-          (m0, h0, f0), (m1, h1, f1) = snap[t], new[t]
-          added, merged, facts = m1 - m0, sorted(h1 - h0), f1 - f0
-          if not (added or merged or facts): continue
-          for m in added: first[t].setdefault(m, name); first[t].setdefault(m[:2], name)
-          events[t].append(RuleEvent(phase, rnd, name, n, [f"{op} {arg_text(enc, op, a)}".strip() for op, a, _ in added],
-                                     [f"#{i} {_describe_node(enc.nodes[i])}" for i in merged], sorted(facts)))
-        snap = new
-      if not changed: break
-    rounds[phase] = rnd
-    if stop != "saturated": break
+class _Provenance:
+  """The stepwise runner's hook (a StepHook): after every rule step that matched, the realize classes are compared with the last
+  snapshot and the differences recorded as events; the first rule that put each member kind in a class is kept."""
+  def __init__(self, enc, tracked: list[int]):
+    self.enc, self.tracked, self.snaps = enc, tracked, None
+    self.events: dict[int, list[RuleEvent]] = {t: [] for t in tracked}
+    self.first: dict[int, dict[tuple, str]] = {t: {} for t in tracked}   # (op, arg, child handles) and (op, arg) -> rule
 
-  # ---- extract as callify does, then read the decision off every realize class ----
-  g = EGraphView(runner.freeze(), runner.egraph, enc)
-  costs = g.local_costs(model)
-  allowed = g.pinned_allowed()
-  best, choice = knuth(g, costs, allowed)
-  paid = cost_kids(g)
-  root_classes = [g.class_of_id[t] for t in tracked]
-  terms = decode(g, choice, root_classes)
-  total = dag_cost(g, costs, choice, root_classes)
-  by_class: dict[int, list[int]] = {}
-  for e, k in enumerate(g.cls): by_class.setdefault(k, []).append(e)
-  pin = {g.class_of_id[a]: g.class_of_id[t] for a, t in enc.pins.items()}
-  low_handle: dict[int, int] = {}
-  for i, c in g.class_of_id.items(): low_handle[c] = min(i, low_handle.get(c, i))
-  matching = _matching_rules(runner, [r for _, names in phases for r in names], tracked)
+  def loaded(self, runner: Runner) -> None:
+    self.snaps = _Snapshots(runner, self.tracked)
+    self.snap = self.snaps.take()
+    for t in self.tracked:
+      for m in self.snap[t][0]: self.first[t].setdefault(m, "inserted"); self.first[t].setdefault(m[:2], "inserted")
 
+  def step(self, phase: str, rnd: int, name: str, n: int) -> None:
+    new = self.snaps.take()
+    for t in self.tracked:
+      (m0, h0, f0), (m1, h1, f1) = self.snap[t], new[t]
+      added, merged, facts = m1 - m0, sorted(h1 - h0), f1 - f0
+      if not (added or merged or facts): continue
+      for m in added: self.first[t].setdefault(m, name); self.first[t].setdefault(m[:2], name)
+      self.events[t].append(RuleEvent(phase, rnd, name, n, [f"{op} {arg_text(self.enc, op, a)}".strip() for op, a, _ in added],
+                                      [f"#{i} {_describe_node(self.enc.nodes[i])}" for i in merged], sorted(facts)))
+    self.snap = new
+
+def _point_names(enc, roots: list[Node], labels: list[str]) -> list[list[str]]:
+  """Per realize point: "#j", then "out<i>" and the user label of every output it serves."""
   names: list[list[str]] = [[f"#{j}"] for j in range(len(enc.keys))]
   index = {k.id: j for j, k in enumerate(enc.keys)}
   for i, (lab, r) in enumerate(zip(labels, roots)):
@@ -297,81 +229,123 @@ def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: st
         for nm in (f"out{i}", lab):
           if nm not in names[index[cand.id]]: names[index[cand.id]].append(nm)
         break
-  # the buffer each realize point lives in, and whose fresh buffer each minted uid is
-  owner: dict[int, int] = {}
-  for j, t in enumerate(tracked):
-    if (f := enc.fresh.get(t)) is not None: owner.setdefault(_buffer_of(enc.nodes[f]).arg.uid, j)
-  storages = [storage_view(terms[k]) for k in root_classes]
-  bufs = [_buffer_of(sv) for sv in storages]
-  def bufname(b: Node) -> str:
+  return names
+
+def _status(g: EGraphView, e: int, k: int, chosen: bool, costs, allowed, pinned: bool, tree) -> str:
+  """Why a member of class k was or was not extracted."""
+  op = g.op[e]
+  if chosen: return "chosen"
+  if costs[e] is None:
+    return ("unextractable: a CONTIGUOUS marker (its value must be stored, viewed or merged)" if op == "CONTIGUOUS"
+            else "unextractable: an AFTER into a computed value" if op == "AFTER"
+            else "unextractable: only the CALL form of a precompiled FUNCTION runs")
+  if not allowed[e]:
+    return ("not allowed: an assign must be extracted as a write into its own target" if pinned
+            else "not allowed: a realized value must be a storage form (a write, a view, a buffer)")
+  return "no extractable children" if tree is None else "alternative"
+
+class _Decision:
+  """Reads one extraction's decision off the realize classes: members with costs, the buffer each point lives in."""
+  def __init__(self, sat: Saturation, ex: Extraction, prov: _Provenance):
+    g, enc = sat.graph, sat.enc
+    self.g, self.enc, self.ex, self.prov = g, enc, ex, prov
+    self.allowed = g.pinned_allowed()
+    self.best, _ = knuth(g, ex.costs, self.allowed)   # tree costs, for the members' table
+    self.by_class: dict[int, list[int]] = {}
+    for e, k in enumerate(g.cls): self.by_class.setdefault(k, []).append(e)
+    self.pin = {g.class_of_id[a]: g.class_of_id[t] for a, t in enc.pins.items()}
+    self.low_handle: dict[int, int] = {}
+    for i, c in g.class_of_id.items(): self.low_handle[c] = min(i, self.low_handle.get(c, i))
+    self.owner: dict[int, int] = {}           # fresh buffer uid -> the realize point it was minted for
+    for j, t in enumerate(prov.tracked):
+      if (f := enc.fresh.get(t)) is not None: self.owner.setdefault(_buffer_of(enc.nodes[f]).arg.uid, j)
+    self.storages = [storage_view(ex.terms[k]) for k in ex.root_classes]
+    self.bufs = [_buffer_of(sv) for sv in self.storages]
+
+  def bufname(self, b: Node) -> str:
     if b.op is Ops.PARAM: return f"param{b.arg.slot}" if hasattr(b.arg, "slot") else "param"
     return f"buf{b.arg.uid}"
-  def bufdesc(b: Node) -> str:
-    if b.op is Ops.BUFFER and (j := owner.get(b.arg.uid)) is not None: return f"fresh buffer {bufname(b)} of #{j}"
-    return f"input buffer {bufname(b)}" if b.op is Ops.BUFFER else f"parameter {bufname(b)}"
-  def uid(b: Node): return b.arg.uid if b.op is Ops.BUFFER else ("param", id(b))
 
-  def kid_text(k: int) -> str:
-    return f"c{k} " + (_describe_node(g.info[k]) if g.info[k] is not None else (g.op[choice[k]] if choice[k] >= 0 else "?"))
+  def bufdesc(self, b: Node) -> str:
+    if b.op is Ops.BUFFER and (j := self.owner.get(b.arg.uid)) is not None: return f"fresh buffer {self.bufname(b)} of #{j}"
+    return f"input buffer {self.bufname(b)}" if b.op is Ops.BUFFER else f"parameter {self.bufname(b)}"
 
-  points = []
-  for j, (key, t, k) in enumerate(zip(enc.keys, tracked, root_classes)):
-    members = []
-    for e in by_class.get(k, []):
-      op = g.op[e]
-      tree = None
-      if costs[e] is not None and allowed[e] and all(best[x] != float("inf") for x in g.kids[e]):
-        tree = costs[e] + sum(best[x] for x in paid[e])
-      if e == choice[k]: status = "chosen"
-      elif costs[e] is None:
-        status = ("unextractable: a CONTIGUOUS marker (its value must be stored, viewed or merged)" if op == "CONTIGUOUS"
-                  else "unextractable: an AFTER into a computed value" if op == "AFTER"
-                  else "unextractable: only the CALL form of a precompiled FUNCTION runs")
-      elif not allowed[e]:
-        status = ("not allowed: an assign must be extracted as a write into its own target" if k in pin
-                  else "not allowed: a realized value must be a storage form (a write, a view, a buffer)")
-      elif tree is None: status = "no extractable children"
-      else: status = "alternative"
-      full = (op, g.arg[e], tuple(low_handle.get(x, -1) for x in g.kids[e]))
-      members.append(Member(e, op, arg_text(enc, op, g.arg[e]), [kid_text(x) for x in g.kids[e]], costs[e], tree,
-                            first[t].get(full, first[t].get(full[:2], "inserted")), status))
+  def members(self, t: int, k: int) -> list[Member]:
+    g, costs, choice = self.g, self.ex.costs, self.ex.choice
+    def kid_text(x: int) -> str:
+      return f"c{x} " + (_describe_node(g.info[x]) if g.info[x] is not None else (g.op[choice[x]] if choice[x] >= 0 else "?"))
+    out = []
+    for e in self.by_class.get(k, []):
+      op, tree = g.op[e], None
+      if costs[e] is not None and self.allowed[e] and all(self.best[x] != float("inf") for x in g.kids[e]):
+        tree = costs[e] + sum(self.best[x] for x in g.cost_kids[e])
+      full = (op, g.arg[e], tuple(self.low_handle.get(x, -1) for x in g.kids[e]))
+      first = self.prov.first[t]
+      out.append(Member(e, op, arg_text(self.enc, op, g.arg[e]), [kid_text(x) for x in g.kids[e]], costs[e], tree,
+                        first.get(full, first.get(full[:2], "inserted")),
+                        _status(g, e, k, e == choice[k], costs, self.allowed, k in self.pin, tree)))
+    return out
+
+  def kind(self, j: int, k: int) -> tuple[str, str]:
+    """(kind, one-sentence summary) of realize point j in class k."""
+    term, sv, b = self.ex.terms[k], self.storages[j], self.bufs[j]
+    owner, fresh = self.owner, self.enc.fresh_buffers
+    if _chain_has_slice(term):
+      sl = next(n for n in toposort([sv]) if n.op is Ops.SLICE)
+      return "view", (f"a zero-copy view: SLICE of {self.bufdesc(b)} at element {sl.arg[0]}, {sl.arg[1]} elements; "
+                      "nothing is stored")
+    if b.op is Ops.BUFFER and b.arg.uid in fresh and owner.get(b.arg.uid) != j and b.arg.uid in owner:
+      return "shared", f"lives in the fresh buffer {self.bufname(b)} minted for #{owner[b.arg.uid]}: their e-classes hold the same value"
+    if b.op is Ops.BUFFER and b.arg.uid in fresh:
+      by_call = term.op is Ops.AFTER and any(d.op is Ops.CALL for d in term.src[1:])
+      return "fresh", f"a fresh buffer {self.bufname(b)} ({b.nbytes} B) written by " + ("a precompiled CALL" if by_call else "a STORE")
+    if term.op is Ops.AFTER: return "alias", f"an alias of the assigned {self.bufdesc(b)}: the assign's own write serves it, no copy"
+    return "existing", f"already storage: {self.bufdesc(b)}, no copy"
+
+  def point(self, j: int, key: Node, t: int, k: int, names: list[str], matching: list[str]) -> PointExplanation:
+    g, members = self.g, self.members(t, k)
     chosen = next(m for m in members if m.status == "chosen")
     alts = [m for m in members if m.status == "alternative"]
     alt = min(alts, key=lambda m: m.tree_cost) if alts else None
     fresh_here = g.fresh_class.get(k, set())
-    mats = [m for e, m in zip(by_class.get(k, []), members)
+    mats = [m for e, m in zip(self.by_class.get(k, []), members)
             if g.op[e] == "AFTER" and g.kids[e][:1] and g.kids[e][0] in fresh_here and m.tree_cost is not None]
-    materialized = min((m.tree_cost for m in mats), default=None)
+    kind, summary = self.kind(j, k)
+    if chosen.introduced_by != "inserted": summary += f" (the form {chosen.introduced_by} added)"
+    uid = lambda b: b.arg.uid if b.op is Ops.BUFFER else ("param", id(b))
+    others = [f"#{i}" for i in range(len(self.bufs)) if i != j and uid(self.bufs[i]) == uid(self.bufs[j])]
+    events = self.prov.events[t]
+    return PointExplanation(
+      j, names, _describe_node(key), k, kind, summary, _term_text(self.storages[j]), self.bufname(self.bufs[j]), others,
+      chosen.introduced_by, chosen.tree_cost, f"{alt.op} {alt.arg}".strip() + f" by {alt.introduced_by}" if alt else None,
+      alt.tree_cost if alt else None, min((m.tree_cost for m in mats), default=None),
+      list(dict.fromkeys(ev.rule for ev in events)), matching, events, members)
 
-    term, sv, b = terms[k], storages[j], bufs[j]
-    others = [f"#{i}" for i in range(len(enc.keys)) if i != j and uid(bufs[i]) == uid(b)]
-    mine = b.op is Ops.BUFFER and owner.get(b.arg.uid) == j
-    if _chain_has_slice(term):
-      kind = "view"
-      sl = next(n for n in toposort([sv]) if n.op is Ops.SLICE)
-      summary = (f"a zero-copy view: SLICE of {bufdesc(b)} at element {sl.arg[0]}, {sl.arg[1]} elements; nothing is stored")
-    elif b.op is Ops.BUFFER and b.arg.uid in enc.fresh_buffers and not mine and b.arg.uid in owner:
-      kind = "shared"
-      summary = f"lives in the fresh buffer {bufname(b)} minted for #{owner[b.arg.uid]}: their e-classes hold the same value"
-    elif b.op is Ops.BUFFER and b.arg.uid in enc.fresh_buffers:
-      kind = "fresh"
-      by_call = term.op is Ops.AFTER and any(d.op is Ops.CALL for d in term.src[1:])
-      summary = f"a fresh buffer {bufname(b)} ({b.nbytes} B) written by " + ("a precompiled CALL" if by_call else "a STORE")
-    elif term.op is Ops.AFTER:
-      kind = "alias"
-      summary = f"an alias of the assigned {bufdesc(b)}: the assign's own write serves it, no copy"
-    else:
-      kind = "existing"
-      summary = f"already storage: {bufdesc(b)}, no copy"
-    if chosen.introduced_by != "inserted":
-      summary += f" (the form {chosen.introduced_by} added)"
-    points.append(PointExplanation(
-      j, names[j], _describe_node(key), k, kind, summary, _term_text(sv), bufname(b), others, chosen.introduced_by,
-      chosen.tree_cost, f"{alt.op} {alt.arg}".strip() + f" by {alt.introduced_by}" if alt else None,
-      alt.tree_cost if alt else None, materialized, list(dict.fromkeys(ev.rule for ev in events[t])), matching[t],
-      events[t], members))
-  return Explanation(points, total, baseline_cost(enc, model), model.name, sched.name, g.n_enodes, g.n_classes,
-                     matches, rounds, stop, time.perf_counter() - t0)
+def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
+            limits: str | Limits | None = None) -> Explanation:
+  """Explain every realize point of the graph under `tensors` (Tensors or Nodes). `labels` names the outputs (default
+  out0, out1, ...); `Explanation.point(name)` picks one by label, output index or "#i" (realize index)."""
+  t0 = time.perf_counter()
+  model: CostModel = resolve(cost, COST_PRESETS, "cost model")
+  sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
+  roots = roots_of(tensors)
+  labels = list(labels) if labels is not None else [f"out{i}" for i in range(len(roots))]
+  if len(labels) != len(roots): raise CallsatError(f"explain: {len(labels)} labels for {len(roots)} outputs")
+  enc = encode(roots)
+  if not enc.keys:
+    Runner(sched, hook=_Provenance(enc, []))   # validates the schedule as a non-empty graph would
+    return Explanation([], 0, 0, model.name, sched.name, 0, 0, {}, {}, StopReason.SATURATED, time.perf_counter() - t0)
+  prov = _Provenance(enc, [enc.key_ids[k.id] for k in enc.keys])
+  sat = saturate(enc, sched, limits, hook=prov)
+  ex = extract_call(sat, model)
+  dec = _Decision(sat, ex, prov)
+  matching = _matching_rules(sat.runner, [r for _, names in stepwise_phases(sched) for r in names], prov.tracked)
+  names = _point_names(enc, roots, labels)
+  points = [dec.point(j, key, t, k, names[j], matching[t])
+            for j, (key, t, k) in enumerate(zip(enc.keys, prov.tracked, ex.root_classes))]
+  st = sat.runner.stats
+  return Explanation(points, ex.cost, baseline_cost(enc, model), model.name, sched.name, sat.graph.n_enodes,
+                     sat.graph.n_classes, dict(st.matches), dict(st.rounds), st.stop_reason, time.perf_counter() - t0)
 
 _BOUND = re.compile(r"^\(= (\w+) ")
 
@@ -384,7 +358,8 @@ def _matching_rules(runner: Runner, names: list[str], tracked: list[int]) -> dic
     q = RULES[name].query
     if (m := _BOUND.match(q)) is None: continue
     for t in tracked:
-      try: runner.egraph.run_program(*runner.egraph.parse_program(f"(check {q} (= {m.group(1)} (N {t})))"))
+      try: runner.egraph.run_program(*runner.egraph.parse_program(f"(check {q} (= {m.group(1)} (N {t})))"))   # not
+    # runner.command: a failed check is the answer "no", not an engine failure
       except Exception: continue    # the check failed: the rule does not match this class
       out[t].append(name)
   return out

@@ -17,15 +17,12 @@ import json, math, shutil
 from egraph.ir import Node, Ops, toposort
 from egraph.errors import CallsatError
 from egraph.encode import encode, Encoding
-from egraph.runner import (Runner, Schedule, Limits, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve, guarded, _ORDERED_EXTRA,
-                             ordered_ruleset, ordered_rule_text, OPTIMIZE_STEP)
+from egraph.runner import Runner, Schedule, Limits, SCHEDULE_PRESETS, resolve, guarded, declarations, ordered_ruleset, OPTIMIZE_STEP
 from egraph.cost import CostModel, COST_PRESETS
-from egraph.extract import EGraphView, knuth
-from egraph.language import program, CONSTRUCTORS
-from egraph.driver import _nodes, callify
-from egraph.explain import arg_text, cost_kids
+from egraph.language import CONSTRUCTORS
+from egraph.driver import callify, roots_of, saturate
+from egraph.explain import arg_text
 import egglog.bindings as eb
-from rules.registry import RULES
 
 _SPAN = eb.RustSpan("callsat/export", 0, 0)
 
@@ -33,18 +30,6 @@ def _encode(roots: list[Node]) -> Encoding:
   enc = encode(roots)
   if not enc.keys: raise CallsatError("export: the graph has no realize point (nothing for callify to do)")
   return enc
-
-def saturate(roots: list[Node], schedule: str | Schedule = "saturate", limits: str | Limits | None = None,
-             enc: Encoding | None = None) -> tuple[Encoding, Runner]:
-  """The e-graph callify saturates for `roots` (or for `enc`, their encoding), with the same phases, not extracted."""
-  sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
-  lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
-  enc = enc if enc is not None else _encode(roots)
-  runner = Runner(sched)
-  runner.load(enc.rows, encoding=enc)
-  runner.materialize()
-  runner.optimize(lim)
-  return enc, runner
 
 # ---- (a) egglog text -------------------------------------------------------------------------------------------------
 
@@ -57,7 +42,7 @@ def _comment(s: str) -> str: return " ".join(str(s).split())
 def egg_text(*tensors, schedule: str | Schedule = "saturate", enc: Encoding | None = None) -> str:
   """A replayable egglog program: prelude, the inserted rows as facts, and the schedule callify runs."""
   sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
-  enc = enc if enc is not None else _encode(_nodes(tensors))
+  enc = enc if enc is not None else _encode(roots_of(tensors))
   Runner(sched)     # validates the schedule (unknown rules, rules with ordered)
   out = [f";; callsat export: the callify e-graph of {len(enc.keys)} realize point(s), schedule {sched.name}",
          ";; replay: egglog this-file.egg  (egglog 13.2), or bindings.EGraph().run_program(*eg.parse_program(text))",
@@ -65,13 +50,7 @@ def egg_text(*tensors, schedule: str | Schedule = "saturate", enc: Encoding | No
   out += [f";;   {i} = {getattr(d, 'name', d)} {_comment(repr(a))}" for i, (d, a) in enumerate(enc.args) if i]
   out += [";; realize points: (N id) names the realized e-class"]
   out += [f";;   #{j}: (N {enc.key_ids[k.id]}) {k.op.name} {_comment(k.shape)}" for j, k in enumerate(enc.keys)]
-  if sched.ordered is None:
-    rules = [r for r in RULES.values() if r.phase != "optimize" or sched.rules is None or r.name in sched.rules]
-    out.append(program(rules))
-  else:
-    order = list(dict.fromkeys(sched.ordered))
-    out += [program([]), _ORDERED_EXTRA]
-    for n in order: out += [f"(ruleset {ordered_ruleset(n)})", ordered_rule_text(n)]
+  out.append(declarations(sched))
   out.append(";; the inserted graph: one fact per row (what callify loads with `input`)")
   for rel, rows in enc.rows.items():
     out.extend(f"({rel} {' '.join(map(_lit, r))})" for r in rows)
@@ -110,7 +89,9 @@ def json_graph(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedu
                limits: str | Limits | None = None, raw: bool = False, enc: Encoding | None = None) -> dict:
   """The saturated e-graph in egraph-serialize's JSON format (a dict; `json.dumps` it), ready for extraction-gym."""
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")
-  enc, runner = saturate(_nodes(tensors) if enc is None else [], schedule, limits, enc=enc)
+  enc = enc if enc is not None else _encode(roots_of(tensors))
+  sat = saturate(enc, schedule, limits)
+  runner = sat.runner
   tracked = [enc.key_ids[k.id] for k in enc.keys]
   ser = guarded("serializing the e-graph", lambda: runner.egraph.serialize(
     [eb.Call(_SPAN, "N", [eb.Lit(_SPAN, eb.Int(t))]) for t in tracked]))
@@ -118,7 +99,7 @@ def json_graph(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedu
     raise CallsatError(f"export: egglog truncated {ser.truncated_functions} / discarded {ser.discarded_functions}")
   data = json.loads(ser.to_json())
   if raw: return data
-  g = EGraphView(runner.freeze(), runner.egraph, enc)
+  g = sat.graph
   costs, allowed = g.local_costs(model), g.pinned_allowed()
   nodes = data["nodes"]
   sig = {(g.op[e], g.arg[e], g.kids[e]): e for e in range(g.n_enodes)}
@@ -141,7 +122,7 @@ def json_graph(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedu
       if e is None: raise CallsatError(f"export: serialized e-node {nid} {key} is not in the frozen e-graph")
       enode[nid] = e; cls.setdefault(n["eclass"], g.cls[e]); del todo[nid]; progress = True
     if not progress: raise CallsatError(f"export: {len(todo)} serialized e-nodes could not be matched")
-  paid = cost_kids(g)   # a child whose cost an e-node does not pay (a SLICE's buffer: its own CALL argument) is not a child here
+  paid = g.cost_kids   # a child whose cost an e-node does not pay (a SLICE's buffer: its own CALL argument) is not a child here
   keep = {nid for nid, e in enode.items() if costs[e] is not None and allowed[e]}
   while True:                       # drop e-nodes with a child class that has nothing extractable left
     live = {g.cls[enode[nid]] for nid in keep}
@@ -239,7 +220,7 @@ def export(*tensors, egg: str | None = None, json_path: str | None = None, svg_p
   """Write the requested files; with `svg_path` X.svg, the CALL goes to X.svg and the e-graph to X.egraph.svg.
   Returns the paths written."""
   if svg_path: require_graphviz()      # say what to install before doing any work
-  enc = _encode(_nodes(tensors))     # one encoding: the .egg, the JSON and the drawing name the same buffers
+  enc = _encode(roots_of(tensors))     # one encoding: the .egg, the JSON and the drawing name the same buffers
   written = []
   if egg:
     with open(egg, "w") as f: f.write(egg_text(schedule=schedule, enc=enc))

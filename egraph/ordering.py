@@ -5,15 +5,22 @@ per graph the extracted cost, e-graph size, time, and whether the result depends
 `callsat order` is the command line for this module. Sweeps scale out over processes with `workers`, or over a Ray
 cluster with `ray` (an address; needs `pip install -e '.[ray]'`)."""
 from __future__ import annotations
-import csv, io, json, math, time
+import csv, io, json, logging, math, multiprocessing, os, time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, asdict
 import numpy as np
 from egraph.errors import CallsatError
+from egraph.ir import Node, Ops, const, new_buffer, toposort
+from egraph.dtype import dtypes
+from egraph.storage import Storage
+from egraph.runner import SCHEDULE_PRESETS, ordered_schedule
+from egraph.driver import callify
+from egraph.models import MODELS
+from rules.registry import RULES
 
 ORDERABLE_PHASES = ("materialize", "optimize")
 
 def orderable_rules() -> list[str]:
-  from rules.registry import RULES
   return [r.name for r in RULES.values() if r.phase in ORDERABLE_PHASES]
 
 def random_orders(k: int, seed: int = 0) -> list[tuple[str, ...]]:
@@ -25,8 +32,6 @@ def random_orders(k: int, seed: int = 0) -> list[tuple[str, ...]]:
 # ---- the corpus ------------------------------------------------------------------------------------------------------
 
 def _buf(storage, rng, shape, device="CPU"):
-  from egraph.ir import new_buffer
-  from egraph.dtype import dtypes
   b = new_buffer(math.prod(shape), dtypes.float32, device)
   storage.set_data(b, rng.standard_normal(math.prod(shape)).astype(np.float32))
   return b.reshape(shape)
@@ -35,9 +40,6 @@ def generated_graph(seed: int, steps: int = 12):
   """A deterministic random graph (numpy rng, no hypothesis) rich in what orders disagree on: contiguous views of
   buffers and of realized values, CONTIGUOUS of CONTIGUOUS, assigns into buffers then CONTIGUOUS, assigns into computed
   values, DETACH markers. Returns (roots, storage)."""
-  from egraph.ir import Node, Ops, const
-  from egraph.dtype import dtypes
-  from egraph.storage import Storage
   rng = np.random.default_rng(seed)
   storage = Storage()
   pool = [_buf(storage, rng, (4, 8)) for _ in range(1 + seed % 2)]
@@ -68,15 +70,12 @@ def generated_graph(seed: int, steps: int = 12):
   return roots, storage
 
 def model_graph(name: str):
-  """The roots of a named model of egraph/cli.py (its output tensor's graph)."""
-  from egraph.cli import MODELS
-  from egraph import Tensor
+  """The roots of a named demo model (egraph/models.py): its output tensor's graph."""
   if name not in MODELS: raise CallsatError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-  out, _ = MODELS[name](Tensor)
+  out, _ = MODELS[name]()
   return [out.node], None
 
 def corpus_names(generated: int = 8) -> list[str]:
-  from egraph.cli import MODELS
   return [f"model:{m}" for m in sorted(MODELS)] + [f"gen:{i}" for i in range(generated)]
 
 def build(name: str):
@@ -129,7 +128,6 @@ class GraphResult:
             "orders_mean_ms": round(1e3 * sum(r.seconds for r in self.orders) / max(1, len(self.orders)), 2)}
 
 def _run(roots, schedule) -> tuple[Run, object]:
-  from egraph.driver import callify
   t0 = time.perf_counter()
   res = callify(*roots, schedule=schedule, cache=False)
   rep = res.report
@@ -137,8 +135,6 @@ def _run(roots, schedule) -> tuple[Run, object]:
 
 def run_graph(name: str, k: int = 8, seed: int = 0) -> GraphResult:
   """`name` (a corpus entry) under saturation, the reference order, materialize-first and `k` random orders."""
-  from egraph.runner import SCHEDULE_PRESETS, ordered_schedule
-  from egraph.ir import toposort
   roots, _ = build(name)
   sat, rep = _run(roots, "saturate")
   ref, _ = _run(roots, SCHEDULE_PRESETS["reference"])
@@ -155,11 +151,11 @@ def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: st
   jobs = [(n, k, seed) for n in names]
   if ray is not None: return sweep_ray(jobs, ray)
   if workers <= 1: return [run_graph(*j) for j in jobs]
-  from concurrent.futures import ProcessPoolExecutor
-  import multiprocessing as mp
-  with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+  with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
     return list(ex.map(_job, jobs))
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIRS = [os.path.join(ROOT, p) for p in ("egraph", "rules", "lower")]   # shipped to a Ray cluster's workers
 RAY_INSTALL = "the --ray sweep needs ray: pip install -e '.[ray]' (or pip install ray)"
 
 def require_ray():
@@ -179,9 +175,7 @@ def sweep_ray(jobs: list[tuple], address: str) -> list[GraphResult]:
   ray = require_ray()
   started = False
   if not ray.is_initialized():
-    import logging
-    import egraph, rules, lower
-    kw = {"include_dashboard": False} if address == "local" else {"runtime_env": {"py_modules": [egraph, rules, lower]}}
+    kw = {"include_dashboard": False} if address == "local" else {"runtime_env": {"py_modules": PACKAGE_DIRS}}
     try: ray.init(address=address, logging_level=logging.WARNING, **kw)
     except ConnectionError as e: raise CallsatError(f"--ray {address}: cannot connect to a Ray cluster: {e}") from e
     started = True

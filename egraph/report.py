@@ -1,6 +1,7 @@
 """The callify run report as plain data: printable and JSON-ready."""
 from __future__ import annotations
 from dataclasses import dataclass, field, asdict
+from egraph.runner import StopReason
 
 @dataclass
 class CallifyReport:
@@ -8,7 +9,7 @@ class CallifyReport:
   e_classes: int = 0
   iterations: int = 0
   matches: dict[str, int] = field(default_factory=dict)
-  stop_reason: str = "saturated"
+  stop_reason: StopReason = StopReason.SATURATED
   cost: int = 0
   baseline_cost: int = 0
   cost_model: str = "bytes"

@@ -15,16 +15,29 @@ Two modes share the rule definitions:
 
 The bad-merge canary (`Schedule(canary=True)` or env `CALLSAT_CANARY=1`) checks, after the materialize phase and
 after every optimize step, that no e-class holds two shapes, two dtypes or two different constants, and raises an
-EngineError naming the rules that fired since the last clean check."""
+EngineError naming the rules that fired since the last clean check.
+
+A Runner given a StepHook (what `callsat explain` uses) applies the same rules one at a time, each as its own
+ruleset, and calls the hook after loading and after every step that matched; the rules are pure unions, so it
+reaches the same fixpoint as the phased run."""
 from __future__ import annotations
-import dataclasses, os, shutil, tempfile, time
+import os, shutil, tempfile, time
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
 import egglog.bindings as eb
 from egraph.errors import EngineError, CallsatError
 from egraph.language import program, CONSTRUCTORS
 from rules.registry import RULES
 
-STOP_REASONS = ("saturated", "node_limit", "iteration_limit", "time_limit")
+class StopReason(str, Enum):
+  """Why the optimize phase stopped (egg's StopReason); compares equal to its value string."""
+  SATURATED = "saturated"
+  NODE_LIMIT = "node_limit"
+  ITERATION_LIMIT = "iteration_limit"
+  TIME_LIMIT = "time_limit"
+  def __str__(self) -> str: return self.value
+
 # one optimize iteration: the optimize rules, then the materialize rules again (a merge made by an optimize rule can give
 # them new matches, e.g. a CONTIGUOUS whose source became storage once DETACH/CONTIGUOUS_BACKWARD was dropped)
 OPTIMIZE_STEP = "(seq (run optimize) (run materialize))"
@@ -91,14 +104,15 @@ def guarded(what: str, fn, *args):
 class RunStats:
   iterations: int = 0
   matches: dict[str, int] = field(default_factory=dict)
-  stop_reason: str = "saturated"
+  stop_reason: StopReason = StopReason.SATURATED
+  rounds: dict[str, int] = field(default_factory=dict)   # stepwise mode: rounds per phase until nothing changed
   seconds: dict[str, float] = field(default_factory=dict)
   trace: list[tuple[int, str, int]] = field(default_factory=list)   # (step, rule, matches): one entry per rule that fired per step
   canary_checks: int = 0
 
 # ordered mode: the CONTIGUOUS/AFTER each realize point starts from, captured before any destructive rule runs, and the
 # fallback that adds its all-materialized form at the end
-_ORDERED_EXTRA = """
+ORDERED_EXTRA = """
 (relation fallback_of (T T T))
 (ruleset capture)
 (ruleset fallback)
@@ -111,35 +125,64 @@ def ordered_ruleset(name: str) -> str: return "o_" + name
 
 def ordered_rule_text(name: str) -> str: return RULES[name].egglog(ruleset=ordered_ruleset(name), destructive=True)
 
+STEP_PREFIX = "step__"   # stepwise mode: each rule's own ruleset and rule name
+
+def declarations(schedule: Schedule, stepwise: bool = False) -> str:
+  """The egglog text that declares the language and the rules `schedule` runs (what a Runner starts with)."""
+  if schedule.ordered is not None:
+    text = [program([]), ORDERED_EXTRA]
+    for n in dict.fromkeys(schedule.ordered): text += [f"(ruleset {ordered_ruleset(n)})", ordered_rule_text(n)]
+    return "\n".join(text)
+  if stepwise:
+    text = [program([r for r in RULES.values() if r.phase == "load"])]
+    for n in dict.fromkeys(n for _, names in stepwise_phases(schedule) for n in names):   # a materialize rule runs in both
+      text += [f"(ruleset {STEP_PREFIX}{n})", RULES[n].egglog(ruleset=STEP_PREFIX + n, name=STEP_PREFIX + n)]
+    return "\n".join(text)
+  return program([r for r in RULES.values() if r.phase != "optimize" or schedule.rules is None or r.name in schedule.rules])
+
+def stepwise_phases(schedule: Schedule) -> list[tuple[str, list[str]]]:
+  """The stepwise mode's phases and their rules, in the phased run's order (an optimize round also re-runs the
+  materialize rules, as OPTIMIZE_STEP does)."""
+  mat = [r.name for r in RULES.values() if r.phase == "materialize"]
+  opt = [r.name for r in RULES.values() if r.phase == "optimize" and (schedule.rules is None or r.name in schedule.rules)]
+  return [("materialize", mat), ("optimize", opt + mat)]
+
 def canary_enabled(schedule: Schedule) -> bool:
   return schedule.canary or os.environ.get("CALLSAT_CANARY", "") not in ("", "0")
 
+class StepHook(Protocol):
+  """Observes a stepwise run: `loaded` once the graph is in, `step` after every rule step that matched."""
+  def loaded(self, runner: "Runner") -> None: ...
+  def step(self, phase: str, rnd: int, rule: str, matches: int) -> None: ...
+
 class Runner:
-  """One egglog e-graph holding an encoded graph; runs the phases under limits."""
-  def __init__(self, schedule: Schedule):
-    self.schedule, self.stats = schedule, RunStats()
+  """One egglog e-graph holding an encoded graph; runs the phases under limits (one `check_limits()` decides stops)."""
+  def __init__(self, schedule: Schedule, hook: StepHook | None = None):
+    """With a `hook` the run is stepwise: one rule at a time, the hook told of every step."""
+    self.schedule, self.stats, self.hook, stepwise = schedule, RunStats(), hook, hook is not None
+    self.stepwise = stepwise
     self.encoding = None                   # the Encoding loaded (gives the canary shapes and dtypes); see load()
     self.canary = canary_enabled(schedule)
     self._since: dict[str, int] = {}       # matches per rule since the last clean canary check
     named = set(schedule.rules or ()) | set(schedule.ordered or ())
     unknown = named - set(RULES)
     if unknown: raise CallsatError(f"schedule {schedule.name!r} names unknown rules {sorted(unknown)}")
+    if schedule.ordered is not None and schedule.rules is not None:
+      raise CallsatError(f"schedule {schedule.name!r}: give either rules or ordered, not both")
+    if stepwise and schedule.ordered is not None:
+      raise CallsatError(f"explain follows saturation schedules; {schedule.name!r} is ordered (destructive). "
+                         "Compare orders with `callsat order` instead")
+    if stepwise and schedule.max_iterations is not None:
+      raise CallsatError(f"explain runs to saturation; schedule {schedule.name!r} stops after {schedule.max_iterations} iteration(s)")
     self.egraph = eb.EGraph()
-    if schedule.ordered is not None:
-      if schedule.rules is not None: raise CallsatError(f"schedule {schedule.name!r}: give either rules or ordered, not both")
-      order = list(dict.fromkeys(schedule.ordered))
-      text = [program([]), _ORDERED_EXTRA]
-      for n in order:
-        text += [f"(ruleset {ordered_ruleset(n)})", ordered_rule_text(n)]
-      self._cmd("\n".join(text), "declaring the callify language (ordered mode)")
-      return
-    rules = [r for r in RULES.values() if r.phase != "optimize" or schedule.rules is None or r.name in schedule.rules]
-    self._cmd(program(rules), "declaring the callify language")
+    self.command(declarations(schedule, stepwise), "declaring the callify language"
+                 + (" (ordered mode)" if self.ordered else " (stepwise)" if stepwise else ""))
 
   @property
   def ordered(self) -> bool: return self.schedule.ordered is not None
 
-  def _cmd(self, text: str, what: str):
+  def command(self, text: str, what: str) -> list:
+    """Run egglog commands; a failure becomes an EngineError saying `what` was being done."""
     return guarded(what, lambda: self.egraph.run_program(*self.egraph.parse_program(text)))
 
   def load(self, rows: dict[str, list[tuple]], encoding=None) -> None:
@@ -154,26 +197,29 @@ class Runner:
         path = os.path.join(tmp, rel + ".tsv")
         with open(path, "w") as f: f.write("".join("\t".join(map(str, r)) + "\n" for r in rs))
         cmds.append(f'(input {rel} "{path}")')
-      if cmds: self._cmd(" ".join(cmds), "reading the inserted rows")
+      if cmds: self.command(" ".join(cmds), "reading the inserted rows")
     finally: shutil.rmtree(tmp, ignore_errors=True)
     self.stats.seconds["insert"] = time.perf_counter() - t0
     self._phase("load", "(run-schedule (saturate (run load)))")
+    if self.hook is not None: self.hook.loaded(self)
 
   def materialize(self) -> None:
     """The all-stored baseline. In ordered mode the materialize rules run inside the sequence instead; this only
     records each realize point's starting form for the fallback."""
     if self.ordered: self._phase("materialize", "(run-schedule (saturate (run capture)))"); return
+    if self.stepwise: self._stepwise("materialize", None); return
     self._phase("materialize", "(run-schedule (saturate (run materialize)))")
     self.check_canary("the materialize phase")
 
   def _phase(self, name: str, text: str) -> None:
     t0 = time.perf_counter()
-    for out in self._cmd(text, f"running the {name} phase"): self._count(out)
+    for out in self.command(text, f"running the {name} phase"): self._count(out)
     self.stats.seconds[name] = time.perf_counter() - t0
 
   def _count(self, out) -> bool:
     if not isinstance(out, eb.RunScheduleOutput): return False
     for rule, n in out.report.num_matches_per_rule.items():
+      if rule.startswith(STEP_PREFIX): rule = rule[len(STEP_PREFIX):]
       if rule in RULES and n:
         self.stats.matches[rule] = self.stats.matches.get(rule, 0) + n
         self._since[rule] = self._since.get(rule, 0) + n
@@ -181,45 +227,70 @@ class Runner:
     return out.report.updated
 
   def size(self) -> int:
-    out = self._cmd("(print-size)", "counting e-nodes")
+    out = self.command("(print-size)", "counting e-nodes")
     return sum(n for name, n in out[0].sizes if name in CONSTRUCTORS)
+
+  def _cap(self, limits: Limits) -> int:
+    return limits.iterations if self.schedule.max_iterations is None else min(limits.iterations, self.schedule.max_iterations)
+
+  def check_limits(self, limits: Limits, t0: float, rounds: int) -> StopReason | None:
+    """The one place a run decides to stop early: the limit hit (nodes, iterations, seconds since t0), or None."""
+    if self.size() > limits.nodes: return StopReason.NODE_LIMIT
+    if rounds >= self._cap(limits): return StopReason.ITERATION_LIMIT
+    if time.perf_counter() - t0 > limits.seconds: return StopReason.TIME_LIMIT
+    return None
 
   def optimize(self, limits: Limits) -> None:
     """Run the optimize rules one iteration at a time until saturated or a limit is hit. Ordered mode: one round is
     every rule of the sequence run to saturation in turn; rounds repeat until a round changes nothing."""
-    if self.ordered: return self._optimize_ordered(limits)
     t0 = time.perf_counter()
-    cap = limits.iterations if self.schedule.max_iterations is None else min(limits.iterations, self.schedule.max_iterations)
-    reason = "saturated"
-    while self.schedule.rules != ():
-      if self.size() > limits.nodes: reason = "node_limit"; break
-      if self.stats.iterations >= cap: reason = "iteration_limit"; break
-      if time.perf_counter() - t0 > limits.seconds: reason = "time_limit"; break
-      changed = any([self._count(o) for o in self._cmd(f"(run-schedule {OPTIMIZE_STEP})", "running the optimize phase")])
-      self.stats.iterations += 1
-      self.check_canary(f"optimize iteration {self.stats.iterations}")
-      if not changed: break
+    if self.ordered: reason = self._optimize_ordered(limits, t0)
+    elif self.stepwise: reason = self._stepwise("optimize", limits, t0)
+    else:
+      reason = StopReason.SATURATED
+      while self.schedule.rules != ():
+        if (hit := self.check_limits(limits, t0, self.stats.iterations)) is not None: reason = hit; break
+        changed = any([self._count(o) for o in self.command(f"(run-schedule {OPTIMIZE_STEP})", "running the optimize phase")])
+        self.stats.iterations += 1
+        self.check_canary(f"optimize iteration {self.stats.iterations}")
+        if not changed: break
     self.stats.stop_reason = reason
     self.stats.seconds["optimize"] = time.perf_counter() - t0
 
-  def _optimize_ordered(self, limits: Limits) -> None:
-    t0 = time.perf_counter()
-    cap = limits.iterations if self.schedule.max_iterations is None else min(limits.iterations, self.schedule.max_iterations)
-    reason, done = "saturated", False
-    while not done:
-      if self.stats.iterations >= cap: reason = "iteration_limit"; break
+  def _optimize_ordered(self, limits: Limits, t0: float) -> StopReason:
+    reason = None
+    while True:
+      if self.stats.iterations >= self._cap(limits): reason = StopReason.ITERATION_LIMIT; break
       changed = False
       for name in self.schedule.ordered:
-        if self.size() > limits.nodes: reason, done = "node_limit", True; break
-        if time.perf_counter() - t0 > limits.seconds: reason, done = "time_limit", True; break
-        outs = self._cmd(f"(run-schedule (saturate (run {ordered_ruleset(name)})))", f"running rule {name} (ordered mode)")
+        if (reason := self.check_limits(limits, t0, 0)) is not None: break
+        outs = self.command(f"(run-schedule (saturate (run {ordered_ruleset(name)})))", f"running rule {name} (ordered mode)")
         changed |= any([self._count(o) for o in outs])
         self.check_canary(f"rule {name} in round {self.stats.iterations + 1}")
       self.stats.iterations += 1
+      if reason is not None or not changed: break
+    for o in self.command("(run-schedule (saturate (run fallback)))", "adding the materialized fallbacks"): self._count(o)
+    return reason or StopReason.SATURATED
+
+  def _stepwise(self, phase: str, limits: Limits | None, t0: float = 0.0) -> StopReason:
+    """Stepwise mode: rounds of every rule of `phase` applied once, each its own step, until a round changes nothing.
+    Limits apply to the optimize phase only (the materialize phase always finishes, as in the phased run)."""
+    names = dict(stepwise_phases(self.schedule))[phase]
+    rnd, reason = 0, StopReason.SATURATED
+    while names:
+      if limits is not None and (hit := self.check_limits(limits, t0, rnd)) is not None: reason = hit; break
+      rnd += 1
+      changed = False
+      for name in names:
+        outs = [o for o in self.command(f"(run {STEP_PREFIX}{name} 1)", f"running rule {name} (stepwise)")
+                if isinstance(o, eb.RunScheduleOutput)]
+        n = sum(o.report.num_matches_per_rule.get(STEP_PREFIX + name, 0) for o in outs)
+        for o in outs: changed |= self._count(o)
+        if n: self.hook.step(phase, rnd, name, n)
+      if phase == "optimize": self.stats.iterations = rnd
       if not changed: break
-    for o in self._cmd("(run-schedule (saturate (run fallback)))", "adding the materialized fallbacks"): self._count(o)
-    self.stats.stop_reason = reason
-    self.stats.seconds["optimize"] = time.perf_counter() - t0
+    self.stats.rounds[phase] = rnd
+    return reason
 
   # ---- the bad-merge canary ------------------------------------------------------------------------------------------
 

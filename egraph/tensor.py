@@ -1,5 +1,5 @@
-"""Tensor: tinygrad's front end over the Node IR. It only builds lazy graphs; `realize`/`callify` hand them to
-`egraph.driver` and execution to `lower.runtime` (both imported lazily, so graph building works without them).
+"""Tensor: tinygrad's front end over the Node IR (floor 6). It builds lazy graphs; `realize`/`callify` hand them to
+`egraph.driver` and execution to `lower.runtime`.
 
 Semantics follow tinygrad: numpy-style right-aligned broadcasting, tinygrad dtype promotion with weak Python scalars,
 REDUCE-keeps-dims under the hood, and realize substitutes the buffer map into every live Tensor.
@@ -10,6 +10,9 @@ from typing import Any, Iterator
 import numpy as np
 from egraph.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
 from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
+from egraph.storage import STORAGE, host_buffer
+from egraph.driver import callify
+from lower.runtime import run_call, read
 from egraph.ir import Node, Ops, const, empty_view, substitute, canonical_device, new_buffer
 from egraph.symbolic import is_symbolic, max_value
 
@@ -71,7 +74,6 @@ def _broadcast_to(n: Node, shape: tuple[int, ...]) -> Node:
 
 def _host(arr: np.ndarray, dtype: DType, device) -> Node:
   """Host data as a lazy COPY from an NPY buffer to `device` (what tinygrad does for lists and numpy arrays)."""
-  from egraph.storage import host_buffer
   arr = np.asarray(arr, dtype=dtype.np)  # not ascontiguousarray: that makes 0-d arrays 1-d
   view = host_buffer(arr.reshape(-1), dtype).reshape(arr.shape)
   return view if device == "NPY" else Node(Ops.COPY, dtype, (view,), device)
@@ -165,7 +167,6 @@ class Tensor:
   def empty(*shape, dtype=None, device=None) -> Tensor:
     v = empty_view(_argfix(shape), dtypes.from_any(dtype or dtypes.default_float), canonical_device(device or DEFAULT_DEVICE))
     if v.device.startswith("DISK:"):   # a disk tensor is the file's bytes: map them now (they may already hold data)
-      from egraph.storage import STORAGE
       STORAGE.allocate(v.base)
     return Tensor(v)
   @staticmethod
@@ -200,8 +201,6 @@ class Tensor:
     """Callify the pending tensors, point every live tensor at the new buffers, then run the CALL.
     Works as `t.realize(a, b)` and `Tensor.realize(a, b)`."""
     if not (ts := Tensor._pending((self, *lst))): return self
-    from egraph.driver import callify
-    from lower.runtime import run_call
     res = callify(*dict.fromkeys(t.node for t in ts))
     _apply_map(res.buffer_map)
     run_call(res.call)
@@ -210,13 +209,11 @@ class Tensor:
   def callify(self, *lst: Tensor) -> Tensor:
     """Like realize but lazy: tensors become AFTER(storage, CALL), executed by a later realize."""
     if not (ts := Tensor._pending((self, *lst))): return self
-    from egraph.driver import callify
     res = callify(*dict.fromkeys(t.node for t in ts))
     _apply_map({k: v.after(res.call) for k, v in res.buffer_map.items()})
     return self
 
   def numpy(self) -> np.ndarray:
-    from lower.runtime import read
     self.realize()
     return np.array(read(self.node), dtype=self.dtype.np).reshape(self.shape)
   def tolist(self): return self.numpy().tolist()
@@ -236,7 +233,6 @@ class Tensor:
   def shard(self, devices, axis: int | None = 0) -> Tensor:
     """Place this tensor's values on a tuple of devices: split along `axis` (each device holds one shard, a MULTI view),
     or replicated on every device with axis=None. The values are realized and placed now (a data-loading step)."""
-    from egraph.storage import STORAGE
     devs = canonical_device(tuple(devices) if isinstance(devices, (list, tuple)) else devices)
     if not isinstance(devs, tuple) or len(devs) < 1: raise DeviceError(f"shard: need a tuple of devices, got {devices!r}")
     arr = self.numpy()

@@ -7,6 +7,7 @@ import functools
 from egraph.ir import Node, Ops, ParamArg, CallInfo
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError
+from egraph.tensor import Tensor
 
 class Function:
   def __init__(self, fxn, precompile: bool = False, name: str | None = None):
@@ -16,7 +17,6 @@ class Function:
 
   def trace(self, *args) -> tuple[Node, bool]:
     """(TUPLE body over PARAMs, whether the function returned a tuple) for these argument types."""
-    from egraph.tensor import Tensor
     sig = tuple((a.shape, a.dtype, a.device) for a in args)
     if (hit := self.traces.get(sig)) is None:
       params = [Tensor(Node(Ops.PARAM, a.dtype, (), ParamArg(i, a.shape, a.device))) for i, a in enumerate(args)]
@@ -29,7 +29,6 @@ class Function:
     return hit
 
   def __call__(self, *args):
-    from egraph.tensor import Tensor
     if not all(isinstance(a, Tensor) for a in args): raise CallsatError(f"function {self.info.name}: arguments must be Tensors")
     body, many = self.trace(*args)
     f = Node(Ops.FUNCTION, dtypes.void, (body, *(a.node for a in args)), self.info)

@@ -9,6 +9,8 @@ import contextlib, os, re, time
 from dataclasses import dataclass, field
 from rules.registry import Rule, RULES, PHASES
 from egraph.errors import CallsatError, EngineError
+from rules.strategies import PLANTED, hypothesis_strategies, rule_graphs
+from rules.soundness import check_egraph
 
 DEFAULT_EXAMPLES = 200
 
@@ -74,7 +76,6 @@ _OP_PLANTER = {"CONTIGUOUS": "materialize_contiguous", "DETACH": "drop_detach", 
 
 def planter_for(rule: Rule) -> str:
   """Which left-side generator to use: the rule's own, or one keyed by the first op its query matches."""
-  from rules.strategies import PLANTED
   if rule.name in PLANTED: return rule.name
   m = re.search(r'"([A-Z_]+)"', rule.query)
   return _OP_PLANTER.get(m.group(1), "") if m else ""
@@ -84,7 +85,6 @@ def check(rule_or_ruleset=None, examples: int | None = None, seed: int | None = 
   """Check one rule (a Rule or a name: returns a CheckResult) or several (a list, a phase name, None = all: returns a
   CheckReport). `examples` graphs per rule (default: CALLSAT_CHECK_EXAMPLES or 200); `seed` fixes hypothesis' draws
   (None: random)."""
-  from rules.strategies import hypothesis_strategies
   hypothesis_strategies()   # raise the install hint before anything else
   single = isinstance(rule_or_ruleset, (Rule, str)) and rule_or_ruleset not in PHASES
   rules = _resolve(rule_or_ruleset)
@@ -95,8 +95,6 @@ def check(rule_or_ruleset=None, examples: int | None = None, seed: int | None = 
 
 def _check_one(rule: Rule, examples: int, seed, max_steps: int, storages: int) -> CheckResult:
   from hypothesis import given, settings, HealthCheck, seed as hseed
-  from rules.strategies import rule_graphs
-  from rules.soundness import check_egraph
   res = CheckResult(rule.name)
   rules = (rule.name,) if rule.phase == "optimize" else ()
   failing: list = []

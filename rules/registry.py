@@ -12,9 +12,9 @@ class Rule:
   query: str          # egglog facts
   actions: str        # egglog actions
   lhs: str = ""       # the matched term a destructive (pattern-matcher style) application subsumes; "" = none
-  def egglog(self, ruleset: str | None = None, destructive: bool = False) -> str:
+  def egglog(self, ruleset: str | None = None, destructive: bool = False, name: str | None = None) -> str:
     acts = self.actions + (f" (subsume {self.lhs})" if destructive and self.lhs else "")
-    return f'(rule ({self.query}) ({acts}) :ruleset {ruleset or self.phase} :name "{self.name}")'
+    return f'(rule ({self.query}) ({acts}) :ruleset {ruleset or self.phase} :name "{name or self.name}")'
 
 RULES: dict[str, Rule] = {}
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 from egraph.ir import Node, Ops, toposort, render
-from egraph.encode import encode, COMPUTED_TARGET
-from egraph.runner import Runner, Schedule, Limits
-from egraph.extract import EGraphView, knuth, decode
+from egraph.dtype import dtypes
+from egraph.encode import encode
+from egraph.runner import Schedule, Limits
+from egraph.extract import knuth, decode
 from egraph.cost import COST_PRESETS
+from egraph.driver import saturate, Saturation
+from lower.reference import evaluate
+from rules.strategies import random_data
 
 @dataclass
 class Violation:
@@ -24,8 +28,6 @@ class Violation:
 
 def rerandomized(storage, seed: int):
   """A copy of `storage` with every buffer refilled with fresh random contents of its dtype."""
-  from rules.strategies import random_data
-  from egraph.dtype import dtypes
   rng = np.random.default_rng(seed)
   out = storage.copy()
   for uid in list(out):
@@ -40,20 +42,18 @@ def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = Non
   `storages - 1` re-randomized copies of it. Returns (violations, matches). The canary raises EngineError."""
   enc = encode(roots)
   if not enc.keys: return [], {}
-  runner = Runner(Schedule("check", rules=rules, canary=canary))
-  runner.load(enc.rows, encoding=enc); runner.materialize(); runner.optimize(Limits(iterations=50))
+  sat = saturate(enc, Schedule("check", rules=rules, canary=canary), Limits(iterations=50))
   violations: list[Violation] = []
   for i in range(max(1, storages)):
     st = storage if i == 0 else rerandomized(storage, 1000 + i)
-    violations += _compare(roots, st, enc, runner, atol)
+    violations += _compare(roots, st, sat, atol)
     if violations: break
-  return violations, dict(runner.stats.matches)
+  return violations, dict(sat.runner.stats.matches)
 
-def _compare(roots, storage, enc, runner, atol) -> list[Violation]:
-  from lower.reference import evaluate
-  g = EGraphView(runner.freeze(), runner.egraph, enc)
+def _compare(roots, storage, sat: Saturation, atol) -> list[Violation]:
+  g, enc = sat.graph, sat.enc
   costs = g.local_costs(COST_PRESETS["bytes"])
-  _, choice = knuth(g, costs)
+  _, choice = knuth(g, costs)   # unpinned: a representative for every class, not only the storage forms callify extracts
   value_classes = [k for k in range(g.n_classes) if choice[k] >= 0 and g.info[k] is not None and g.info[k].dtype.itemsize]
   terms = decode(g, choice, value_classes)
   # a bare fresh buffer (or a view of one) has no value until something stores into it
@@ -61,7 +61,7 @@ def _compare(roots, storage, enc, runner, atol) -> list[Violation]:
     ns = toposort([t], enter_calls=False)
     return any(n.op is Ops.BUFFER and n.arg.uid in enc.fresh_buffers for n in ns) and not any(n.op is Ops.STORE for n in ns)
   value_classes = [k for k in value_classes if not unwritten(terms[k])]
-  fired = tuple(sorted(runner.stats.matches))
+  fired = tuple(sorted(sat.runner.stats.matches))
   violations = []
   # each representative runs as its own program on its own copy of storage: no effect of one can leak into another
   ref = {k: evaluate([terms[k]], storage.copy())[0] for k in value_classes}

@@ -6,7 +6,11 @@ says `pip install callsat[test]`. Every strategy is a function returning a strat
 from __future__ import annotations
 import math
 import numpy as np
-from egraph.ir import Node, Ops, new_buffer, const, toposort, substitute
+from egraph.ir import Node, Ops, new_buffer, const, toposort, substitute, render
+from egraph.storage import Storage
+from egraph.encode import assigns_into_computed
+from lower.reference import evaluate
+from lower.runtime import run_call
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError
 from egraph.view import contiguous_range
@@ -36,7 +40,6 @@ class Graph:
   def __init__(self, roots, storage, inputs): self.roots, self.storage, self.inputs = roots, storage, inputs
   def __repr__(self): return f"Graph({len(toposort(self.roots, enter_calls=False))} nodes, roots={self.roots})"
   def render(self) -> str:
-    from egraph.ir import render
     return render(list(self.roots), enter_calls=False)
 
 def random_data(rng, n: int, dtype) -> np.ndarray:
@@ -95,7 +98,6 @@ def graphs(max_steps: int = 10, dtype=dtypes.float32, device: str = "CPU"):
 
   @st.composite
   def _graphs(draw) -> Graph:
-    from egraph.storage import Storage
     dt = dtype if dtype is not None else dtypes.from_any(draw(st.sampled_from(VALUE_DTYPES)))
     storage = Storage()
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
@@ -159,7 +161,6 @@ def graphs(max_steps: int = 10, dtype=dtypes.float32, device: str = "CPU"):
 def _planted(name: str, draw, g: Graph, dt, device: str) -> Node | None:
   """A node matching rule `name`'s left side, built over g's nodes and inputs (None: the rule has no planter)."""
   st = hypothesis_strategies()
-  from egraph.storage import Storage  # noqa: F401
   rng = np.random.default_rng(draw(st.integers(0, 2**16)))
   x = draw(st.sampled_from(list(g.roots) + [b.reshape(draw(st.sampled_from(factorizations(b.numel)))) for b in g.inputs]))
   def computed(n: Node) -> Node:   # a value without buffer identity
@@ -235,8 +236,6 @@ PLANTED = ("bitcast_to_view", "assign_copy_in_place", "materialize_contiguous", 
 
 def reference_values(g: Graph, keys: list[Node]) -> list[np.ndarray]:
   """The oracle: evaluate every key in the original graph with the numpy executor on a private copy of storage."""
-  from egraph.encode import assigns_into_computed
-  from lower.reference import evaluate
   st_ = g.storage.copy()
   # assigning into a computed value means "a fresh buffer holding the value" (spec rule 8)
   sem = {n: n.src[1].src[1] for n in toposort(list(g.roots), enter_calls=False) if n.op is Ops.AFTER and assigns_into_computed(n)}
@@ -245,8 +244,6 @@ def reference_values(g: Graph, keys: list[Node]) -> list[np.ndarray]:
 
 def executed_values(g: Graph, call: Node, buffer_map: dict[Node, Node], keys: list[Node]) -> list[np.ndarray]:
   """Run the CALL on a private copy of storage and read each key through the buffer_map."""
-  from lower.runtime import run_call
-  from lower.reference import evaluate
   st_ = g.storage.copy()
   run_call(call, st_)
   return [np.array(evaluate([buffer_map[k]], st_)[0], copy=True) for k in keys]

@@ -7,7 +7,8 @@ from egraph import Tensor, callify
 from egraph.ir import Node, Ops, toposort
 from egraph.errors import CallsatError
 from egraph.explain import explain
-from egraph.export import egg_text, replay, constructor_sizes, json_graph, saturate, require_graphviz, export, json_choice
+from egraph.export import egg_text, replay, constructor_sizes, json_graph, require_graphviz, export, json_choice
+from egraph.driver import saturate
 from egraph.encode import encode
 from egraph.extract import EGraphView, knuth, dag_cost
 from egraph.cost import COST_PRESETS
@@ -141,7 +142,7 @@ def test_egg_replays_to_the_same_egraph(name, schedule):
   assert re.search(r'^\(leaf_row \d+ "BUFFER" \d+\)$', text, re.M) and "(run-schedule (saturate (run load)))" in text
   for j, k in enumerate(enc.keys): assert f";;   #{j}: (N {enc.key_ids[k.id]}) {k.op.name}" in text
   replayed = replay(text)
-  enc2, runner = saturate(roots, schedule)
+  runner = saturate(encode(roots), schedule).runner
   assert constructor_sizes(replayed) == constructor_sizes(runner.egraph)
   if schedule == "saturate":   # extraction over the replayed e-graph gives callify's cost
     g = EGraphView(replayed.freeze(), replayed, enc)
@@ -165,8 +166,8 @@ def test_json_is_egraph_serialize_for_extraction_gym():
   classes = {n["eclass"] for n in nodes.values()}
   assert len(d["root_eclasses"]) == 2 and set(d["root_eclasses"]) <= classes
   # the view's class offers the RESHAPE(SLICE) view and the store; a cheapest-tree extractor over the file picks the view
-  enc2, runner = saturate([], enc=encode([out.node, b.node]))
-  g = EGraphView(runner.freeze(), runner.egraph, enc2)
+  enc2 = encode([out.node, b.node])
+  g = saturate(enc2).graph
   costs = g.local_costs(COST_PRESETS["bytes"])
   best, _ = knuth(g, costs, g.pinned_allowed())
   chosen = json_choice(d)
