@@ -254,12 +254,7 @@ def _infer(op: Ops, dtype: DType, src: tuple[Node, ...], arg) -> tuple[tuple[int
   if op is Ops.CONST:
     if dtype == dtypes.void: raise DTypeError("CONST: void dtype")
     return (), arg[1]
-  if op is Ops.SLICE:
-    off, count = arg
-    if x.shape is None or len(x.shape) != 1: raise ShapeError(f"SLICE: source must be 1-D storage, got shape {x.shape}")
-    if off < 0 or (off * x.dtype.itemsize + count * dtype.itemsize) > x.shape[0] * x.dtype.itemsize:
-      raise ShapeError(f"SLICE: range offset={off} count={count} ({dtype.name}) is outside storage of shape {x.shape} ({x.dtype.name})")
-    return (count,), dev
+  if op is Ops.SLICE: return _slice_shape(x, dtype, arg), dev
   if op is Ops.BIND: return (), None
   if op in (Ops.SINK, Ops.CALL, Ops.FUNCTION, Ops.TUPLE): return None, dev
   if op is Ops.GETTUPLE:
@@ -275,41 +270,57 @@ def _infer(op: Ops, dtype: DType, src: tuple[Node, ...], arg) -> tuple[tuple[int
     if tgt.dtype != val.dtype: raise DTypeError(f"STORE: value dtype {val.dtype.name} does not match target dtype {tgt.dtype.name}")
     return tgt.shape, dev
   if op is Ops.COPY: return x.shape, canonical_device(arg)
-  if op is Ops.MULTI:
-    if not isinstance(x.device, tuple): raise DeviceError(f"MULTI: source must live on a tuple of devices, got {x.device!r}")
-    if not isinstance(arg, int) or not 0 <= arg < len(x.shape): raise ShapeError(f"MULTI: axis {arg!r} out of range for shape {x.shape}")
-    shp = list(x.shape); shp[arg] *= len(x.device)
-    return tuple(shp), x.device
+  if op is Ops.MULTI: return _multi_shape(x, arg), x.device
   if op in GroupOp.Marker or op is Ops.CAST: return x.shape, dev
-  if op is Ops.BITCAST:
-    if not x.shape: 
-      if x.dtype.itemsize != dtype.itemsize: raise ShapeError(f"BITCAST: scalar {x.dtype.name} -> {dtype.name} changes size")
-      return (), dev
-    nbytes = x.shape[-1] * x.dtype.itemsize
-    if nbytes % dtype.itemsize: raise ShapeError(f"BITCAST: last dim {x.shape[-1]} x {x.dtype.name} does not divide into {dtype.name}")
-    return x.shape[:-1] + (nbytes // dtype.itemsize,), dev
-  if op in GroupOp.ALU:
-    arity = 1 if op in GroupOp.Unary else 2 if op in GroupOp.Binary else 3
-    if len(src) != arity: raise ShapeError(f"{op.name}: takes {arity} sources, got {len(src)}")
-    if any(s.shape != x.shape for s in src): raise ShapeError(f"{op.name}: shape mismatch {_fmt(src)}")
-    vals = src[1:] if op is Ops.WHERE else src
-    if any(s.dtype != vals[0].dtype for s in vals): raise DTypeError(f"{op.name}: dtype mismatch {', '.join(s.dtype.name for s in vals)}")
-    if op is Ops.WHERE and x.dtype != dtypes.bool: raise DTypeError(f"WHERE: condition must be bool, got {x.dtype.name}")
-    if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV) and not x.dtype.is_float():
-      raise DTypeError(f"{op.name}: needs a float dtype, got {x.dtype.name}")
-    if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD) and x.dtype.is_float():
-      raise DTypeError(f"{op.name}: needs an int or bool dtype, got {x.dtype.name}")
-    devs = {s.device for s in src if s.device is not None}
-    if len(devs) > 1: raise DeviceError(f"{op.name}: sources on different devices {sorted(map(str, devs))}")
-    return x.shape, dev
-  if op is Ops.REDUCE:
-    rop, axes = arg
-    if rop not in GroupOp.ReduceOps: raise UnsupportedOpError(f"REDUCE: unsupported reduce op {rop}")
-    if any(not 0 <= a < len(x.shape) for a in axes): raise ShapeError(f"REDUCE: axes {axes} out of range for shape {x.shape}")
-    if len(set(axes)) != len(axes) or list(axes) != sorted(axes): raise ShapeError(f"REDUCE: axes {axes} must be sorted and unique")
-    return tuple(1 if i in axes else s for i, s in enumerate(x.shape)), dev
+  if op is Ops.BITCAST: return _bitcast_shape(x, dtype), dev
+  if op in GroupOp.ALU: return _alu_shape(op, src), dev
+  if op is Ops.REDUCE: return _reduce_shape(x, arg), dev
   if op in GroupOp.Movement: return _movement_shape(op, x.shape, arg), dev
   raise UnsupportedOpError(f"unknown op {op}")
+
+def _slice_shape(x: Node, dtype: DType, arg) -> tuple[int, ...]:
+  off, count = arg
+  if x.shape is None or len(x.shape) != 1: raise ShapeError(f"SLICE: source must be 1-D storage, got shape {x.shape}")
+  if off < 0 or (off * x.dtype.itemsize + count * dtype.itemsize) > x.shape[0] * x.dtype.itemsize:
+    raise ShapeError(f"SLICE: range offset={off} count={count} ({dtype.name}) is outside storage of shape {x.shape} ({x.dtype.name})")
+  return (count,)
+
+def _multi_shape(x: Node, axis) -> tuple[int, ...]:
+  if not isinstance(x.device, tuple): raise DeviceError(f"MULTI: source must live on a tuple of devices, got {x.device!r}")
+  if not isinstance(axis, int) or not 0 <= axis < len(x.shape): raise ShapeError(f"MULTI: axis {axis!r} out of range for shape {x.shape}")
+  shp = list(x.shape); shp[axis] *= len(x.device)
+  return tuple(shp)
+
+def _bitcast_shape(x: Node, dtype: DType) -> tuple[int, ...]:
+  if not x.shape:
+    if x.dtype.itemsize != dtype.itemsize: raise ShapeError(f"BITCAST: scalar {x.dtype.name} -> {dtype.name} changes size")
+    return ()
+  nbytes = x.shape[-1] * x.dtype.itemsize
+  if nbytes % dtype.itemsize: raise ShapeError(f"BITCAST: last dim {x.shape[-1]} x {x.dtype.name} does not divide into {dtype.name}")
+  return x.shape[:-1] + (nbytes // dtype.itemsize,)
+
+def _alu_shape(op: Ops, src: tuple[Node, ...]) -> tuple[int, ...]:
+  x = src[0]
+  arity = 1 if op in GroupOp.Unary else 2 if op in GroupOp.Binary else 3
+  if len(src) != arity: raise ShapeError(f"{op.name}: takes {arity} sources, got {len(src)}")
+  if any(s.shape != x.shape for s in src): raise ShapeError(f"{op.name}: shape mismatch {_fmt(src)}")
+  vals = src[1:] if op is Ops.WHERE else src
+  if any(s.dtype != vals[0].dtype for s in vals): raise DTypeError(f"{op.name}: dtype mismatch {', '.join(s.dtype.name for s in vals)}")
+  if op is Ops.WHERE and x.dtype != dtypes.bool: raise DTypeError(f"WHERE: condition must be bool, got {x.dtype.name}")
+  if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV) and not x.dtype.is_float():
+    raise DTypeError(f"{op.name}: needs a float dtype, got {x.dtype.name}")
+  if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD) and x.dtype.is_float():
+    raise DTypeError(f"{op.name}: needs an int or bool dtype, got {x.dtype.name}")
+  devs = {s.device for s in src if s.device is not None}
+  if len(devs) > 1: raise DeviceError(f"{op.name}: sources on different devices {sorted(map(str, devs))}")
+  return x.shape
+
+def _reduce_shape(x: Node, arg) -> tuple[int, ...]:
+  rop, axes = arg
+  if rop not in GroupOp.ReduceOps: raise UnsupportedOpError(f"REDUCE: unsupported reduce op {rop}")
+  if any(not 0 <= a < len(x.shape) for a in axes): raise ShapeError(f"REDUCE: axes {axes} out of range for shape {x.shape}")
+  if len(set(axes)) != len(axes) or list(axes) != sorted(axes): raise ShapeError(f"REDUCE: axes {axes} must be sorted and unique")
+  return tuple(1 if i in axes else s for i, s in enumerate(x.shape))
 
 def _movement_shape(op: Ops, shape: tuple[int, ...], arg) -> tuple[int, ...]:
   n = len(shape)

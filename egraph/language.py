@@ -50,8 +50,6 @@ LIFT_RULES = """
 (rule ((copy_into_row u k)) ((copy_into (N u) (N k))) :ruleset load :name "lift_copy_into")
 (rule ((precompiled_row g r)) ((precompiled (N g) (N r))) :ruleset load :name "lift_precompiled")
 """
-ROW_RELATIONS = ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row",
-                 "fresh_row", "view_row", "storage_row", "zero_row", "copy_into_row", "precompiled_row", "computed_arg")
 CONSTRUCTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
 
 def program(rules=None) -> str:

@@ -1,5 +1,5 @@
 """The spec's worked examples (§4.6) in our IR, the report, limits, schedules, cost models and errors of callify."""
-import json, math
+import json, time, math
 import numpy as np
 import pytest
 from egraph import callify, Limits, Schedule, CostModel, CallsatError, EngineError
@@ -183,6 +183,26 @@ def test_iteration_limit_still_gives_a_valid_call():
 def test_node_and_time_limits_are_reported():
   assert callify(*_view_graph(), limits=Limits(nodes=1)).report.stop_reason == "node_limit"
   assert callify(*_view_graph(), limits=Limits(seconds=-1)).report.stop_reason == "time_limit"
+
+def test_stop_reasons_are_one_enum_from_one_check():
+  """Saturation, the ordered mode and explain's stepwise run all stop through Runner.check_limits, with StopReason."""
+  from egraph.runner import StopReason, Runner, SCHEDULE_PRESETS
+  from egraph.explain import explain
+  from egraph.encode import encode
+  assert [r.value for r in StopReason] == ["saturated", "node_limit", "iteration_limit", "time_limit"]
+  for sched in ("saturate", "reference"):
+    for lim, want in ((Limits(nodes=1), StopReason.NODE_LIMIT), (Limits(seconds=-1), StopReason.TIME_LIMIT),
+                      (Limits(iterations=0), StopReason.ITERATION_LIMIT), (Limits(), StopReason.SATURATED)):
+      got = callify(*_view_graph(), schedule=sched, limits=lim, cache=False).report.stop_reason
+      assert got is want and got == want.value, (sched, lim)
+  assert explain(*_view_graph(), limits=Limits(nodes=1)).stop_reason is StopReason.NODE_LIMIT
+  assert explain(*_view_graph()).stop_reason is StopReason.SATURATED
+  r = Runner(SCHEDULE_PRESETS["saturate"])
+  enc = encode(_view_graph())
+  r.load(enc.rows, encoding=enc)
+  assert r.check_limits(Limits(), time.perf_counter(), 0) is None
+  assert r.check_limits(Limits(iterations=3), time.perf_counter(), 3) is StopReason.ITERATION_LIMIT
+  assert r.check_limits(Limits(nodes=r.size() - 1), time.perf_counter(), 0) is StopReason.NODE_LIMIT
 
 def test_schedule_object_selects_rules():
   res = callify(*_view_graph(), schedule=Schedule("no-views", rules=("drop_detach",)))
