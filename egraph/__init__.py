@@ -1,7 +1,7 @@
 """callsat's first package: the IR (floor 1), the e-graph engine (floor 3) and the front ends (floor 6).
 
 The package face re-exports lazily (a module `__getattr__`), so `import egraph.ir` loads no egglog and no front end."""
-import importlib
+from egraph.face import lazy_exports
 
 _EXPORTS = {
   "CallsatError": "egraph.errors", "ShapeError": "egraph.errors", "DTypeError": "egraph.errors",
@@ -17,10 +17,4 @@ _EXPORTS = {
 }
 __all__ = list(_EXPORTS)
 
-def __getattr__(name: str):
-  if (mod := _EXPORTS.get(name)) is None: raise AttributeError(f"module 'egraph' has no attribute {name!r}")
-  value = getattr(importlib.import_module(mod), name)
-  globals()[name] = value
-  return value
-
-def __dir__(): return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

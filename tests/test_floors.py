@@ -9,7 +9,7 @@ PACKAGES = ("egraph", "rules", "lower")
 
 # floor -> (name, modules). A module may import only from its own floor or below. `lower.*` is floor 4 as a whole.
 FLOORS = {
-  1: ("IR", ["egraph.errors", "egraph.dtype", "egraph.symbolic", "egraph.ir", "egraph.view", "egraph.storage"]),
+  1: ("IR", ["egraph.face", "egraph.errors", "egraph.dtype", "egraph.symbolic", "egraph.ir", "egraph.view", "egraph.storage"]),
   2: ("rule data", ["rules.registry", "rules.callify"]),
   3: ("engine", ["egraph.encode", "egraph.language", "egraph.runner", "egraph.extract", "egraph.cost", "egraph.report",
                  "egraph.driver"]),
@@ -18,7 +18,7 @@ FLOORS = {
   6: ("front ends and tools", ["egraph.tensor", "egraph.tracing", "egraph.models", "egraph.cli", "egraph.__main__",
                                "egraph.ordering", "egraph.explain", "egraph.export"]),
 }
-FACES = PACKAGES   # the package __init__s: lazy re-exports only, no project import statement
+FACES = PACKAGES   # the package __init__s: lazy re-exports through egraph.face only
 
 def modules() -> dict[str, str]:
   out = {}
@@ -125,7 +125,7 @@ def test_imports_flow_down(imports):
   assert bad == []
 
 def test_faces_are_lazy(imports):
-  bad = [f"{m}:{line} imports {t}" for m in FACES for t, line, _, _ in imports.edges[m]]
+  bad = [f"{m}:{line} imports {t}" for m in FACES for t, line, _, _ in imports.edges[m] if t != "egraph.face"]
   assert bad == [], "package __init__s re-export through a module __getattr__, not import statements"
 
 def test_no_function_local_project_import(imports):
