@@ -8,7 +8,7 @@ import argparse, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import Tensor, callify
-from lower import jit
+from lower import native
 from lower.runtime import run_call
 
 def build(T: int, D: int, seed: int = 0):
@@ -44,8 +44,9 @@ def main():
     T, D = map(int, size.split("x"))
     out, ref = build(T, D)
     res = callify(out.node)
-    from lower.kernelize import schedule, arg_binding
-    kernels = sum(st.kernel is not None for st in schedule(res.call.src[0], arg_binding(res.call)[0]).steps)
+    from lower.kernelize import kernelize
+    from lower.mem import arg_binding
+    kernels = sum(st.kernel is not None for st in kernelize(res.call.src[0], arg_binding(res.call)[0]).steps)
     run_call(res.call)
     np.testing.assert_allclose(out.numpy(), ref(), rtol=2e-3, atol=2e-3)
     ts = {"callsat": [], "numpy": []}
@@ -56,7 +57,7 @@ def main():
     med = {k: statistics.median(v) for k, v in ts.items()}
     rows.append(f"| T={T} D={D} | {med['callsat']:.2f} | {med['numpy']:.2f} | {med['numpy'] / med['callsat']:.2f}x | {kernels} |")
   text = "\n".join([f"`python bench/block.py --rounds {args.rounds}` — transformer block forward (pre-norm, 1 head, ReLU MLP), "
-                    f"medians of {args.rounds} interleaved rounds, llvm threads={jit.THREADS}, values checked against numpy; load "
+                    f"medians of {args.rounds} interleaved rounds, llvm threads={native.THREADS}, values checked against numpy; load "
                     f"{os.getloadavg()[0]:.2f}.", "", "| shape | callsat run_call ms | numpy ms | numpy / callsat | kernels |",
                     "|---|---|---|---|---|", *rows])
   print(text)

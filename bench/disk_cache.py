@@ -21,7 +21,8 @@ def graphs():
   from egraph.dtype import dtypes
   from egraph.ir import Node, Ops, new_buffer, const
   from egraph.storage import Storage
-  from lower.kernelize import schedule, arg_binding
+  from lower.kernelize import kernelize
+  from lower.mem import arg_binding
   S, rng = Storage(), np.random.default_rng(0)
   def buf(a):
     b = new_buffer(a.size, dtypes.float32, "CPU"); S.set_data(b, a.reshape(-1)); return b
@@ -33,7 +34,7 @@ def graphs():
   mm = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M)))
   out = {}
   for name, res in (("elementwise", ew), ("matmul (tiled)", mm)):
-    out[name] = [s.kernel for s in schedule(res.call.src[0], arg_binding(res.call)[0]).steps if s.kernel]
+    out[name] = [s.kernel for s in kernelize(res.call.src[0], arg_binding(res.call)[0]).steps if s.kernel]
   assert any(k.tile and k.tile[0] == "matmul" for k in out["matmul (tiled)"]), "expected a tiled matmul kernel"
   return out
 
@@ -42,17 +43,17 @@ def ms(f) -> float:
 
 def child(d: str) -> None:
   """One fresh process: the first CACHE.get of each module, with the disk cache at d."""
-  from lower import jit, matmul
+  from lower import llvmjit, matmul
   from lower.cache import CACHE
   gs = graphs()
-  jit._llvm(); matmul.mm_helpers()
+  llvmjit.llvm_setup(); matmul.mm_helpers()
   CACHE.disk = d
   print(json.dumps({name: ms(lambda: CACHE.get(ks)) for name, ks in gs.items()} | {"disk_hits": CACHE.disk_hits, "modules": CACHE.modules}))
 
 def add_object(text: str, data: bytes, names: list[str]):
   """The other loader: an empty module's engine plus the object (add_object_file)."""
-  from lower import jit
-  llvm, make_tm, _, _, _ = jit._llvm()
+  from lower import llvmjit
+  llvm, make_tm, _, _, _ = llvmjit.llvm_setup()
   m = llvm.parse_assembly(""); m.triple = llvm.get_process_triple()
   e = llvm.create_mcjit_compiler(m, make_tm())
   e.add_object_file(llvm.ObjectFileRef.from_data(data)); e.finalize_object()
@@ -66,26 +67,26 @@ def main():
   ap.add_argument("--child", default=None)
   args = ap.parse_args()
   if args.child: return child(args.child)
-  from lower import jit, matmul
+  from lower import compiler, llvmjit, matmul
   from lower.cache import DiskCache
   load0 = os.getloadavg()
   gs = graphs()
-  jit._llvm(); matmul.mm_helpers()
+  llvmjit.llvm_setup(); matmul.mm_helpers()
   rows = {}
   with tempfile.TemporaryDirectory() as d:
     disk = DiskCache(d)
     named = {name: [(k, f"{k.name}_{i}") for i, k in enumerate(ks)] for name, ks in gs.items()}
     objs = {}
     for name, ks in named.items():
-      jit.compile_kernels(ks, disk=disk)                                  # store
-      text = jit.module_text(ks)
-      objs[name] = (text, disk.get(jit.object_key(text)))
-      assert jit.compile_kernels(ks, disk=disk)[0].loaded
+      compiler.compile_kernels(ks, disk=disk)                                  # store
+      text = compiler.module_text(ks)
+      objs[name] = (text, disk.get(llvmjit.object_key(text)))
+      assert compiler.compile_kernels(ks, disk=disk)[0].loaded
     t = {(name, how): [] for name in named for how in ("cold", "hit", "add")}
     for _ in range(args.rounds):
       for name, ks in named.items():
-        t[name, "cold"].append(ms(lambda: jit.compile_kernels(ks)))
-        t[name, "hit"].append(ms(lambda: jit.compile_kernels(ks, disk=disk)))
+        t[name, "cold"].append(ms(lambda: compiler.compile_kernels(ks)))
+        t[name, "hit"].append(ms(lambda: compiler.compile_kernels(ks, disk=disk)))
         text, data = objs[name]
         t[name, "add"].append(ms(lambda: add_object(text, data, [n for _, n in ks])))
     for name in named:

@@ -27,7 +27,7 @@ from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, new_buffer, const
 from egraph.storage import Storage
 from lower.runtime import run_call
-from lower import jit, matmul
+from lower import llvmjit, matmul, native
 from lower.cache import CACHE
 
 def timeit(f) -> float:
@@ -95,12 +95,12 @@ def main():
   mm = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M)))
 
   # compile latency: cold (cache cleared), per kernel, each compiled alone; then a cache hit
-  from lower.kernelize import arg_binding as _arg_binding
-  from lower.kernelize import schedule
-  jit._llvm()
+  from lower.kernelize import kernelize
+  from lower.mem import arg_binding as _arg_binding
+  llvmjit.llvm_setup()
   cold = {}
   for name, res in [("elementwise", ew), ("row sum", rs), ("matmul (tiled)", mm), ("triad", triad)]:
-    ks = [s.kernel for s in schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if s.kernel]
+    ks = [s.kernel for s in kernelize(res.call.src[0], _arg_binding(res.call)[0]).steps if s.kernel]
     ts = []
     for _ in range(5):
       CACHE.clear()
@@ -110,7 +110,7 @@ def main():
   CACHE.clear()
   for res in (ew, triad, rs, mm): run_call(res.call, S)        # warm: schedule + compile once
   c0 = CACHE.compiled
-  hit = statistics.median([timeit(lambda: CACHE.get([s.kernel for s in schedule(ew.call.src[0], _arg_binding(ew.call)[0]).steps]))
+  hit = statistics.median([timeit(lambda: CACHE.get([s.kernel for s in kernelize(ew.call.src[0], _arg_binding(ew.call)[0]).steps]))
                            for _ in range(5)])
   hit_compiles = CACHE.compiled - c0
 
@@ -118,19 +118,19 @@ def main():
   def plain_stores(res):
     """The single kernel of `res` with stream=False (plain stores), launched directly on the same buffers."""
     bind, bufs = _arg_binding(res.call)
-    (s,) = schedule(res.call.src[0], bind).steps
+    (s,) = kernelize(res.call.src[0], bind).steps
     assert s.kernel.stream, "expected a streaming kernel"
     c = CACHE.get([replace(s.kernel, stream=False)])[0]
     ptrs = [S[bufs[m.root[1]]].ctypes.data + m.off for m in s.mems]
-    return lambda: jit.launch(c, ptrs, s.work)
+    return lambda: native.launch(c, ptrs, s.work)
   ew_plain, triad_plain = plain_stores(ew), plain_stores(triad)
 
   out_t = np.empty(N, np.float32)
   def np_out(): np.add(a_np, b_np, out=out_t); np.multiply(out_t, a_np, out=out_t); np.subtract(out_t, 1, out=out_t)
   def one_thread(call):
-    old = jit.THREADS; jit.THREADS = 1
+    old = native.THREADS; native.THREADS = 1
     try: run_call(call, S)
-    finally: jit.THREADS = old
+    finally: native.THREADS = old
   def blas():   # OpenBLAS's threads spin after a call and take the second core: let them sleep before the next contender
     A_np @ B_np
   contenders = {
@@ -140,7 +140,7 @@ def main():
     "rowsum llvm": lambda: run_call(rs.call, S), "rowsum numpy": lambda: x_np.sum(axis=1),
     "matmul llvm": lambda: run_call(mm.call, S), "matmul llvm 1t": lambda: one_thread(mm.call), "matmul numpy": blas,
   }
-  tg, tg_note = ({}, "tinygrad column skipped (--no-tinygrad)") if args.no_tinygrad else tinygrad_contenders(a_np, b_np, x_np, A_np, B_np, jit.THREADS)
+  tg, tg_note = ({}, "tinygrad column skipped (--no-tinygrad)") if args.no_tinygrad else tinygrad_contenders(a_np, b_np, x_np, A_np, B_np, native.THREADS)
   contenders.update(tg)
   times = {k: [] for k in contenders}
   for _ in range(args.rounds):
@@ -160,11 +160,11 @@ def main():
   triad_plain_bw = gbs(12 * N, med["triad llvm plain"])
   ew_bw = gbs(12 * N, med["ew llvm"])
   gfl = lambda ms: 2 * M ** 3 / ms / 1e6
-  cpu, _ = jit.host_cpu()
+  cpu, _ = llvmjit.host_cpu()
   lines = [f"## LLVM backend kernels ({datetime.date.today().isoformat()})", "",
            f"`{'env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ' if 'OPENBLAS_CORETYPE' not in os.environ else ''}python bench/kernels.py "
            f"--rounds {args.rounds}" + (f" --out {args.out}" if args.out else "") + f"` — medians of {args.rounds} interleaved rounds in one "
-           f"process, ms; host CPU `{cpu}`, llvm threads={jit.THREADS}; BLAS: {blas_info()}; load average (1/5/15 min) "
+           f"process, ms; host CPU `{cpu}`, llvm threads={native.THREADS}; BLAS: {blas_info()}; load average (1/5/15 min) "
            f"before {'/'.join(f'{x:.2f}' for x in load0)}, after {'/'.join(f'{x:.2f}' for x in load1)}.", "",
            "| kernel | llvm | reference | ratio (ref / llvm) | note |", "|---|---|---|---|---|",
            f"| elementwise (a+b)*a-1, 16M f32 | {med['ew llvm']:.2f} ({ew_bw:.1f} GB/s) | numpy out=: {med['ew numpy out=']:.2f}; expr: {med['ew numpy expr']:.2f} | "

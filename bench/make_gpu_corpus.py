@@ -96,12 +96,12 @@ def _alu_cases() -> list:
 
 def corpus(random: int = 24, graphs: int = 16) -> list[Case]:
   """The CUDA test corpus (see the module docstring); `random`/`graphs`: how many hypothesis programs of each kind."""
-  from egraph import Tensor, callify
-  from egraph.cli import MODELS
+  from egraph import callify
+  from egraph.models import MODELS
   from egraph.storage import STORAGE
   cases = []
   for name in sorted(MODELS):
-    out, _ = MODELS[name](Tensor)
+    out, _ = MODELS[name]()
     cases.append(Case(f"model_{name}", callify(out).call, STORAGE.copy()))
   for name, f in _tensor_cases():
     cases.append(Case(f"tensor_{name}", callify(*f()).call, STORAGE.copy()))

@@ -7,7 +7,7 @@ import argparse, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import Tensor, callify
-from lower import jit
+from lower import native
 from lower.runtime import run_call
 
 def cases():
@@ -53,7 +53,7 @@ def main():
     med = {k: statistics.median(v) for k, v in ts.items()}
     rows.append(f"| {name} | {med['callsat']:.2f} | {med['numpy']:.2f} | {med['numpy'] / med['callsat']:.2f}x |")
   text = "\n".join([f"`python bench/patterns.py --rounds {args.rounds}` — medians of {args.rounds} interleaved rounds, ms, llvm "
-                    f"threads={jit.THREADS}, numpy with OpenBLAS at the same count; values checked; load {os.getloadavg()[0]:.2f}.", "",
+                    f"threads={native.THREADS}, numpy with OpenBLAS at the same count; values checked; load {os.getloadavg()[0]:.2f}.", "",
                     "| pattern | callsat run_call | numpy | numpy / callsat |", "|---|---|---|---|", *rows])
   print(text)
   if args.out:

@@ -11,6 +11,7 @@ turns it off whatever else is set; both are read when this module is imported, `
 run time. CALLSAT_CACHE_MAX_MB (default 256) bounds the directory (within ~2 %): the least recently used entries go."""
 from __future__ import annotations
 import weakref, hashlib, os, random, secrets, sys, time
+from lower.compiler import compile_kernels, debug_level
 from lower.kernel import Kernel
 
 MODULE_OPS = 3000
@@ -24,7 +25,7 @@ def disk_dir(env=os.environ) -> str | None:
   return None
 
 class DiskCache:
-  """Module objects on disk, one file per key (lower.jit.object_key) under <root>/llvm: MAGIC, payload length (8 bytes),
+  """Module objects on disk, one file per key (lower.llvmjit.object_key) under <root>/llvm: MAGIC, payload length (8 bytes),
   sha256(key + payload), payload. A write goes to a temp file that os.replace renames over the entry, so a reader sees a
   whole old or a whole new file and concurrent writers of one key write the same bytes. No fsync: an entry cut short or
   garbled by a crash fails the length/hash check, which makes it a miss (recompiled, rewritten), never a crash. Writes
@@ -107,9 +108,7 @@ class DiskCache:
       total -= size
     return n
 
-def _debug() -> bool:
-  from lower.jit import debug_level
-  return debug_level() >= 1
+def _debug() -> bool: return debug_level() >= 1
 
 class KernelCache:
   def __init__(self, disk=None):
@@ -120,19 +119,22 @@ class KernelCache:
     self.disk_hits = 0       # modules loaded from the disk cache (neither optimized nor compiled)
     self.disk_misses = 0     # modules compiled while the disk cache was on (and written to it)
     self.schedules: dict = {}
-    self.plans = weakref.WeakKeyDictionary()   # CALL -> jit._Plan: its launches prepared on the storage it last ran on
+    self.plans = weakref.WeakKeyDictionary()   # CALL -> native.Plan: its launches prepared on the storage it last ran on
     self.disk = disk
 
   @property
   def disk(self) -> str | None: return self._disk.root if self._disk else None
   @disk.setter
   def disk(self, path): self._disk = DiskCache(path) if path else None
+  @property
+  def disk_cache(self) -> DiskCache | None:
+    """The on-disk object cache in use (None: off), for the modules compiled outside this cache (matmul helpers, pool)."""
+    return self._disk
 
   def __len__(self): return len(self._fns)
   def clear(self): self._fns.clear(); self.schedules.clear(); self.plans.clear()
 
   def get(self, kernels: list[Kernel]) -> list:
-    from lower.jit import compile_kernels
     keys = [k.key() for k in kernels]
     missing: dict = {}
     for k, key in zip(kernels, keys):

@@ -31,11 +31,16 @@ from __future__ import annotations
 import hashlib, math, struct
 from dataclasses import dataclass
 import numpy as np
+from egraph.driver import bindings
 from egraph.dtype import DType, dtypes
 from egraph.errors import CallsatError, DeviceError, UnsupportedOpError
-from egraph.ir import Ops
-from lower.kernel import Kernel, Expr, Idx, Var, Div, Mod, mm_batched
+from egraph.ir import Ops, toposort
+from egraph.storage import UnallocatedBufferError
 from lower import cuda_driver as drv
+from lower.kernel import Kernel, Expr, Var, mm_batched
+from lower.kernelize import kernelize
+from lower.mem import arg_binding
+from lower.renderer import Renderer
 
 BLOCK = 256                # threads per block (serial and block forms)
 MAX_GRID = 1 << 16         # blocks per launch (grid-stride beyond)
@@ -117,23 +122,17 @@ def _combine(rop, dt: DType, a: str, b: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # one kernel
 
-class _Fn:
+class CUDARenderer(Renderer):
+  """One CUDA function body: named consts, nested C blocks (open/close), grid- and block-strided loops."""
+  VT, tmp = VT, "v"
+  code_for_idx = {"div": lambda a, b: f"({a} / {b})", "mod": lambda a, b: f"({a} % {b})", "mul": lambda a, b: f"{a} * {b}",
+                  "add": lambda a, b: f"{a} + {b}", "ge": lambda a, b: f"{a} >= {b}", "lt": lambda a, b: f"{a} < {b}",
+                  "and": lambda a, b: f"{a} && {b}"}
   def __init__(self, k: Kernel):
-    self.k, self.lines, self.depth, self.n = k, [], 1, 0
-    self.scopes: list[dict] = [{}]
-    self.vars: dict = {}
+    super().__init__(k)
     self.barriers = 0
     self.smem: list = []
 
-  def t(self, prefix="v") -> str:
-    self.n += 1
-    return f"{prefix}{self.n}"
-  def emit(self, s: str): self.lines.append("  " * self.depth + s)
-  def get(self, key):
-    for s in reversed(self.scopes):
-      if key in s: return s[key]
-    return None
-  def put(self, key, v): self.scopes[-1][key] = v
   def open(self, head: str):
     self.emit(head + " {"); self.depth += 1; self.scopes.append({})
   def close(self):
@@ -154,92 +153,31 @@ class _Fn:
       self.emit(f"const long long {name} = {e};")
       self.vars[v] = name
 
-  # index expressions
-  def idx(self, i: Idx) -> str:
-    if i.is_const: return f"{i.c}LL"
-    key = ("idx", i)
-    if (v := self.get(key)) is not None: return v
-    parts = []
-    for a, k in i.terms:
-      if isinstance(a, Var): x = self.vars[a]
-      else: x = f"({self.idx(a.x)} {'/' if isinstance(a, Div) else '%'} {a.d}LL)"
-      parts.append(x if k == 1 else f"{x} * {k}LL")
-    if i.c: parts.append(f"{i.c}LL")
-    name = self.t("x")
-    self.emit(f"const long long {name} = {' + '.join(parts)};")
-    self.put(key, name)
+  # the renderer's hooks
+  def lit(self, c: int) -> str: return f"{c}LL"
+  def cst(self, v, dt: DType) -> str: return cconst(v, dt)
+  def let(self, x: str, dt: DType, prefix: str | None = None) -> str:
+    name = self.t(prefix)
+    self.emit(f"const {VT[dt.name]} {name} = {x};")
     return name
-
-  def valid(self, valid) -> str:
-    key = ("valid", valid)
-    if (v := self.get(key)) is not None: return v
-    conds = []
-    for b in valid:
-      bi = self.idx(b.idx)
-      if b.idx.vmin < b.lo: conds.append(f"{bi} >= {b.lo}LL")
-      if b.idx.vmax >= b.hi: conds.append(f"{bi} < {b.hi}LL")
-    name = self.t("ok")
-    self.emit(f"const bool {name} = {' && '.join(conds) or 'true'};")
-    self.put(key, name)
-    return name
-
-  # values
-  def value(self, e: Expr) -> str:
-    stack = [(e, False)]
-    while stack:
-      x, done = stack.pop()
-      if self.get(id(x)) is not None: continue
-      if x.op in ('reduce', 'const', 'load', 'valid') or done:
-        self.put(id(x), self._one(x)); continue
-      stack.append((x, True))
-      stack.extend((s, False) for s in x.src if self.get(id(s)) is None)
-    return self.get(id(e))
-
-  def _one(self, e: Expr) -> str:
-    if e.op == 'const': return cconst(e.arg, e.dtype)
-    if e.op == 'valid': return self.valid(e.arg)
-    if e.op == 'load': return self.load(e)
-    if e.op == 'reduce': return self.reduce(e)
-    x = self.alu(e, [self.get(id(s)) for s in e.src])
-    name = self.t()
-    self.emit(f"const {VT[e.dtype.name]} {name} = {x};")
-    return name
-
-  def mem_read(self, pi: int, ix: str) -> str:
+  def range(self, v: Var, body):
+    name = self.t(v.name + "_")
+    self.open(f"for (long long {name} = 0; {name} < {v.size}LL; ++{name})")
+    self.vars[v] = name
+    body()
+    self.close()
+  def read(self, pi: int, ix: str, ok: str | None) -> str:
+    """Param pi at ix (the caller's ternary keeps a masked-off read from happening)."""
     p = self.k.params[pi]
     r = f"{p.name}[{ix}]"
     if p.dtype == dtypes.float16: return f"cs_h2f({r})"
     if p.dtype == dtypes.bool: return f"({r} != 0)"
     return r
-
-  def load(self, e: Expr) -> str:
-    pi, i, valid = e.arg
-    ix = self.idx(i)
-    r = self.mem_read(pi, ix)
-    if valid: r = f"({self.valid(valid)} ? {r} : {cconst(0, self.k.params[pi].dtype)})"
-    name = self.t()
-    self.emit(f"const {VT[e.dtype.name]} {name} = {r};")
-    return name
-
-  def reduce(self, e: Expr) -> str:
-    """Serial: an accumulator loop nest in this thread."""
-    rop, rvars = e.arg
-    dt = e.dtype
+  def acc_new(self, rop, dt: DType) -> str:
     acc = self.t("acc")
     self.emit(f"{VT[dt.name]} {acc} = {_init(rop, dt)};")
-    def nest(d):
-      if d == len(rvars):
-        v = self.value(e.src[0])
-        self.emit(f"{acc} = {_combine(rop, dt, acc, v)};")
-        return
-      rv = rvars[d]
-      name = self.t(rv.name + "_")
-      self.open(f"for (long long {name} = 0; {name} < {rv.size}LL; ++{name})")
-      self.vars[rv] = name
-      nest(d + 1)
-      self.close()
-    nest(0)
     return acc
+  def acc_add(self, acc: str, rop, dt: DType, v: str): self.emit(f"{acc} = {_combine(rop, dt, acc, v)};")
 
   def block_reduce(self, e: Expr) -> str:
     """Split across the block: strided partial sums, warp shuffles, then shared memory across warps."""
@@ -274,13 +212,12 @@ class _Fn:
     self.sync("total-read")
     return out
 
-  def alu(self, e: Expr, a: list) -> str:
-    op, dt = e.op, e.dtype
-    sdt = e.src[-1].dtype if op is not Ops.WHERE else dt
+  def alu(self, op, dt: DType, sdts: tuple, a: list) -> str:
+    sdt = sdts[-1] if op is not Ops.WHERE else dt
     T = VT[dt.name]
-    if op is Ops.CAST: return self.cast(e.src[0].dtype, dt, a[0])
+    if op is Ops.CAST: return self.cast(sdts[0], dt, a[0])
     if op is Ops.BITCAST:
-      src = e.src[0].dtype
+      src = sdts[0]
       if src == dt: return a[0]
       if src == dtypes.float32 and dt == dtypes.int32: return f"(int)cs_bits({a[0]})"
       if src == dtypes.int32 and dt == dtypes.float32: return f"cs_f32((unsigned){a[0]})"
@@ -389,7 +326,7 @@ def render_kernel(k: Kernel, name: str, reduce: str = "auto", max_grid: int = MA
   tops = _top_reduces(k.store.value)
   rsize = max((math.prod(v.size for v in r.arg[1]) for r in tops), default=0)
   mode = "block" if tops and (reduce == "block" or (reduce == "auto" and rsize >= BLOCK_REDUCE)) else "serial"
-  f = _Fn(k)
+  f = CUDARenderer(k)
   if mode == "serial":
     threads = max(32, min(block, -(-nout // 32) * 32))
     f.open(f"for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < {nout}LL; o += (long long)blockDim.x * gridDim.x)")
@@ -487,15 +424,12 @@ class Lowered:
   nodes: dict                # plan buffer name -> BUFFER node (for "arg" and "buf" buffers)
 
 def lower_call(call, reduce: str = "auto", max_grid: int = MAX_GRID, block: int = BLOCK) -> Lowered:
-  from lower.kernelize import schedule, arg_binding
-  from egraph.driver import bindings
-  from egraph.ir import toposort
   if call.op is not Ops.CALL: raise CallsatError(f"CUDA backend: expected a CALL, got {call.op.name}")
   call, _ = bindings(call)
   bind, bufs = arg_binding(call)
   if any(isinstance(b.arg.device, tuple) for b in bufs):   # the plan sizes one copy per buffer: no per-device storage here
     raise UnsupportedOpError("CUDA backend: multi-device (sharded) CALLs are not supported")
-  prog = schedule(call.src[0], bind)
+  prog = kernelize(call.src[0], bind)
   inner = {n.arg.uid: n for n in toposort([call.src[0]]) if n.op is Ops.BUFFER}
   nodes, buffers = {}, {}
   def use(root):
@@ -552,7 +486,6 @@ def plan(call, **kw) -> dict:
 
 def run_lowered(lw: Lowered, storage, backend, module=None) -> None:
   """Run a lowered CALL on `backend` over numpy `storage` (egraph.storage.Storage): outputs are allocated on demand."""
-  from egraph.storage import UnallocatedBufferError
   arrays = {}
   for name, b in lw.plan["buffers"].items():
     if b["kind"] == "tmp": continue
@@ -594,7 +527,6 @@ def device(ordinal: int = 0) -> drv.CudaDevice:
   return _DEV[ordinal]
 
 def _ordinal(call) -> int:
-  from egraph.ir import toposort
   devs = set()
   for n in toposort([call]):
     for d in (n.device, n.arg.device if n.op is Ops.PARAM else None):

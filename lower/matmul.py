@@ -2,8 +2,8 @@
 from __future__ import annotations
 import time
 from lower.kernel import Kernel, mm_batched
-from lower.llvm import _signature, _noloop
-from lower.jit import _llvm, compile_module
+from lower.llvm_fn import noloop, signature
+from lower.llvmjit import compile_module, llvm_setup
 
 MM_KC = 256       # K block: one packed B micro-panel (KC x 32 floats, 32 KiB) stays in L1 with the packed A tile (8 KiB)
 MM_PB = 8         # 32-column panels per packed B block (KC x 256 floats, 256 KiB: L2)
@@ -212,15 +212,14 @@ MM_HELPER_DECLS = {
   "declare void @callsat_mm_pack_b_strided(ptr, ptr, i64, i64, i64, i64, i64)"}
 _MM_HELPERS = None
 
-def mm_helpers():
-  """Compile (or load from the disk cache, when on) the matmul helpers once per process and register their symbols for
-  later modules; (engine, ms)."""
+def mm_helpers(disk=None):
+  """Compile (or load from `disk`, a lower.cache.DiskCache, when on) the matmul helpers once per process and register
+  their symbols for later modules; (engine, ms)."""
   global _MM_HELPERS
   if _MM_HELPERS is None:
-    from lower.cache import CACHE
-    llvm = _llvm()[0]
+    llvm = llvm_setup()[0]
     t0 = time.perf_counter()
-    engine, _ = compile_module(MM_HELPERS_IR, CACHE._disk, level=2)
+    engine, _ = compile_module(MM_HELPERS_IR, disk, level=2)
     for name in ("callsat_mm_pack_b", "callsat_mm_pack_b_strided", "callsat_mm_pack_a", "callsat_mm_edge"):
       llvm.add_symbol(name, engine.get_function_address(name))
     _MM_HELPERS = (engine, (time.perf_counter() - t0) * 1e3)
@@ -234,14 +233,14 @@ def render_matmul(k: Kernel, fname: str) -> tuple[str, set]:
   bv, M = k.domain[0], k.matmul[4].size
   pa, A, pb, B = k.matmul[:4]
   coef = {pa: A.coef(bv), pb: B.coef(bv), k.store.param: k.store.idx.coef(bv)}
-  L = [_signature(k, fname) + " {", "entry:", "  br label %b.cond", "b.cond:", "  %b = phi i64 [%start, %entry], [%b.next, %b.body]",
+  L = [signature(k, fname) + " {", "entry:", "  br label %b.cond", "b.cond:", "  %b = phi i64 [%start, %entry], [%b.next, %b.body]",
        "  %b.ok = icmp slt i64 %b, %end", "  br i1 %b.ok, label %b.body, label %b.exit", "b.body:"]
   args = []
   for pi, p in enumerate(k.params):
     L += [f"  %o{pi} = mul i64 %b, {coef.get(pi, 0)}", f"  %q{pi} = getelementptr inbounds float, ptr %{p.name}, i64 %o{pi}"]
     args.append(f"ptr %q{pi}")
   L += [f"  call void @{fname}.plane({', '.join(args)}, i64 0, i64 {M})", "  %b.next = add i64 %b, 1",
-        "  br label %b.cond" + _noloop(D), "b.exit:", "  ret void", "}"]
+        "  br label %b.cond" + noloop(D), "b.exit:", "  ret void", "}"]
   return plane + "\n\n" + "\n".join(L), D
 
 def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
@@ -272,7 +271,7 @@ def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
   pc = k.store.param
   KC, PB = min(MM_KC, K), MM_PB
   NT = N // NR
-  L = [_signature(k, fname) + " {", "entry:"]
+  L = [signature(k, fname) + " {", "entry:"]
   E = L.append
   D = set(MATMUL_DECLS) | MM_HELPER_DECLS
   vt = "<16 x float>"
@@ -370,21 +369,21 @@ def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
       E(f"  %nacc{r}_{v} = call {vt} @llvm.fma.v16f32({vt} %as{r}, {vt} %b{v}, {vt} %acc{r}_{v})")
   E("  %k.next = add nuw nsw i64 %k, 1")
   E("  %k.done = icmp eq i64 %k.next, %kc")
-  E("  br i1 %k.done, label %k.exit, label %k.body" + _noloop(D))
+  E("  br i1 %k.done, label %k.exit, label %k.body" + noloop(D))
   E("k.exit:")
   for r in range(MR):
     for v in range(NV): E(f"  store {vt} %nacc{r}_{v}, ptr %cp{r}_{v}, align 4")
   E("  %p.next = add i64 %p, 1")
-  E("  br label %p.cond" + _noloop(D))
+  E("  br label %p.cond" + noloop(D))
   E("p.exit:")
   E(f"  %it.next = add i64 %it, {MR}")
-  E("  br label %it.cond" + _noloop(D))
+  E("  br label %it.cond" + noloop(D))
   E("it.exit:")
   E(f"  %kb.next = add i64 %kb, {KC}")
-  E("  br label %kb.cond" + _noloop(D))
+  E("  br label %kb.cond" + noloop(D))
   E("kb.exit:")
   E(f"  %jb.next = add i64 %jb, {PB}")
-  E("  br label %jb.cond" + _noloop(D))
+  E("  br label %jb.cond" + noloop(D))
   E("edge:")
   E(f"  %C0 = getelementptr inbounds float, ptr {P(pc)}, i64 {cc}")
   E(f"  call void @callsat_mm_edge(ptr %A0, ptr %B0, ptr %C0, i64 {ai}, i64 {ak}, i64 {bk}, i64 {bj}, i64 {ci}, i64 {K}, i64 {N}, "

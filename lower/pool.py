@@ -4,16 +4,17 @@ Python worker threads (ThreadPoolExecutor) cost 0.1-0.2 ms per split launch, mos
 and the woken worker (measured on a 512^3 matmul: the caller's own chunk started 0.13 ms after the submit, the worker's
 0.07 ms later). Here one ctypes call (the GIL released throughout) posts the chunks to pinned native workers, runs chunk
 0 on the caller's thread and waits; workers spin briefly after a job (back-to-back kernels find them awake), then sleep
-on a futex. Each kernel module carries an `argv` thunk per kernel (jit.THUNK) so a worker can call any signature.
+on a futex. Each kernel module carries an `argv` thunk per kernel (lower/compiler.py) so a worker can call any signature.
 
 Per-worker block (WORKER_BYTES, cache-line separated fields the caller and the worker write):
   +0 i32 seq (posted jobs; the worker's futex word)   +8 thunk   +16 argv   +24 start   +32 end   +40 cpu
   +64 i32 done (finished jobs; the caller's futex word)
 Linux x86-64 only (futex via syscall(2), sched_getcpu, pthread_setaffinity_np); elsewhere available() is False and
-lower/jit.py keeps its Python workers."""
+lower/native.py uses the Python workers of lower/threads.py."""
 from __future__ import annotations
 import ctypes, os, platform, threading
 import numpy as np
+from lower.llvmjit import compile_module
 
 WORKER_BYTES = 128
 SPIN_CYCLES = 200_000     # ~0.08 ms at 2.6 GHz: a worker idles this long, spinning, before it sleeps
@@ -175,10 +176,8 @@ def available() -> bool:
 
 class Pool:
   """Native workers pinned one per CPU this process may use (the caller's thread runs chunk 0 and is never pinned)."""
-  def __init__(self, cpus: list[int]):
-    from lower.jit import compile_module
-    from lower.cache import CACHE
-    self.engine, _ = compile_module(POOL_IR.replace("SPIN", str(SPIN_CYCLES)), CACHE._disk, level=2)
+  def __init__(self, cpus: list[int], disk=None):
+    self.engine, _ = compile_module(POOL_IR.replace("SPIN", str(SPIN_CYCLES)), disk, level=2)
     self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_int64)(self.engine.get_function_address("callsat_pool_run"))
     self.pid, self.cpus, self.lock = os.getpid(), list(cpus), threading.Lock()
@@ -219,14 +218,15 @@ def _after_fork_in_child():
   _MAKING = threading.Lock()   # a fork while another thread held it would leave the child's copy locked for good
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork_in_child)
 
-def pool() -> Pool | None:
-  """The process's pool, made on first use (and made again in a forked child, which inherits no threads); None where
-  native threads are unavailable or could not start (lower/jit.py then uses Python workers)."""
+def pool(disk=None) -> Pool | None:
+  """The process's pool, made on first use (its module's object from `disk`, a lower.cache.DiskCache, when on; made
+  again in a forked child, which inherits no threads); None where native threads are unavailable or could not start
+  (lower/native.py then uses Python workers)."""
   global _POOL, _POOL_FAILED
   if _POOL is not None and _POOL.pid == os.getpid(): return _POOL
   if _POOL_FAILED or not available() or os.environ.get("CALLSAT_NATIVE_THREADS", "1") in ("", "0"): return None
   with _MAKING:   # two threads' first split launches must not start two sets of workers
     if _POOL is None or _POOL.pid != os.getpid():
-      try: _POOL = Pool(sorted(os.sched_getaffinity(0)))
+      try: _POOL = Pool(sorted(os.sched_getaffinity(0)), disk)
       except (OSError, AttributeError): _POOL_FAILED = True; return None
   return _POOL

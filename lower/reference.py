@@ -14,7 +14,7 @@ import numpy as np
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError, DTypeError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, is_shard, toposort
-from egraph.storage import UnallocatedBufferError
+from egraph.storage import STORAGE, UnallocatedBufferError
 if TYPE_CHECKING: from egraph.storage import Storage
 
 LATER = frozenset({Ops.BIND})
@@ -109,7 +109,7 @@ _PURE: dict[Ops, Any] = {
 # ---------------------------------------------------------------------------------------------------------------------
 # storage and effects
 
-def _schedule(roots: list[Node]) -> list[Node]:
+def effect_order(roots: list[Node]) -> list[Node]:
   """Children first, CALL bodies not entered, an AFTER's deps before its `x`: a computed `x` then sees their writes."""
   return toposort(roots, enter_calls=False, deps_first=True)
 
@@ -122,11 +122,11 @@ def _keeps_view(n: Node, i: int) -> bool:
   return n.op is Ops.CALL or (i == 0 and n.op in (Ops.STORE, Ops.AFTER))
 
 class _Plan:
-  """How to run one graph: pure nodes first, then effectful ones (STORE/CALL and everything above them), both in _schedule order.
+  """How to run one graph: pure nodes first, then effectful ones (STORE/CALL and everything above them), both in effect_order.
   Running pure nodes first gives storage reads without AFTER the state before the graph's effects (tinygrad's WAR order), so
   the order of roots does not matter. Pure views that effectful nodes consume as values are snapshotted (`snap`)."""
   def __init__(self, roots: list[Node], cache: dict):
-    order, self.written, eff = _schedule(roots), set(), set()
+    order, self.written, eff = effect_order(roots), set(), set()
     for n in order:
       if n.op in LATER or (n.op is Ops.PARAM and n.arg.slot < 0):
         what = "symbolic PARAM (slot -1)" if n.op is Ops.PARAM else n.op.name
@@ -248,6 +248,5 @@ def evaluate(roots: list[Node], storage: Storage, params: list[np.ndarray] | Non
 
 def eval_node(node: Node, storage: Storage | None = None) -> np.ndarray | None:
   """The value of one node as a standalone copy (storage defaults to egraph.storage.STORAGE)."""
-  if storage is None: from lower.runtime import STORAGE as storage
-  v = evaluate([node], storage)[0]
+  v = evaluate([node], STORAGE if storage is None else storage)[0]
   return None if v is None else np.array(v, copy=True)

@@ -1,16 +1,20 @@
 """Runtime: numpy-backed storage for BUFFERs, host buffers, and execution of CALLs.
 
 Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALLs) runs as native code through the LLVM
-backend (lower/jit.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/reference.py).
+backend (lower/native.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/reference.py).
 A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU). A sharded CALL on CPU devices
 (("CPU", "CPU:1"), ...) runs natively too, as per-device kernels (lower/kernelize.py).
 """
 from __future__ import annotations
 import weakref
 import numpy as np
+from egraph.driver import bindings
 from egraph.errors import CallsatError, DeviceError, UnsupportedOpError
 from egraph.ir import Node, Ops, toposort, is_shard
 from egraph.storage import Storage, STORAGE
+from lower.cuda import run_cuda
+from lower.native import run_native
+from lower.reference import evaluate
 
 RUNNABLE = ("CPU", "PYTHON", "NPY", "DISK", "CUDA")
 
@@ -33,23 +37,15 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
     if call.src[0].op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {call.src[0].op.name}")
     route = _ROUTES[call] = _route(call)
   if route == "bind":
-    from egraph.driver import bindings
     call, _ = bindings(call)   # symbolic dimensions take their bound values; BIND args leave the call
     if (route := _ROUTES.get(call)) is None: route = _ROUTES[call] = _route(call)
-  if route == "python":
-    from lower.reference import evaluate
-    evaluate([call], storage)
-  elif route == "cuda":
-    from lower.cuda import run_cuda   # the GPU through libcuda; DeviceError naming what is missing without one
-    run_cuda(call, storage)
-  else:
-    from lower.jit import run_native
-    run_native(call, storage)
+  if route == "python": evaluate([call], storage)
+  elif route == "cuda": run_cuda(call, storage)   # the GPU through libcuda; DeviceError naming what is missing without one
+  else: run_native(call, storage)
 
 def _route(call: Node) -> str:
   """Validate a CALL's args and devices; the backend that runs it ("bind" when BIND args must be applied first)."""
   if any(a.op is Ops.BIND for a in call.src[1:]):
-    from egraph.driver import bindings
     bindings(call)   # validates the BIND args
     return "bind"
   for i, a in enumerate(call.src[1:]):
@@ -77,6 +73,5 @@ def read(node: Node, storage: Storage = STORAGE) -> np.ndarray:
   for n in toposort([node], enter_calls=False):
     if n.op in (Ops.STORE, Ops.CALL): raise CallsatError(f"read: the graph contains {n.op.name}; run it (run_call) and read the buffer instead")
   if node.shape is None: raise CallsatError(f"read: {node.op.name} has no value")
-  from lower.reference import evaluate
   v = evaluate([node], storage)[0]
   return np.array(v[0] if is_shard(node) else v, copy=True, order="C")   # a replicated value: device 0's copy

@@ -9,7 +9,8 @@ from egraph import Tensor, callify, dtypes, function, CallsatError, UnsupportedO
 from egraph.ir import Node, Ops, ParamArg, new_buffer, const
 from lower.cache import CACHE
 from lower.runtime import run_call
-from lower.kernelize import schedule, arg_binding
+from lower.kernelize import kernelize
+from lower.mem import arg_binding
 
 def devs(kind, n): return (kind,) + tuple(f"{kind}:{i}" for i in range(1, n))
 
@@ -29,7 +30,7 @@ def shard(d, arr=X, axis=0): return Tensor(arr, device="PYTHON").shard(d, axis=a
 def program(t: Tensor):
   """The native schedule of t's CALL."""
   c = callify(t).call
-  return schedule(c.src[0], arg_binding(c)[0])
+  return kernelize(c.src[0], arg_binding(c)[0])
 
 # ---- test_multi.py's programs ----------------------------------------------------------------------------------------
 

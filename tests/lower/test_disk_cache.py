@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import lower.cache
-from lower import jit
+from lower import compiler, llvmjit
 from lower.cache import DiskCache, KernelCache, disk_dir
 from egraph import Tensor
 
@@ -62,17 +62,17 @@ def test_fresh_process_loads_from_disk(tmp_path):
   assert r["disk_hits"] == 2 and r["modules"] == r["disk_misses"] >= 1
 
 def test_module_text_independent_of_history(monkeypatch):
-  import itertools, lower.llvm
+  import itertools, lower.llvm_fn
   rng = np.random.default_rng(2)
   a, b = Tensor(rng.standard_normal((8, 300), dtype=np.float32), device="CPU"), Tensor(rng.standard_normal((300, 40), dtype=np.float32), device="CPU")
   c = KernelCache()
   monkeypatch.setattr(lower.cache, "CACHE", c)
   np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5, atol=1e-4)
   ks = [(k, f"k{i}") for i, k in enumerate(f.kernel for f in c._fns.values())]
-  t0 = jit.module_text(ks)
+  t0 = compiler.module_text(ks)
   assert "!llvm.loop !" in t0
-  monkeypatch.setattr(lower.llvm, "_LOOP_IDS", itertools.count(99_990, 2))   # ids of other digit counts sort differently
-  assert jit.module_text(ks) == t0 == jit.module_text(ks)
+  monkeypatch.setattr(lower.llvm_fn, "_LOOP_IDS", itertools.count(99_990, 2))   # ids of other digit counts sort differently
+  assert compiler.module_text(ks) == t0 == compiler.module_text(ks)
 
 def test_off_without_env_var(tmp_path):
   r = _result(_start(_env(tmp_path)))
@@ -118,11 +118,11 @@ def test_corrupt_entry_is_recompiled(tmp_path, monkeypatch, damage):
 def test_other_cpu_features_miss(tmp_path, monkeypatch):
   c, _ = _run(monkeypatch, tmp_path, -1.5)
   n = len(_entries(tmp_path))
-  cpu, feats = jit.host_cpu()
-  monkeypatch.setattr(jit, "host_cpu", lambda: (cpu, feats + ",-avx512f"))
+  cpu, feats = llvmjit.host_cpu()
+  monkeypatch.setattr(llvmjit, "host_cpu", lambda: (cpu, feats + ",-avx512f"))
   c, _ = _run(monkeypatch, tmp_path, -1.5)
   assert (c.disk_hits, c.modules) == (0, n) and len(_entries(tmp_path)) == 2 * n
-  monkeypatch.setattr(jit, "host_cpu", lambda: ("some-other-cpu", feats))
+  monkeypatch.setattr(llvmjit, "host_cpu", lambda: ("some-other-cpu", feats))
   c, _ = _run(monkeypatch, tmp_path, -1.5)
   assert (c.disk_hits, c.modules) == (0, n)
   monkeypatch.undo()

@@ -13,7 +13,8 @@ from lower.reference import evaluate
 from lower.cache import CACHE
 from lower import kernelize as sched
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var
-from lower.jit import BoundsError, compile_kernels, launch
+from lower.compiler import compile_kernels
+from lower.native import BoundsError, launch
 
 def buf(S, data, dt):
   a = np.asarray(data).astype(dt.np).reshape(-1)
@@ -84,11 +85,11 @@ def test_movement_ops_are_index_arithmetic():
            x.pad(((0, 0), (1, 1), (0, 0))).reshape((2, 20)).shrink(((0, 2), (3, 17))),
            Node(Ops.EXP2, None, (x,)).pad(((1, 1), (0, 0), (2, 0))), cst(5.0, dtypes.float32, (2, 3, 4)).pad(((1, 1), (0, 0), (0, 1)))]
   nat, res = graph(*[Node(Ops.ADD, None, (v, v)) for v in views], S=S)
-  ks = [s.kernel for s in sched.schedule(res.call.src[0], _bind(res.call)).steps]
+  ks = [s.kernel for s in sched.kernelize(res.call.src[0], _bind(res.call)).steps]
   assert len(ks) == len(views)   # one kernel each: no copies for the views
 
 def _bind(c):
-  from lower.kernelize import arg_binding as _arg_binding
+  from lower.mem import arg_binding as _arg_binding
   return _arg_binding(c)[0]
 
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool], ids=lambda d: d.name)
@@ -112,7 +113,7 @@ def test_softmax_and_nested_reductions():
   sm = Node(Ops.FDIV, None, (e, s.expand((6, 8))))
   nested = Node(Ops.REDUCE, None, (Node(Ops.REDUCE, None, (x,), (Ops.ADD, (1,))),), (Ops.MAX, (0,)))
   _, res = graph(sm.contiguous(), nested.contiguous(), S=S)
-  p = sched.schedule(res.call.src[0], _bind(res.call))
+  p = sched.kernelize(res.call.src[0], _bind(res.call))
   assert len(p.steps) == 4   # max and sum split into their own kernels (they are broadcast), the nested reduce fused
 
 def test_matmul_is_tiled_and_right():
@@ -120,7 +121,7 @@ def test_matmul_is_tiled_and_right():
     a, b = Tensor(RNG.standard_normal((M, K)).astype(np.float32)), Tensor(RNG.standard_normal((K, N)).astype(np.float32))
     np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-4)
   res = callify((a @ b).node)
-  p = sched.schedule(res.call.src[0], _bind(res.call))
+  p = sched.kernelize(res.call.src[0], _bind(res.call))
   assert any(s.kernel.tile == ("matmul", 8, 32) for s in p.steps if s.kernel)
 
 def test_big_reduce_inside_another_gets_its_own_kernel():
@@ -131,7 +132,7 @@ def test_big_reduce_inside_another_gets_its_own_kernel():
   a, b = Tensor(an).realize(), Tensor(bn).realize()
   for t, want, n_kernels in [((a @ b).softmax(), None, 4), ((a @ b).sum(), (an @ bn).sum(), 2)]:
     res = callify(t.node)
-    ks = [s.kernel for s in sched.schedule(res.call.src[0], _bind(res.call)).steps if s.kernel]
+    ks = [s.kernel for s in sched.kernelize(res.call.src[0], _bind(res.call)).steps if s.kernel]
     assert sum(k.tile == ("matmul", 8, 32) for k in ks) == 1 and len(ks) == n_kernels, [k.name for k in ks]
     if want is None:
       m = an @ bn; e = np.exp(m - m.max(1, keepdims=True)); want = e / e.sum(1, keepdims=True)
@@ -141,21 +142,21 @@ def test_big_reduce_inside_another_gets_its_own_kernel():
   c = a - a.mean(axis=1, keepdim=True)
   h = c / (c * c).mean(axis=1, keepdim=True).add(1e-5).sqrt()
   res = callify((h @ b).node)
-  ks = [s.kernel for s in sched.schedule(res.call.src[0], _bind(res.call)).steps if s.kernel]
+  ks = [s.kernel for s in sched.kernelize(res.call.src[0], _bind(res.call)).steps if s.kernel]
   assert sum(k.tile == ("matmul", 8, 32) for k in ks) == 1, [k.name for k in ks]
   cn = an - an.mean(1, keepdims=True)
   np.testing.assert_allclose((h @ b).numpy(), (cn / np.sqrt((cn * cn).mean(1, keepdims=True) + 1e-5)) @ bn, rtol=1e-4, atol=1e-4)
   # a matmul under an elementwise epilogue ((a @ b + 1).relu()) is realized, so it stays tiled
   t = (a @ b + 1.0).relu()
   res = callify(t.node)
-  ks = [s.kernel for s in sched.schedule(res.call.src[0], _bind(res.call)).steps if s.kernel]
+  ks = [s.kernel for s in sched.kernelize(res.call.src[0], _bind(res.call)).steps if s.kernel]
   assert sum(k.tile == ("matmul", 8, 32) for k in ks) == 1 and len(ks) == 2, [k.name for k in ks]
   np.testing.assert_allclose(t.numpy(), np.maximum(an @ bn + 1, 0), rtol=1e-4, atol=1e-4)
   # below NESTED_REDUCE_WORK inputs a nested reduce stays fused (one kernel)
   x = Tensor(RNG.standard_normal((8, 8, 8)).astype(np.float32)).realize()
   y = x.sum(axis=2).max(axis=1)
   res = callify(y.node)
-  assert len([s for s in sched.schedule(res.call.src[0], _bind(res.call)).steps if s.kernel]) == 1
+  assert len([s for s in sched.kernelize(res.call.src[0], _bind(res.call)).steps if s.kernel]) == 1
   np.testing.assert_allclose(y.numpy(), x.numpy().sum(2).max(1), rtol=1e-5)
 
 def test_in_place_reads_of_the_target():
@@ -239,7 +240,7 @@ def test_long_chain_is_split_into_bounded_kernels():
   x = p1
   for i in range(20_000): x = Node(Ops.ADD if i % 3 else Ops.MUL, None, (x, p1))
   c = call(Node.sink(p0.after(p0.store(x))), new_buffer(4, dtypes.float32, "CPU"), a)
-  p = sched.schedule(c.src[0], _bind(c))
+  p = sched.kernelize(c.src[0], _bind(c))
   assert len(p.steps) >= 20_000 // sched.FUSE_CAP and all(s.kernel.ops() <= 2 * sched.FUSE_CAP for s in p.steps)
   with np.errstate(all="ignore"): both(c, S)
 

@@ -5,10 +5,11 @@ import pytest
 from egraph import Tensor, callify
 from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, new_buffer
-from lower import kernelize as sched
+from lower import finalize, kernelize as sched
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
-from lower.jit import compile_kernels, launch, module_text
-from lower.kernelize import arg_binding as _arg_binding
+from lower.compiler import compile_kernels, module_text
+from lower.mem import arg_binding as _arg_binding
+from lower.native import launch
 from egraph.storage import Storage, STORAGE as STORAGE_
 from lower.runtime import run_call
 from lower.reference import evaluate
@@ -43,7 +44,7 @@ def test_streaming_stores_unaligned_odd_sizes(dt):
         assert (out[:c] == 7).all() and not raw[:off * dt.itemsize].any() and not raw[(off + n + c) * dt.itemsize:].any()
 
 def test_scheduler_streams_large_contiguous_outputs(monkeypatch):
-  monkeypatch.setattr(sched, "STREAM_MIN_BYTES", 0)
+  monkeypatch.setattr(finalize, "STREAM_MIN_BYTES", 0)
   S = Storage()
   def buf(a):
     b = new_buffer(a.size, dtypes.float32, "CPU"); S.set_data(b, a.reshape(-1)); return b
@@ -52,7 +53,7 @@ def test_scheduler_streams_large_contiguous_outputs(monkeypatch):
   res = callify(Node(Ops.MUL, None, (Node(Ops.ADD, None, (x, y)), x)),                       # contiguous: collapsed, streamed
                 Node(Ops.ADD, None, (x.permute((1, 0)), y.permute((1, 0)))),                 # transposed: 2-D, plain stores
                 Node(Ops.MAX, None, (x.flip((False, True)), y)))                            # collapsed? no (flip): plain
-  prog = sched.schedule(res.call.src[0], _arg_binding(res.call)[0])
+  prog = sched.kernelize(res.call.src[0], _arg_binding(res.call)[0])
   ks = [s.kernel for s in prog.steps if s.kernel]
   assert sum(k.stream for k in ks) == 1
   st = next(k for k in ks if k.stream)
@@ -84,7 +85,7 @@ def test_packed_matmul_ragged(M, K, N):
   np.testing.assert_allclose((a @ bt.permute((1, 0))).numpy(), a_np @ b_np, rtol=2e-4, atol=2e-4)
   np.testing.assert_allclose((at.permute((1, 0)) @ bt.permute((1, 0))).numpy(), a_np @ b_np, rtol=2e-4, atol=2e-4)
   res = callify((a @ bt.permute((1, 0))).node)
-  ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+  ks = [st.kernel for st in sched.kernelize(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
   assert N < 32 or M < 8 or any(k.tile == ("matmul", 8, 32) for k in ks)
 
 def _stream_kernel(n: int, out_dt, in_dts, build) -> Kernel:
@@ -156,7 +157,7 @@ def test_matmul_kernels_share_precompiled_helpers():
   prod = Node(Ops.MUL, None, (A.reshape((M, 1, K)).expand((M, N, K)), B.permute((1, 0)).reshape((1, N, K)).expand((M, N, K))))
   res = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, N)))
   bind, bufs = _arg_binding(res.call)
-  (st,) = [s for s in sched.schedule(res.call.src[0], bind).steps if s.kernel]
+  (st,) = [s for s in sched.kernelize(res.call.src[0], bind).steps if s.kernel]
   k = st.kernel
   assert k.tile == ("matmul", 8, 32)
   text = module_text([(k, "mmx")])
@@ -167,7 +168,7 @@ def test_matmul_kernels_share_precompiled_helpers():
   at = buf(np.ascontiguousarray(a_np.T)).reshape((K, M)).permute((1, 0))
   prod_t = Node(Ops.MUL, None, (at.reshape((M, 1, K)).expand((M, N, K)), B.permute((1, 0)).reshape((1, N, K)).expand((M, N, K))))
   res_t = callify(Node(Ops.REDUCE, None, (prod_t,), (Ops.ADD, (2,))).reshape((M, N)))
-  (kt,) = [s.kernel for s in sched.schedule(res_t.call.src[0], _arg_binding(res_t.call)[0]).steps if s.kernel]
+  (kt,) = [s.kernel for s in sched.kernelize(res_t.call.src[0], _arg_binding(res_t.call)[0]).steps if s.kernel]
   assert kt.tile == ("matmul", 8, 32) and "call void @callsat_mm_pack_a(" in module_text([(kt, "mmt")])
   engine = L.mm_helpers()[0]
   (c,) = compile_kernels([(k, "mmx")])
@@ -184,7 +185,7 @@ def test_matmul_kernels_share_precompiled_helpers():
 def test_column_reduces(shape, axis):
   # reduces along a strided axis with a unit-stride output axis (x.sum(axis=0)): COL_W columns per reduce step, also
   # split across threads at any column
-  from lower import llvm as L, jit
+  from lower import llvm as L, native
   from egraph.storage import STORAGE
   xn = (RNG.standard_normal(shape) * 3).astype(np.float32)
   x = Tensor(xn).realize()
@@ -195,15 +196,15 @@ def test_column_reduces(shape, axis):
            (x.cast(dtypes.int32).sum(axis=axis), xn.astype(np.int32).sum(axis=ax), 0),
            (x.cast(dtypes.float16).sum(axis=axis), xn.astype(np.float16).sum(axis=ax, dtype=np.float32).astype(np.float16), 2e-2)]
   res = callify(cases[0][0].node)
-  ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+  ks = [st.kernel for st in sched.kernelize(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
   assert any(L._col_reduce(k) for k in ks) == (shape[-1] >= 8), [k.name for k in ks]
   for t, want, tol in cases:
     res = callify(t.node)
     for nt in (1, 2):
-      old = jit.PARALLEL_WORK, jit.THREADS
-      jit.PARALLEL_WORK, jit.THREADS = 0, nt
+      old = native.PARALLEL_WORK, native.THREADS
+      native.PARALLEL_WORK, native.THREADS = 0, nt
       try: run_call(res.call)
-      finally: jit.PARALLEL_WORK, jit.THREADS = old
+      finally: native.PARALLEL_WORK, native.THREADS = old
       got = STORAGE[res.call.src[1]].reshape(want.shape)   # the CALL's output buffer (its first argument)
       np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol * 10)
 
@@ -211,7 +212,7 @@ def test_column_reduces(shape, axis):
                                                 ((40, 3, 50), (2, 1, 0), False), ((64, 32), (1, 0), True), ((20, 64), (1, 0), False)])
 def test_transposes_walk_blocks(shape, perm, blocked):
   # a store along j with a load strided along j: TILE_T x TILE_T blocks, ragged edges, split across threads at any row
-  from lower import llvm as L, jit
+  from lower import llvm as L, native
   from egraph.storage import STORAGE
   for dt in (np.float32, np.int64, np.uint8):
     xn = (RNG.standard_normal(shape) * 50).astype(dt)
@@ -219,13 +220,13 @@ def test_transposes_walk_blocks(shape, perm, blocked):
     t = (x.permute(perm) + x.permute(perm)).contiguous() if dt == np.uint8 else x.permute(perm).contiguous()
     want = xn.transpose(perm) + xn.transpose(perm) if dt == np.uint8 else xn.transpose(perm)
     res = callify(t.node)
-    ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+    ks = [st.kernel for st in sched.kernelize(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
     assert any(L._transposing(k) for k in ks) == blocked, [k.name for k in ks]
     for nt in (1, 2, 3):
-      old = jit.PARALLEL_WORK, jit.THREADS
-      jit.PARALLEL_WORK, jit.THREADS = 0, nt
+      old = native.PARALLEL_WORK, native.THREADS
+      native.PARALLEL_WORK, native.THREADS = 0, nt
       try: run_call(res.call)
-      finally: jit.PARALLEL_WORK, jit.THREADS = old
+      finally: native.PARALLEL_WORK, native.THREADS = old
       np.testing.assert_array_equal(STORAGE[res.call.src[1]].reshape(want.shape), want)
 
 @pytest.mark.parametrize("shape", [(1 << 21,), (2048, 1024), (3, 1024, 1024), (2 ** 21 + 7,)])
@@ -236,7 +237,7 @@ def test_full_reduces_split_into_partials(shape):
   x = Tensor(xn).realize()
   split = any(d % 16 == 0 and d > 16 for d in shape)
   res = callify(x.sum().node)
-  ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+  ks = [st.kernel for st in sched.kernelize(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
   assert len(ks) == (2 if split else 1), [k.name for k in ks]
   for t, want, tol in [(x.sum(), xn.sum(dtype=np.float64), 1e-3), (x.max(), xn.max(), 0), (x.mean() * 3, xn.mean(dtype=np.float64) * 3, 1e-3),
                        (x.permute(tuple(reversed(range(len(shape))))).abs().sum(), np.abs(xn).sum(dtype=np.float64), 1e-4),
@@ -248,7 +249,7 @@ def test_full_reduces_split_into_partials(shape):
 def test_batched_matmul_is_tiled(B, M, K, N):
   # (B, M, K) @ (B, K, N): one tiled plane per batch index, the batch range split across threads; also a shared
   # (broadcast) right operand, a transposed one, and a @ a.T from one buffer
-  from lower import jit
+  from lower import native
   from lower.kernel import mm_batched
   an, bn = RNG.standard_normal((B, M, K)).astype(np.float32), RNG.standard_normal((B, K, N)).astype(np.float32)
   wn = RNG.standard_normal((K, N)).astype(np.float32)
@@ -256,13 +257,13 @@ def test_batched_matmul_is_tiled(B, M, K, N):
   bt = Tensor(np.ascontiguousarray(bn.transpose(0, 2, 1))).realize()
   for t, want in [(a @ b, an @ bn), (a @ w, an @ wn), (a @ bt.transpose(1, 2), an @ bn), (a @ a.transpose(1, 2), an @ an.transpose(0, 2, 1))]:
     res = callify(t.node)
-    ks = [st.kernel for st in sched.schedule(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
+    ks = [st.kernel for st in sched.kernelize(res.call.src[0], _arg_binding(res.call)[0]).steps if st.kernel]
     assert any(mm_batched(k) for k in ks) == (M >= 8 and want.shape[-1] >= 32), [k.name for k in ks]
     for nt in (1, 2):
-      old = jit.PARALLEL_WORK, jit.THREADS
-      jit.PARALLEL_WORK, jit.THREADS = 0, nt
+      old = native.PARALLEL_WORK, native.THREADS
+      native.PARALLEL_WORK, native.THREADS = 0, nt
       try: run_call(res.call)
-      finally: jit.PARALLEL_WORK, jit.THREADS = old
+      finally: native.PARALLEL_WORK, native.THREADS = old
       np.testing.assert_allclose(STORAGE_[res.call.src[1]].reshape(want.shape), want, rtol=2e-4, atol=2e-4)
 
 @pytest.mark.parametrize("n", [1001, 1 << 21])   # a plain (auto-vectorized) loop, a streaming kernel's explicit vectors

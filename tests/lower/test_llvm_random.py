@@ -123,8 +123,8 @@ def test_graphgen_graphs_match_reference(g):
 def test_random_programs_split_across_threads(p, nt):
   # every kernel split into nt chunks whatever its size (chunk edges inside vectors, streams and tiles), on the native
   # threads where the pool has room and on the Python workers otherwise
-  from lower import jit
-  old = jit.PARALLEL_WORK, jit.THREADS
-  jit.PARALLEL_WORK, jit.THREADS = 0, nt
+  from lower import native
+  old = native.PARALLEL_WORK, native.THREADS
+  native.PARALLEL_WORK, native.THREADS = 0, nt
   try: compare(*p)
-  finally: jit.PARALLEL_WORK, jit.THREADS = old
+  finally: native.PARALLEL_WORK, native.THREADS = old

@@ -8,8 +8,9 @@ import pytest
 from egraph.dtype import dtypes
 from egraph.ir import Ops, GroupOp
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
-from lower.jit import compile_kernels, launch, module_text
-from lower.llvm import _vec_ok
+from lower.compiler import compile_kernels, module_text
+from lower.llvm_stream import _vec_ok
+from lower.native import launch
 
 N = 333
 RNG = np.random.default_rng(3)

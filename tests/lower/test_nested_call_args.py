@@ -7,7 +7,7 @@ from egraph import Tensor, function, dtypes, Variable, UnsupportedOpError
 from egraph.ir import Node, Ops, ParamArg, CallInfo, new_buffer, const
 from egraph.storage import STORAGE
 from lower.runtime import run_call
-from lower.kernelize import Mem, view_mem
+from lower.mem import Mem, view_mem
 
 @function(precompile=True)
 def twice(x): return x * 2

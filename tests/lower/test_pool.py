@@ -7,7 +7,7 @@ import pytest
 from egraph import callify
 from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, new_buffer, const
-from lower import jit, pool
+from lower import compiler, native, pool, threads
 from lower.cache import CACHE
 from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const as kconst
 from egraph.storage import Storage
@@ -27,13 +27,13 @@ def _scale_kernel(n: int) -> Kernel:
 @needs_pool
 @pytest.mark.parametrize("n", [2, 7, 1000, 100_003])
 def test_split_launch_covers_every_element_once(n):
-  (c,) = jit.compile_kernels([(_scale_kernel(n), f"pool_scale_{n}")])
+  (c,) = compiler.compile_kernels([(_scale_kernel(n), f"pool_scale_{n}")])
   assert c.thunk
   a = np.arange(n, dtype=np.float32)   # each element says which index it came from
   want = a * np.float32(3)
   for threads in (1, 2, 3, 4):
     out = np.full(n, np.nan, np.float32)
-    run = jit.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=threads)
+    run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=threads)
     run(); run()   # a prepared launch runs again on the same pointers
     np.testing.assert_allclose(out, want, rtol=1e-6)
     cuts = run.cuts(threads)
@@ -73,7 +73,7 @@ def test_forked_child_makes_its_own_threads():
   S = Storage()
   res, want = _matmul(S)
   run_call(res.call, S)
-  old = jit.pool()
+  old = pool.pool()
   pid = os.fork()
   if pid == 0:
     ok = False
@@ -81,7 +81,7 @@ def test_forked_child_makes_its_own_threads():
       out = S[res.call.src[1]]; out[:] = 0
       CACHE.plans.clear()
       run_call(res.call, S)
-      ok = jit.pool() is not old and np.allclose(out.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
+      ok = pool.pool() is not old and np.allclose(out.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
     finally: os._exit(0 if ok else 3)
   for _ in range(1200):   # a lost job would hang the child: give it 120 s, then kill it and fail
     done, status = os.waitpid(pid, os.WNOHANG)
@@ -93,9 +93,9 @@ def test_forked_child_makes_its_own_threads():
   assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 def test_python_workers_when_native_threads_are_off():
-  code = ("import numpy as np; from lower import jit; from test_pool import _matmul; from lower.runtime import Storage, run_call\n"
+  code = ("import numpy as np; from lower import pool, threads; from test_pool import _matmul; from lower.runtime import Storage, run_call\n"
           "S = Storage(); res, want = _matmul(S); run_call(res.call, S)\n"
-          "assert jit.pool() is None and jit._WORKERS, 'expected the Python workers'\n"
+          "assert pool.pool() is None and threads._WORKERS, 'expected the Python workers'\n"
           "np.testing.assert_allclose(S[res.call.src[1]].reshape(want.shape), want, rtol=1e-3, atol=1e-3); print('ok')")
   env = {**os.environ, "CALLSAT_NATIVE_THREADS": "0", "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.getcwd()])}
   r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -109,9 +109,9 @@ def test_bounds_error_from_a_workers_chunk():
   bad = Expr('load', f, (), (1, Idx.var(i) + (n - 4), ()))   # reads past the end in the last chunk (the worker's)
   k = Kernel("pool_bad", (Param("p0", f, n, 4, True, False, True), Param("p1", f, n, 4, True, True)), (i,), Store(0, Idx.var(i), bad),
              checked=True)
-  (c,) = jit.compile_kernels([(k, "pool_bad")])
+  (c,) = compiler.compile_kernels([(k, "pool_bad")])
   out, src = np.zeros(n, np.float32), np.ones(n, np.float32)
-  with pytest.raises(jit.BoundsError, match="pool_bad.*p1"): jit.launch(c, [out.ctypes.data, src.ctypes.data], work=1 << 30, threads=2)
+  with pytest.raises(native.BoundsError, match="pool_bad.*p1"): native.launch(c, [out.ctypes.data, src.ctypes.data], work=1 << 30, threads=2)
 
 def test_plan_reused_and_dropped_with_its_arrays():
   S = Storage()
@@ -149,19 +149,19 @@ def test_plan_not_taken_on_a_storage_without_its_buffers():
 @needs_pool
 def test_chunks_no_worker_takes_run_on_the_caller():
   # a pool whose workers all sit on one CPU: the caller (on that CPU or not) runs every chunk it could not hand out
-  me = jit._sched_getcpu()
+  me = threads._sched_getcpu()
   p = pool.Pool([me, me])
   n = 10_000
-  (c,) = jit.compile_kernels([(_scale_kernel(n), "pool_tail")])
+  (c,) = compiler.compile_kernels([(_scale_kernel(n), "pool_tail")])
   a = np.arange(n, dtype=np.float32)
   for nt in (2, 3, 5):
     out = np.full(n, np.nan, np.float32)
-    run = jit.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=nt)
+    run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=nt)
     assert p.run(c.thunk, ctypes.addressof(run.argv), run.cuts(nt))
     np.testing.assert_array_equal(out, a * 3)
 
 def test_threads_setting(monkeypatch):
-  monkeypatch.setenv("CALLSAT_THREADS", "3"); assert jit._threads() == 3
+  monkeypatch.setenv("CALLSAT_THREADS", "3"); assert native._threads() == 3
   monkeypatch.setenv("CALLSAT_THREADS", "many")
-  with pytest.raises(Exception, match="CALLSAT_THREADS"): jit._threads()
-  monkeypatch.delenv("CALLSAT_THREADS"); assert jit._threads() == len(os.sched_getaffinity(0))
+  with pytest.raises(Exception, match="CALLSAT_THREADS"): native._threads()
+  monkeypatch.delenv("CALLSAT_THREADS"); assert native._threads() == len(os.sched_getaffinity(0))
