@@ -166,35 +166,9 @@ class _Builder:
       return self.value(x, idx[:a] + (idx[a] - d * S if d.is_const else idx[a] % S,) + idx[a + 1:], valid, after, bcast, dev=d)
     if op in IDENTITY:   # COPY between host devices (NPY, DISK memmaps, CPU) is a read of the source's storage
       return self.value(n.src[0], idx, valid, after, bcast, dev=None if op is Ops.COPY else dev)
-    if op in GroupOp.Movement:
-      cidx, cvalid = _through(n, idx, valid)
-      widen = op is Ops.EXPAND and any(s == 1 and t > 1 for s, t in zip(n.src[0].shape, n.arg))
-      v = self.value(n.src[0], cidx, cvalid, after, bcast or widen, dev=dev)
-      if len(cvalid) > len(valid) and v.op != 'load' and not (v.op == 'const' and not v.arg):
-        # PAD fills with zero: a computed (or constant) value is masked too, not only the loads under it
-        v = Expr(Ops.WHERE, n.dtype, (Expr('valid', dtypes.bool, (), cvalid[len(valid):]), v, const(0, n.dtype)))
-      return v
-    if op in (Ops.PARAM, Ops.BUFFER, Ops.SLICE):
-      m, aft = storage_mem(n, g.bind)
-      devs = n.device
-      if m is None:   # SLICE of computed data: realize it, then view the temporary's bytes
-        x = n.src[0]
-        t = g.temp_of(x, after, whole=True)
-        m, devs = Mem(t.mem.root, t.mem.off + n.arg[0] * x.dtype.itemsize, n.dtype, n.arg[1], t.mem.dstride), t.devs
-      m, off = self.place(devs, m, dev)
-      return self.load(m, flat_index(idx, n.shape) + off, valid, not (after or aft), n.dtype)
-    if op is Ops.BITCAST:
-      x = n.src[0]
-      if x.dtype.itemsize == n.dtype.itemsize:
-        v = self.value(x, idx, valid, after, bcast)
-        return Expr(Ops.CAST if dtypes.bool in (x.dtype, n.dtype) else Ops.BITCAST, n.dtype, (v,))
-      m, aft = storage_mem(x, g.bind)
-      devs = x.device
-      if m is None:
-        t = g.temp_of(x, after, whole=True)
-        m, aft, devs = t.mem, False, t.devs
-      m, off = self.place(devs, Mem(m.root, m.off, n.dtype, n.numel, m.dstride), None)
-      return self.load(m, flat_index(idx, n.shape) + off, valid, not (after or aft), n.dtype)
+    if op in GroupOp.Movement: return self.movement(n, idx, valid, after, bcast, dev)
+    if op in (Ops.PARAM, Ops.BUFFER, Ops.SLICE): return self.storage(n, idx, valid, after, dev)
+    if op is Ops.BITCAST: return self.bitcast(n, idx, valid, after, bcast)
     if op is Ops.CAST:
       v = self.value(n.src[0], idx, valid, after, bcast)
       return v if n.src[0].dtype == n.dtype else Expr(Ops.CAST, n.dtype, (v,))
@@ -207,22 +181,61 @@ class _Builder:
       if (split := _split_full_reduce(n)) is not None:   # a big reduce to one value: partial sums first, in parallel
         g.realize.add(split.src[0].src[0].id)
         return self.value(split, idx, valid, after, bcast, top, dev)
-      rop, axes = n.arg
-      x = n.src[0]
-      rvars, cidx = [], list(idx)
-      for a in sorted(set(axes)):
-        if x.shape[a] == 1: continue
-        v = Var(f"r{self.nvars}", int(x.shape[a])); self.nvars += 1
-        rvars.append(v); cidx[a] = Idx.var(v) if v.size > 1 else Idx.const(0)
-      body = self.value(x, tuple(cidx), valid, after, bcast)
-      if not rvars: return body
-      self.reduces += 1
-      acc = dtypes.float32 if n.dtype == dtypes.float16 and rop is not Ops.MAX else n.dtype
-      if acc != n.dtype: body = Expr(Ops.CAST, acc, (body,))
-      r = Expr('reduce', acc, (body,), (rop, tuple(rvars)))
-      return r if acc == n.dtype else Expr(Ops.CAST, n.dtype, (r,))
+      return self.reduce(n, idx, valid, after, bcast)
     if op in (Ops.STORE, Ops.CALL, Ops.SINK): raise CallsatError(f"LLVM backend: {op.name} used as a value")
     raise UnsupportedOpError(f"LLVM backend: {op.name} is not supported")
+
+  def movement(self, n: Node, idx, valid, after, bcast, dev) -> Expr:
+    """A movement op: index arithmetic into its source (an EXPAND that widens marks the source broadcast)."""
+    cidx, cvalid = _through(n, idx, valid)
+    widen = n.op is Ops.EXPAND and any(s == 1 and t > 1 for s, t in zip(n.src[0].shape, n.arg))
+    v = self.value(n.src[0], cidx, cvalid, after, bcast or widen, dev=dev)
+    if len(cvalid) > len(valid) and v.op != 'load' and not (v.op == 'const' and not v.arg):
+      # PAD fills with zero: a computed (or constant) value is masked too, not only the loads under it
+      v = Expr(Ops.WHERE, n.dtype, (Expr('valid', dtypes.bool, (), cvalid[len(valid):]), v, const(0, n.dtype)))
+    return v
+
+  def storage(self, n: Node, idx, valid, after, dev) -> Expr:
+    """A load of PARAM/BUFFER/SLICE storage (a SLICE of computed data reads its realized temporary's bytes)."""
+    m, aft = storage_mem(n, self.g.bind)
+    devs = n.device
+    if m is None:   # SLICE of computed data: realize it, then view the temporary's bytes
+      x = n.src[0]
+      t = self.g.temp_of(x, after, whole=True)
+      m, devs = Mem(t.mem.root, t.mem.off + n.arg[0] * x.dtype.itemsize, n.dtype, n.arg[1], t.mem.dstride), t.devs
+    m, off = self.place(devs, m, dev)
+    return self.load(m, flat_index(idx, n.shape) + off, valid, not (after or aft), n.dtype)
+
+  def bitcast(self, n: Node, idx, valid, after, bcast) -> Expr:
+    """Same-size BITCAST is an op on the value; another size reads the source's storage (realized if computed) as n.dtype."""
+    x = n.src[0]
+    if x.dtype.itemsize == n.dtype.itemsize:
+      v = self.value(x, idx, valid, after, bcast)
+      return Expr(Ops.CAST if dtypes.bool in (x.dtype, n.dtype) else Ops.BITCAST, n.dtype, (v,))
+    m, aft = storage_mem(x, self.g.bind)
+    devs = x.device
+    if m is None:
+      t = self.g.temp_of(x, after, whole=True)
+      m, aft, devs = t.mem, False, t.devs
+    m, off = self.place(devs, Mem(m.root, m.off, n.dtype, n.numel, m.dstride), None)
+    return self.load(m, flat_index(idx, n.shape) + off, valid, not (after or aft), n.dtype)
+
+  def reduce(self, n: Node, idx, valid, after, bcast) -> Expr:
+    """A REDUCE in place: a 'reduce' Expr over fresh vars for its (non-unit) axes; float16 accumulates in float32."""
+    rop, axes = n.arg
+    x = n.src[0]
+    rvars, cidx = [], list(idx)
+    for a in sorted(set(axes)):
+      if x.shape[a] == 1: continue
+      v = Var(f"r{self.nvars}", int(x.shape[a])); self.nvars += 1
+      rvars.append(v); cidx[a] = Idx.var(v) if v.size > 1 else Idx.const(0)
+    body = self.value(x, tuple(cidx), valid, after, bcast)
+    if not rvars: return body
+    self.reduces += 1
+    acc = dtypes.float32 if n.dtype == dtypes.float16 and rop is not Ops.MAX else n.dtype
+    if acc != n.dtype: body = Expr(Ops.CAST, acc, (body,))
+    r = Expr('reduce', acc, (body,), (rop, tuple(rvars)))
+    return r if acc == n.dtype else Expr(Ops.CAST, n.dtype, (r,))
 # ---------------------------------------------------------------------------------------------------------------------
 # targets
 

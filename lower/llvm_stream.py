@@ -36,14 +36,13 @@ def _render_stream(k: Kernel, fname: str) -> tuple[str, set]:
   into segments that end on 64-byte boundaries of the output, at most STREAM_STAGE bytes each; each segment's values
   are computed by the plain (auto-vectorized) loop into a stack block, which is then copied out: a masked vector store
   up to the first aligned address (only the first segment of a range has one), aligned <64 bytes> `!nontemporal`
-  stores, a masked store for the last partial vector (masked-off lanes never touch memory). An sfence ends the kernel, so the stores are visible to whichever thread
-  joins this one."""
+  stores, a masked store for the last partial vector (masked-off lanes never touch memory; _stage_out). An sfence ends
+  the kernel, so the stores are visible to whichever thread joins this one."""
   f = LLVMRenderer(k)
   p = k.params[k.store.param]
   v0 = k.domain[0]
   ty, isz = MT[p.dtype.name], p.dtype.itemsize
   lanes, blk, c = 64 // isz, STREAM_STAGE // isz, k.store.idx.c
-  vt = f"<{lanes} x {ty}>"
   sh = isz.bit_length() - 1
   E = f.emit
   f.allocas += [f"%stage = alloca {ty}, i64 {blk + lanes}, align 64", "%seg.addr = alloca i64", "%cp.addr = alloca i64"]
@@ -73,7 +72,19 @@ def _render_stream(k: Kernel, fname: str) -> tuple[str, set]:
       y = f.t(); E(f"{y} = zext i1 {val} to i8"); val = y
     E(f"store {ty} {val}, ptr {g}, align {isz}")
   f.loop(v0, "%b", "%e", body)
-  # copy the stage out: head (scalar, to the first aligned address), aligned NT vectors, tail (scalar)
+  _stage_out(f, p, lanes, c, sh)
+  E("store i64 %e, ptr %seg.addr")
+  E("br label %seg.cond" + noloop(f.decls))
+  f.label("%seg.exit")
+  E("call void @llvm.x86.sse.sfence()")
+  out = [signature(k, fname) + " {", "entry:"] + ["  " + a for a in f.allocas] + f.lines + ["  ret void", "}"]
+  return "\n".join(out), f.decls | {"declare void @llvm.x86.sse.sfence()", NT_MD}
+
+def _stage_out(f: LLVMRenderer, p, lanes: int, c: int, sh: int):
+  """Copy a stream segment's stage [%b, %e) to the output: a masked vector store up to the first 64-byte aligned
+  address, aligned <64 bytes> `!nontemporal` stores, a masked store for the last partial vector."""
+  E, ty, isz = f.emit, MT[p.dtype.name], p.dtype.itemsize
+  vt = f"<{lanes} x {ty}>"
   E("%n = sub i64 %e, %b")
   E(f"%dg = add i64 %b, {c}")
   E(f"%dst = getelementptr inbounds {ty}, ptr %{p.name}, i64 %dg")
@@ -111,12 +122,6 @@ def _render_stream(k: Kernel, fname: str) -> tuple[str, set]:
   f.label("%nt.exit")
   E("%tl.r = sub i64 %n, %vend")
   masked("tl", "%vend", "%tl.r")
-  E("store i64 %e, ptr %seg.addr")
-  E("br label %seg.cond" + noloop(f.decls))
-  f.label("%seg.exit")
-  E("call void @llvm.x86.sse.sfence()")
-  out = [signature(k, fname) + " {", "entry:"] + ["  " + a for a in f.allocas] + f.lines + ["  ret void", "}"]
-  return "\n".join(out), f.decls | {"declare void @llvm.x86.sse.sfence()", NT_MD}
 
 def _vec_ok(k: Kernel) -> bool:
   """A stream kernel whose value VecRenderer can emit as explicit vector IR: loads unit-stride in the (only) loop var or

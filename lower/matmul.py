@@ -9,6 +9,19 @@ MM_KC = 256       # K block: one packed B micro-panel (KC x 32 floats, 32 KiB) s
 MM_PB = 8         # 32-column panels per packed B block (KC x 256 floats, 256 KiB: L2)
 MM_MR, MM_NR = 8, 32
 
+def _pack_b_ir(name: str, extra: str, pre: str, o: str, bound: str, head: list, body: list, md: tuple) -> str:
+  """A B-packing helper: for each `o` in [0, bound) (after `head`), for k in [0, kc): `body` (one row of a panel or one
+  element of a column); the two loops are the same but for what they move. `md`: their !llvm.loop ids."""
+  L = [f"define void @{name}(ptr noalias nocapture readonly %src, ptr noalias nocapture writeonly align 64 %dst, i64 %kc, "
+       f"i64 %np, i64 %bk, {extra}i64 %pstride) nounwind {{", "entry:", *pre, f"  br label %{o}.cond", f"{o}.cond:",
+       f"  %{o} = phi i64 [0, %entry], [%{o}.next, %k.exit]", f"  %{o}.ok = icmp slt i64 %{o}, {bound}",
+       f"  br i1 %{o}.ok, label %{o}.body, label %done", f"{o}.body:", *head, "  br label %k.cond", "k.cond:",
+       f"  %k = phi i64 [0, %{o}.body], [%k.next, %k.body]", "  %k.ok = icmp slt i64 %k, %kc",
+       "  br i1 %k.ok, label %k.body, label %k.exit", "k.body:", *body, "  %k.next = add nuw nsw i64 %k, 1",
+       f"  br label %k.cond, !llvm.loop !{md[0]}", "k.exit:", f"  %{o}.next = add i64 %{o}, 1",
+       f"  br label %{o}.cond, !llvm.loop !{md[1]}", "done:", "  ret void", "}"]
+  return "\n".join(L)
+
 # The kernel-independent parts of the tiled matmul (packing and the scalar edge), with runtime strides: compiled once
 # per process into their own module and called by every matmul kernel through these symbols (llvm.add_symbol), so a
 # matmul kernel compiles only its loop nest and micro-kernel.
@@ -17,81 +30,21 @@ declare float @llvm.fma.f32(float, float, float)
 
 ; pack np 32-column panels of B (src: row k at src + k*bk, panel p at + 32p) into dst: panel p at dst + p*pstride,
 ; row k of a panel at + 32k (dst 64-byte aligned)
-define void @callsat_mm_pack_b(ptr noalias nocapture readonly %src, ptr noalias nocapture writeonly align 64 %dst, i64 %kc, i64 %np, i64 %bk, i64 %pstride) nounwind {
-entry:
-  br label %p.cond
-p.cond:
-  %p = phi i64 [0, %entry], [%p.next, %k.exit]
-  %p.ok = icmp slt i64 %p, %np
-  br i1 %p.ok, label %p.body, label %done
-p.body:
-  %s0 = mul i64 %p, 32
-  %d0 = mul i64 %p, %pstride
-  br label %k.cond
-k.cond:
-  %k = phi i64 [0, %p.body], [%k.next, %k.body]
-  %k.ok = icmp slt i64 %k, %kc
-  br i1 %k.ok, label %k.body, label %k.exit
-k.body:
-  %sr = mul i64 %k, %bk
-  %s = add i64 %sr, %s0
-  %sp = getelementptr inbounds float, ptr %src, i64 %s
-  %v0 = load <16 x float>, ptr %sp, align 4
-  %sp1 = getelementptr inbounds float, ptr %sp, i64 16
-  %v1 = load <16 x float>, ptr %sp1, align 4
-  %dr = mul i64 %k, 32
-  %d = add i64 %dr, %d0
-  %dp = getelementptr inbounds float, ptr %dst, i64 %d
-  store <16 x float> %v0, ptr %dp, align 64
-  %dp1 = getelementptr inbounds float, ptr %dp, i64 16
-  store <16 x float> %v1, ptr %dp1, align 64
-  %k.next = add nuw nsw i64 %k, 1
-  br label %k.cond, !llvm.loop !1
-k.exit:
-  %p.next = add i64 %p, 1
-  br label %p.cond, !llvm.loop !3
-done:
-  ret void
-}
+""" + _pack_b_ir("callsat_mm_pack_b", "", [], "p", "%np", ["  %s0 = mul i64 %p, 32", "  %d0 = mul i64 %p, %pstride"],
+  ["  %sr = mul i64 %k, %bk", "  %s = add i64 %sr, %s0", "  %sp = getelementptr inbounds float, ptr %src, i64 %s",
+   "  %v0 = load <16 x float>, ptr %sp, align 4", "  %sp1 = getelementptr inbounds float, ptr %sp, i64 16",
+   "  %v1 = load <16 x float>, ptr %sp1, align 4", "  %dr = mul i64 %k, 32", "  %d = add i64 %dr, %d0",
+   "  %dp = getelementptr inbounds float, ptr %dst, i64 %d", "  store <16 x float> %v0, ptr %dp, align 64",
+   "  %dp1 = getelementptr inbounds float, ptr %dp, i64 16", "  store <16 x float> %v1, ptr %dp1, align 64"], (1, 3)) + r"""
 
 ; pack np 32-column panels of B read with any column stride (src: element (k, j) at src + k*bk + j*bj) into dst as
 ; callsat_mm_pack_b does: a transposed B (bk = 1) is read along k, contiguously
-define void @callsat_mm_pack_b_strided(ptr noalias nocapture readonly %src, ptr noalias nocapture writeonly align 64 %dst, i64 %kc, i64 %np, i64 %bk, i64 %bj, i64 %pstride) nounwind {
-entry:
-  %ncols = mul i64 %np, 32
-  br label %c.cond
-c.cond:
-  %c = phi i64 [0, %entry], [%c.next, %k.exit]
-  %c.ok = icmp slt i64 %c, %ncols
-  br i1 %c.ok, label %c.body, label %done
-c.body:
-  %p = sdiv i64 %c, 32
-  %cc = srem i64 %c, 32
-  %pd = mul i64 %p, %pstride
-  %d0 = add i64 %pd, %cc
-  %s0 = mul i64 %c, %bj
-  br label %k.cond
-k.cond:
-  %k = phi i64 [0, %c.body], [%k.next, %k.body]
-  %k.ok = icmp slt i64 %k, %kc
-  br i1 %k.ok, label %k.body, label %k.exit
-k.body:
-  %sk = mul i64 %k, %bk
-  %s = add i64 %sk, %s0
-  %sp = getelementptr inbounds float, ptr %src, i64 %s
-  %v = load float, ptr %sp, align 4
-  %dk = mul i64 %k, 32
-  %d = add i64 %dk, %d0
-  %dp = getelementptr inbounds float, ptr %dst, i64 %d
-  store float %v, ptr %dp, align 4
-  %k.next = add nuw nsw i64 %k, 1
-  br label %k.cond, !llvm.loop !13
-k.exit:
-  %c.next = add i64 %c, 1
-  br label %c.cond, !llvm.loop !15
-done:
-  ret void
-}
+""" + _pack_b_ir("callsat_mm_pack_b_strided", "i64 %bj, ", ["  %ncols = mul i64 %np, 32"], "c", "%ncols",
+  ["  %p = sdiv i64 %c, 32", "  %cc = srem i64 %c, 32", "  %pd = mul i64 %p, %pstride", "  %d0 = add i64 %pd, %cc",
+   "  %s0 = mul i64 %c, %bj"],
+  ["  %sk = mul i64 %k, %bk", "  %s = add i64 %sk, %s0", "  %sp = getelementptr inbounds float, ptr %src, i64 %s",
+   "  %v = load float, ptr %sp, align 4", "  %dk = mul i64 %k, 32", "  %d = add i64 %dk, %d0",
+   "  %dp = getelementptr inbounds float, ptr %dst, i64 %d", "  store float %v, ptr %dp, align 4"], (13, 15)) + r"""
 
 ; pack 8 rows of A (row r at src + r*ai, column k at + k*ak) k-major into dst: dst[8k + r]
 define void @callsat_mm_pack_a(ptr noalias nocapture readonly %src, ptr noalias nocapture writeonly align 64 %dst, i64 %kc, i64 %ai, i64 %ak) nounwind {
@@ -261,22 +214,19 @@ def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
   pa, A, pb, B, iv, jv, kv = k.matmul
   C = k.store.idx
   N, K = jv.size, kv.size
-  NV = NR // 16
   ai, ak, bk, bj, ci = A.coef(iv), A.coef(kv), B.coef(kv), B.coef(jv), C.coef(iv)
   ac, bc, cc = A.c, B.c, C.c
   # A's rows contiguous along k: broadcast straight from its MR rows (MR sequential streams, L1-resident across the
   # panels of a block) instead of packing them; the packing is a transposing gather, ~6% of a 512^3 kernel
-  DIRECT_A = ak == 1
+  direct_a = ak == 1
   P = lambda i: "%" + k.params[i].name
-  pc = k.store.param
   KC, PB = min(MM_KC, K), MM_PB
   NT = N // NR
   L = [signature(k, fname) + " {", "entry:"]
   E = L.append
   D = set(MATMUL_DECLS) | MM_HELPER_DECLS
-  vt = "<16 x float>"
   E(f"  %Bp = alloca float, i64 {KC * PB * NR}, align 64")
-  if not DIRECT_A: E(f"  %Ap = alloca float, i64 {KC * MR}, align 64")
+  if not direct_a: E(f"  %Ap = alloca float, i64 {KC * MR}, align 64")
   E(f"  %A0 = getelementptr inbounds float, ptr {P(pa)}, i64 {ac}")
   E(f"  %B0 = getelementptr inbounds float, ptr {P(pb)}, i64 {bc}")
   E("  %mfull = sub i64 %end, %start")
@@ -285,20 +235,14 @@ def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
   E("  %iend = add i64 %start, %mtail")
   E("  %anyrows = icmp sgt i64 %mt, 0")
   E("  br i1 %anyrows, label %jb.cond, label %edge")
-  E("jb.cond:")
-  E("  %jb = phi i64 [0, %entry], [%jb.next, %kb.exit]")
-  E(f"  %jb.ok = icmp slt i64 %jb, {NT}")
-  E("  br i1 %jb.ok, label %jb.body, label %edge")
+  _cond(E, "jb", "0", "entry", "kb.exit", str(NT), "jb.body", "edge")
   E("jb.body:")
   E(f"  %jb.rest = sub i64 {NT}, %jb")
   E(f"  %jb.small = icmp slt i64 %jb.rest, {PB}")
   E(f"  %np = select i1 %jb.small, i64 %jb.rest, i64 {PB}")
   E(f"  %jb.col = mul i64 %jb, {NR}")
   E("  br label %kb.cond")
-  E("kb.cond:")
-  E("  %kb = phi i64 [0, %jb.body], [%kb.next, %it.exit]")
-  E(f"  %kb.ok = icmp slt i64 %kb, {K}")
-  E("  br i1 %kb.ok, label %kb.body, label %kb.exit")
+  _cond(E, "kb", "0", "jb.body", "it.exit", str(K), "kb.body", "kb.exit")
   E("kb.body:")
   E(f"  %kb.rest = sub i64 {K}, %kb")
   E(f"  %kb.small = icmp slt i64 %kb.rest, {KC}")
@@ -312,21 +256,44 @@ def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
   else: E(f"  call void @callsat_mm_pack_b_strided(ptr %bs, ptr %Bp, i64 %kc, i64 %np, i64 {bk}, i64 {bj}, i64 {KC * NR})")
   E(f"  %as.k = mul i64 %kb, {ak}")
   E("  br label %it.cond")
-  E("it.cond:")
-  E("  %it = phi i64 [%start, %kb.body], [%it.next, %p.exit]")
-  E("  %it.ok = icmp slt i64 %it, %iend")
-  E("  br i1 %it.ok, label %pa, label %it.exit")
+  _cond(E, "it", "%start", "kb.body", "p.exit", "%iend", "pa", "it.exit")
   E("pa:")
   E(f"  %as.i = mul i64 %it, {ai}")
   E("  %as.o = add i64 %as.i, %as.k")
   E("  %as = getelementptr inbounds float, ptr %A0, i64 %as.o")
-  if not DIRECT_A: E(f"  call void @callsat_mm_pack_a(ptr %as, ptr %Ap, i64 %kc, i64 {ai}, i64 {ak})")
+  if not direct_a: E(f"  call void @callsat_mm_pack_a(ptr %as, ptr %Ap, i64 %kc, i64 {ai}, i64 {ak})")
   E("  br label %p.cond")
-  E("p.cond:")
-  E("  %p = phi i64 [0, %pa], [%p.next, %k.exit]")
-  E("  %p.ok = icmp slt i64 %p, %np")
-  E("  br i1 %p.ok, label %p.body, label %p.exit")
+  _cond(E, "p", "0", "pa", "k.exit", "%np", "p.body", "p.exit")
   E("p.body:")
+  _micro_kernel(E, D, MR, NR, KC, P(k.store.param), ci, cc, ai, direct_a)
+  _latch(E, D, "p", "1", "p.exit")
+  _latch(E, D, "it", str(MR), "it.exit")
+  _latch(E, D, "kb", str(KC), "kb.exit")
+  _latch(E, D, "jb", str(PB), "edge")
+  E(f"  %C0 = getelementptr inbounds float, ptr {P(k.store.param)}, i64 {cc}")
+  E(f"  call void @callsat_mm_edge(ptr %A0, ptr %B0, ptr %C0, i64 {ai}, i64 {ak}, i64 {bk}, i64 {bj}, i64 {ci}, i64 {K}, i64 {N}, "
+    f"i64 %start, i64 %iend, i64 %end, i64 {NT * NR})")
+  E("  ret void")
+  E("}")
+  return "\n".join(L), D
+
+def _cond(E, v: str, init: str, pred: str, latch: str, bound: str, body: str, exit: str):
+  """The head of the counted loop `v` (from `init`, entered from `pred`, stepped at `latch`) while v < bound."""
+  E(f"{v}.cond:")
+  E(f"  %{v} = phi i64 [{init}, %{pred}], [%{v}.next, %{latch}]")
+  E(f"  %{v}.ok = icmp slt i64 %{v}, {bound}")
+  E(f"  br i1 %{v}.ok, label %{body}, label %{exit}")
+
+def _latch(E, D: set, v: str, step: str, then: str):
+  """The step of loop `v` (kept off the vectorizer and unroller), then the block `then` its exit falls into."""
+  E(f"  %{v}.next = add i64 %{v}, {step}")
+  E(f"  br label %{v}.cond" + noloop(D))
+  E(f"{then}:")
+
+def _micro_kernel(E, D: set, MR: int, NR: int, KC: int, c: str, ci: int, cc: int, ai: int, direct_a: bool):
+  """One MR x NR block of C at rows %it, panel %p: MR x NR/16 <16 x float> accumulators (zero on the first k block,
+  else loaded from C), k innermost over the packed panel and A's MR rows (packed, or read directly), stored to C."""
+  NV, vt = NR // 16, "<16 x float>"
   E("  %pcol0 = add i64 %jb, %p")
   E(f"  %j0 = mul i64 %pcol0, {NR}")
   E(f"  %bpo = mul i64 %p, {KC * NR}")
@@ -336,7 +303,7 @@ def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
     E(f"  %cj{r} = add i64 %ci{r}, %j0")
     for v in range(NV):
       E(f"  %co{r}_{v} = add i64 %cj{r}, {cc + 16 * v}")
-      E(f"  %cp{r}_{v} = getelementptr inbounds float, ptr {P(pc)}, i64 %co{r}_{v}")
+      E(f"  %cp{r}_{v} = getelementptr inbounds float, ptr {c}, i64 %co{r}_{v}")
   E("  br i1 %first, label %k.pre, label %c.load")
   E("c.load:")
   for r in range(MR):
@@ -357,11 +324,11 @@ def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
     E(f"  %bo{v} = add i64 %kb0, {16 * v}")
     E(f"  %bp{v} = getelementptr inbounds float, ptr %Bp, i64 %bo{v}")
     E(f"  %b{v} = load {vt}, ptr %bp{v}, align 64")
-  if DIRECT_A: E("  %ka = add i64 %k, 0")
+  if direct_a: E("  %ka = add i64 %k, 0")
   else: E(f"  %ka = mul i64 %k, {MR}")
   for r in range(MR):
-    E(f"  %ao{r} = add i64 %ka, {r * ai if DIRECT_A else r}")
-    E(f"  %ap{r} = getelementptr inbounds float, ptr {'%as' if DIRECT_A else '%Ap'}, i64 %ao{r}")
+    E(f"  %ao{r} = add i64 %ka, {r * ai if direct_a else r}")
+    E(f"  %ap{r} = getelementptr inbounds float, ptr {'%as' if direct_a else '%Ap'}, i64 %ao{r}")
     E(f"  %a{r} = load float, ptr %ap{r}, align 4")
     E(f"  %ai{r}v = insertelement <16 x float> poison, float %a{r}, i64 0")
     E(f"  %as{r} = shufflevector <16 x float> %ai{r}v, <16 x float> poison, <16 x i32> zeroinitializer")
@@ -373,25 +340,6 @@ def _render_plane(k: Kernel, fname: str) -> tuple[str, set]:
   E("k.exit:")
   for r in range(MR):
     for v in range(NV): E(f"  store {vt} %nacc{r}_{v}, ptr %cp{r}_{v}, align 4")
-  E("  %p.next = add i64 %p, 1")
-  E("  br label %p.cond" + noloop(D))
-  E("p.exit:")
-  E(f"  %it.next = add i64 %it, {MR}")
-  E("  br label %it.cond" + noloop(D))
-  E("it.exit:")
-  E(f"  %kb.next = add i64 %kb, {KC}")
-  E("  br label %kb.cond" + noloop(D))
-  E("kb.exit:")
-  E(f"  %jb.next = add i64 %jb, {PB}")
-  E("  br label %jb.cond" + noloop(D))
-  E("edge:")
-  E(f"  %C0 = getelementptr inbounds float, ptr {P(pc)}, i64 {cc}")
-  E(f"  call void @callsat_mm_edge(ptr %A0, ptr %B0, ptr %C0, i64 {ai}, i64 {ak}, i64 {bk}, i64 {bj}, i64 {ci}, i64 {K}, i64 {N}, "
-    f"i64 %start, i64 %iend, i64 %end, i64 {NT * NR})")
-  E("  ret void")
-  E("}")
-  return "\n".join(L), D
-
 
 MATMUL_DECLS = {"declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)",
                 "declare float @llvm.fma.f32(float, float, float)"}
