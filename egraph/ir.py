@@ -25,6 +25,7 @@ class Ops(Enum):
   ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()
   CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto()
   WHERE = auto()
+  SHL = auto(); SHR = auto(); FLOORDIV = auto(); FLOORMOD = auto(); POW = auto(); THREEFRY = auto()
   # reduce and movement
   REDUCE = auto(); RESHAPE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); PERMUTE = auto(); FLIP = auto()
   # only inside e-graph list encodings
@@ -33,10 +34,13 @@ class Ops(Enum):
 class GroupOp:
   Unary = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC})
   Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
-                      Ops.AND, Ops.OR, Ops.XOR})
+                      Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.FLOORDIV, Ops.FLOORMOD, Ops.POW, Ops.THREEFRY})
   Ternary = frozenset({Ops.WHERE})
   ALU = Unary | Binary | Ternary
   Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
+  FloatOnly = frozenset({Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV})
+  IntOnly = frozenset({Ops.IDIV, Ops.MOD, Ops.FLOORDIV, Ops.FLOORMOD, Ops.SHL, Ops.SHR})   # ints (IDIV, MOD also bool)
+  Bitwise = frozenset({Ops.AND, Ops.OR, Ops.XOR})   # ints and bool
   Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
   Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
   Storage = frozenset({Ops.BUFFER, Ops.SLICE, Ops.PARAM})
@@ -307,10 +311,13 @@ def _alu_shape(op: Ops, src: tuple[Node, ...]) -> tuple[int, ...]:
   vals = src[1:] if op is Ops.WHERE else src
   if any(s.dtype != vals[0].dtype for s in vals): raise DTypeError(f"{op.name}: dtype mismatch {', '.join(s.dtype.name for s in vals)}")
   if op is Ops.WHERE and x.dtype != dtypes.bool: raise DTypeError(f"WHERE: condition must be bool, got {x.dtype.name}")
-  if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV) and not x.dtype.is_float():
-    raise DTypeError(f"{op.name}: needs a float dtype, got {x.dtype.name}")
+  if op in GroupOp.FloatOnly and not x.dtype.is_float(): raise DTypeError(f"{op.name}: needs a float dtype, got {x.dtype.name}")
   if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD) and x.dtype.is_float():
     raise DTypeError(f"{op.name}: needs an int or bool dtype, got {x.dtype.name}")
+  if op in (Ops.FLOORDIV, Ops.FLOORMOD, Ops.SHL, Ops.SHR) and not x.dtype.is_int():
+    raise DTypeError(f"{op.name}: needs an int dtype, got {x.dtype.name}")
+  if op is Ops.POW and x.dtype.kind not in "iuf": raise DTypeError(f"POW: needs an int or float dtype, got {x.dtype.name}")
+  if op is Ops.THREEFRY and x.dtype.name != "uint64": raise DTypeError(f"THREEFRY: needs uint64, got {x.dtype.name}")
   devs = {s.device for s in src if s.device is not None}
   if len(devs) > 1: raise DeviceError(f"{op.name}: sources on different devices {sorted(map(str, devs))}")
   return x.shape

@@ -123,6 +123,7 @@ class Tensor:
       if dtype is None:
         dtype = dtypes.from_numpy(arr.dtype)
         if from_py and dtype.is_int(): dtype = dtypes.default_int
+        elif from_py and dtype.is_float(): dtype = dtypes.default_float
       n = _host(arr, dtype, dev)
     self.node: Node = n
     _all_tensors[next(_tensor_ids)] = self
@@ -404,10 +405,12 @@ class Tensor:
     n = Node(Ops.REDUCE, self.dtype, (self.node,), (op, axes)) if axes else self.node
     return Tensor(n if keepdim else n.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes)))
   def sum(self, axis=None, keepdim=False, dtype=None) -> Tensor:
-    """bool/uint8 accumulate in int32 (sum_acc_dtype)."""
-    return self.cast(sum_acc_dtype(self.dtype) if dtype is None else dtype)._reduce(Ops.ADD, axis, keepdim)
+    """Accumulates in sum_acc_dtype (small ints in int32/uint32, halves in float32); a half sum is cast back (tinygrad)."""
+    ret = self.cast(sum_acc_dtype(self.dtype) if dtype is None else dtype)._reduce(Ops.ADD, axis, keepdim)
+    return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
   def prod(self, axis=None, keepdim=False, dtype=None) -> Tensor:
-    return self.cast(sum_acc_dtype(self.dtype) if dtype is None else dtype)._reduce(Ops.MUL, axis, keepdim)
+    ret = self.cast(sum_acc_dtype(self.dtype) if dtype is None else dtype)._reduce(Ops.MUL, axis, keepdim)
+    return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
   def max(self, axis=None, keepdim=False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
   def min(self, axis=None, keepdim=False) -> Tensor:
     # an order-reversing bijection turns min into max: negation for floats, ~x for ints/bools (exact at INT_MIN and 0u)

@@ -4,17 +4,18 @@ Evaluation is iterative (graphs can be 100k deep) with one memo per graph, child
 of the storage arrays. Effects are ordered only by AFTER: a read through AFTER(x, deps) sees the writes of deps; a read of
 storage that does not go through an AFTER sees the state before the graph's effects (tinygrad's write-after-read order), so
 the order of roots never matters.
-Integer semantics follow C / tinygrad's python backend: arithmetic wraps in the node dtype, IDIV truncates toward zero, MOD has
-the sign of the dividend, and division by zero is defined: `x // 0 == 0`, `x % 0 == x` (tinygrad's cdiv/cmod). Bool arithmetic is
-C's `(bool)(a op b)`: ADD=OR, SUB=XOR, MUL=AND, NEG=identity. EXP2/LOG2/SQRT/SIN/RECIPROCAL/FDIV need a float dtype.
+The elementwise semantics of every op, cast and dtype live in lower/numeric.py: ints wrap in the node dtype, IDIV/MOD truncate,
+FLOORDIV/FLOORMOD floor, division by zero is defined (`x // 0 == 0`, `x % 0 == x`), float -> int casts follow tinygrad's CPU
+device. Bool arithmetic is C's `(bool)(a op b)`: ADD=OR, SUB=XOR, MUL=AND, NEG=identity.
 """
 from __future__ import annotations
 from typing import Any, TYPE_CHECKING
 import numpy as np
 from egraph.dtype import dtypes
-from egraph.errors import CallsatError, DTypeError, UnsupportedOpError
+from egraph.errors import CallsatError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, is_shard, toposort
 from egraph.storage import STORAGE, UnallocatedBufferError
+from lower.numeric import wrap_const, alu, cast
 if TYPE_CHECKING: from egraph.storage import Storage
 
 LATER = frozenset({Ops.BIND})
@@ -24,40 +25,15 @@ WRITABLE = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.AFTER,
 # ---------------------------------------------------------------------------------------------------------------------
 # elementwise
 
-def _const(n: Node) -> np.ndarray:
-  v, dt = n.arg[0], n.dtype
-  if dt.is_int(): return np.array(int(v) % (1 << 8*dt.itemsize), dtype=f"u{dt.itemsize}").view(dt.np)  # wrap like C
-  return np.array(v, dtype=dt.np)
+def _const(n: Node) -> np.ndarray: return wrap_const(n.arg[0], n.dtype)
 
-def _cdivmod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  zero = b == 0
-  bs = np.where(zero, np.ones_like(b), b)
-  r = np.fmod(a, bs)      # C remainder: sign of the dividend
-  q = (a - r) // bs       # exact, so floor == trunc; INT_MIN // -1 wraps
-  return np.where(zero, np.zeros_like(q), q), np.where(zero, a, r)
-
-_UNARY = {Ops.NEG: np.negative, Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SQRT: np.sqrt, Ops.RECIPROCAL: np.reciprocal, Ops.SIN: np.sin}
-_BINARY = {Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.FDIV: np.true_divide, Ops.MAX: np.maximum,
-           Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal,
-           Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor,
-           Ops.IDIV: lambda a, b: _cdivmod(a, b)[0], Ops.MOD: lambda a, b: _cdivmod(a, b)[1]}
-_FLOAT_ONLY = frozenset({Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV})
-_BOOL_VIA_INT = frozenset({Ops.NEG, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD})
-
-def _alu(n: Node, *xs: np.ndarray) -> np.ndarray:
-  op, dt = n.op, n.src[-1].dtype
-  if op is Ops.WHERE: return np.where(*xs)
-  if op in _FLOAT_ONLY and not dt.is_float(): raise DTypeError(f"{op.name}: needs a float dtype, got {dt.name}")
-  if op is Ops.TRUNC: return np.trunc(xs[0]) if dt.is_float() else xs[0].copy()
-  f = _UNARY[op] if op in GroupOp.Unary else _BINARY[op]
-  if dt == dtypes.bool and op in _BOOL_VIA_INT: return f(*(x.astype(np.uint8) for x in xs)) != 0
-  return f(*xs)
+def _alu(n: Node, *xs: np.ndarray) -> np.ndarray: return alu(n.op, n.src[-1].dtype, *xs)
 
 def _reduce(n: Node, x: np.ndarray) -> np.ndarray:
   rop, axes = n.arg
   axes, dt = tuple(sorted(set(axes))), n.dtype   # ir.py accepts repeated axes; numpy does not
   if dt == dtypes.bool: return (np.all if rop is Ops.MUL else np.any)(x, axis=axes, keepdims=True)
-  acc = np.float32 if dt == dtypes.float16 else dt.np   # half sums accumulate in float32
+  acc = np.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt.np   # half sums accumulate in float32
   if rop is Ops.ADD: r = np.sum(x, axis=axes, keepdims=True, dtype=acc)
   elif rop is Ops.MUL: r = np.prod(x, axis=axes, keepdims=True, dtype=acc)
   else: r = np.max(x, axis=axes, keepdims=True, initial=-np.inf if dt.is_float() else np.iinfo(dt.np).min)
@@ -92,7 +68,7 @@ _SHARD: dict[Ops, Any] = {
 
 _PURE: dict[Ops, Any] = {
   Ops.CONST: _const, Ops.SLICE: _slice, Ops.REDUCE: _reduce, Ops.BITCAST: _bitcast,
-  Ops.CAST: lambda n, x: x.astype(n.dtype.np),
+  Ops.CAST: lambda n, x: cast(x, n.src[0].dtype, n.dtype),
   Ops.RESHAPE: lambda n, x: np.reshape(x, n.arg),
   Ops.EXPAND: lambda n, x: np.broadcast_to(x, n.arg),
   Ops.PAD: lambda n, x: np.pad(x, n.arg) if x.ndim else x.copy(),
