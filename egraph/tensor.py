@@ -14,18 +14,16 @@ from egraph.storage import STORAGE, host_buffer
 from egraph.driver import callify
 from lower.runtime import run_call, read
 from egraph.ir import Node, Ops, const, empty_view, substitute, canonical_device, new_buffer
-from egraph.symbolic import is_symbolic, max_value
+from egraph.symbolic import is_symbolic
+from egraph import rng
+from egraph.indexing import basic_index
 
 DEFAULT_DEVICE = "CPU"
-
-class TensorIndexError(ShapeError, IndexError):
-  """An index out of range: a ShapeError that is also an IndexError, so Python's sequence protocols still work."""
 
 # every live Tensor, so realize can point all of them at the new buffers. Keyed by a counter (not a WeakSet) because
 # Tensor.__eq__ builds a graph: a set must never compare two Tensors.
 _all_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _tensor_ids = itertools.count()
-_rng = np.random.default_rng(0)
 
 Scalar = (bool, int, float)
 
@@ -150,9 +148,7 @@ class Tensor:
 
   # --- creation
   @staticmethod
-  def manual_seed(seed: int = 0) -> None:
-    global _rng
-    _rng = np.random.default_rng(seed)
+  def manual_seed(seed: int = 0) -> None: rng.manual_seed(seed)
 
   @staticmethod
   def full(shape, fill_value, dtype=None, device=None) -> Tensor:
@@ -182,11 +178,22 @@ class Tensor:
     return Tensor(np.eye(n, m), dtype or dtypes.default_float, device)
   @staticmethod
   def rand(*shape, dtype=None, device=None) -> Tensor:
-    """Uniform [0, 1) from the module generator (reseed with manual_seed)."""
-    return Tensor(_rng.random(_argfix(shape), dtype=np.float32), dtype or dtypes.default_float, device)
+    """Uniform [0, 1): tinygrad's Threefry counter RNG, bit for bit (egraph/rng.py; reseed with manual_seed)."""
+    dt = dtypes.from_any(dtype or dtypes.default_float)
+    return Tensor(rng.rand(_argfix(shape), dt, canonical_device(device or DEFAULT_DEVICE))).contiguous()
   @staticmethod
   def randn(*shape, dtype=None, device=None) -> Tensor:
-    return Tensor(_rng.standard_normal(_argfix(shape), dtype=np.float32), dtype or dtypes.default_float, device)
+    """Normal(0, 1) by Box-Muller over two uniform draws, as tinygrad computes it."""
+    src = Tensor.rand(2, *_argfix(shape), dtype=dtypes.float32, device=device)
+    return (src[0] * (2 * math.pi)).cos().mul(((1 - src[1]).log() * -2).sqrt()).cast(dtype or dtypes.default_float)
+  @staticmethod
+  def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None) -> Tensor:
+    return ((high - low) * Tensor.rand(*shape, device=device)).cast(dtype or dtypes.default_float) + low
+  @staticmethod
+  def randint(*shape, low=0, high=10, dtype=dtypes.int32, device=None) -> Tensor:
+    if not dtypes.from_any(dtype).is_int(): raise DTypeError(f"randint: dtype {dtype} must be an int dtype")
+    if low >= high: raise ShapeError(f"randint requires low < high, got low={low}, high={high}")
+    return Tensor.uniform(*shape, low=low, high=high, dtype=dtype, device=device)
   def full_like(self, fill_value, dtype=None) -> Tensor:
     return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device or DEFAULT_DEVICE)
   def ones_like(self, dtype=None) -> Tensor: return self.full_like(1, dtype)
@@ -215,8 +222,10 @@ class Tensor:
     return self
 
   def numpy(self) -> np.ndarray:
+    """A copy of the values; bfloat16 comes back as float32 (numpy has no bfloat16), as in tinygrad."""
     self.realize()
-    return np.array(read(self.node), dtype=self.dtype.np).reshape(self.shape)
+    out = np.array(read(self.node), dtype=self.dtype.np).reshape(self.shape)
+    return out.astype(np.float32) if self.dtype == dtypes.bfloat16 else out
   def tolist(self): return self.numpy().tolist()
   def item(self):
     if self.numel() != 1: raise ShapeError(f"item: tensor of shape {self.shape} has {self.numel()} elements, not 1")
@@ -292,11 +301,38 @@ class Tensor:
   def add(self, y, reverse=False) -> Tensor: return self._binary(Ops.ADD, y, reverse)
   def sub(self, y, reverse=False) -> Tensor: return self._binary(Ops.SUB, y, reverse)
   def mul(self, y, reverse=False) -> Tensor: return self._binary(Ops.MUL, y, reverse)
-  def div(self, y, reverse=False) -> Tensor:
-    """True division: ints and bools go to the default float first (FDIV needs floats)."""
+  def div(self, y, reverse=False, rounding_mode=None) -> Tensor:
+    """True division (ints and bools go to the default float first); rounding_mode "trunc" or "floor" as tinygrad:
+    ints divide exactly (IDIV / FLOORDIV), floats round the quotient x * (1/y)."""
     a, b = self._operands(y, "FDIV", reverse)
+    if a.dtype.is_int() and rounding_mode in ("trunc", "floor"):
+      return Tensor(Node(Ops.IDIV if rounding_mode == "trunc" else Ops.FLOORDIV, None, (a, b)))
+    if rounding_mode not in (None, "trunc", "floor"): raise UnsupportedOpError(f"div: rounding_mode={rounding_mode!r}")
     if not a.dtype.is_float(): a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
-    return Tensor(Node(Ops.FDIV, None, (a, b)))
+    if rounding_mode is None: return Tensor(Node(Ops.FDIV, None, (a, b)))
+    q = Tensor(Node(Ops.MUL, None, (a, b.alu(Ops.RECIPROCAL))))
+    return q.trunc() if rounding_mode == "trunc" else q.floor()
+  def mod(self, y, reverse=False) -> Tensor:
+    """Python's modulo (sign of the divisor): FLOORMOD for ints, x - floor(x / y) * y for floats."""
+    a, b = self._operands(y, "MOD", reverse)
+    if a.dtype.is_int(): return Tensor(Node(Ops.FLOORMOD, None, (a, b)))
+    a, b = Tensor(a), Tensor(b)
+    return a - a.div(b, rounding_mode="floor") * b
+  def fmod(self, y) -> Tensor:
+    """C's remainder (sign of the dividend): MOD for ints, x - trunc(x / y) * y for floats."""
+    a, b = self._operands(y, "MOD")
+    if a.dtype.is_int(): return Tensor(Node(Ops.MOD, None, (a, b)))
+    a, b = Tensor(a), Tensor(b)
+    return a - a.div(b, rounding_mode="trunc") * b
+  def lshift(self, y, reverse=False) -> Tensor: return self._binary(Ops.SHL, y, reverse)
+  def rshift(self, y, reverse=False) -> Tensor: return self._binary(Ops.SHR, y, reverse)
+  def pow(self, y, reverse=False) -> Tensor:
+    """POW of the promoted operands; an int base with a negative (or float) Python exponent needs a float (tinygrad)."""
+    a, b = self._operands(y, "POW", reverse)
+    if not a.dtype.is_float() and isinstance(y, Scalar) and not (isinstance(y, int) and (reverse or y >= 0)):
+      raise DTypeError(f"POW: base needs to be float for the exponent {y!r} (the base is {a.dtype.name})")
+    if a.dtype == dtypes.bool: a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
+    return Tensor(Node(Ops.POW, None, (a, b)))
   def maximum(self, y) -> Tensor: return self._binary(Ops.MAX, y)
   def minimum(self, y) -> Tensor:
     a, b = self._operands(y, "minimum")
@@ -343,6 +379,14 @@ class Tensor:
   def square(self) -> Tensor: return self * self
   def abs(self) -> Tensor: return self if self.dtype.kind in 'bu' else (self < 0).where(-self, self)
   def trunc(self) -> Tensor: return self._unary(Ops.TRUNC) if self.dtype.is_float() else self
+  def floor(self) -> Tensor:
+    if not self.dtype.is_float(): return self
+    b = self.trunc()
+    return (self < b).where(b - 1, b)
+  def ceil(self) -> Tensor:
+    if not self.dtype.is_float(): return self
+    b = self.trunc()
+    return (self > b).where(b + 1, b)
 
   def cast(self, dtype) -> Tensor:
     dt = dtypes.from_any(dtype)
@@ -366,7 +410,14 @@ class Tensor:
     if self.dtype.is_float(): raise DTypeError(f"bitwise_not: needs an int or bool dtype, got {self.dtype.name}")
     return self._bitwise(Ops.XOR, -1)
 
-  __add__ = add; __sub__ = sub; __mul__ = mul; __truediv__ = div
+  __add__ = add; __sub__ = sub; __mul__ = mul; __truediv__ = div; __mod__ = mod; __pow__ = pow
+  __lshift__ = lshift; __rshift__ = rshift
+  def __floordiv__(self, y): return self.div(y, rounding_mode="floor")
+  def __rfloordiv__(self, y): return self.div(y, True, rounding_mode="floor")
+  def __rmod__(self, y): return self.mod(y, True)
+  def __rpow__(self, y): return self.pow(y, True)
+  def __rlshift__(self, y): return self.lshift(y, True)
+  def __rrshift__(self, y): return self.rshift(y, True)
   def __radd__(self, y): return self.add(y, True)
   def __rsub__(self, y): return self.sub(y, True)
   def __rmul__(self, y): return self.mul(y, True)
@@ -385,6 +436,10 @@ class Tensor:
   def __isub__(self, y): return self.assign(self.sub(y))
   def __imul__(self, y): return self.assign(self.mul(y))
   def __itruediv__(self, y): return self.assign(self.div(y))
+  def __ifloordiv__(self, y): return self.assign(self // y)
+  def __imod__(self, y): return self.assign(self % y)
+  def __ilshift__(self, y): return self.assign(self << y)
+  def __irshift__(self, y): return self.assign(self >> y)
   def __lt__(self, y): return self._binary(Ops.CMPLT, y)
   def __gt__(self, y): return self._binary(Ops.CMPLT, y, True)
   def __le__(self, y): return (self > y).logical_not()   # a<=b is not(b<a)
@@ -499,43 +554,8 @@ class Tensor:
     return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
   def __getitem__(self, idx) -> Tensor:
-    """ints (negative too), slices with any step, None and ...: one SHRINK, FLIP for negative steps, tinygrad's
-    pad+reshape+shrink trick for steps > 1, and a final RESHAPE that drops int dims and adds None dims."""
-    idx = idx if isinstance(idx, tuple) else (idx,)
-    for i in idx:
-      if isinstance(i, bool) or is_symbolic(i) or not (i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))):
-        raise UnsupportedOpError(f"getitem: unsupported index {i!r} (only ints, slices, None and ...)")
-    if sum(i is Ellipsis for i in idx) > 1: raise ShapeError("getitem: an index can only have a single ellipsis")
-    n_real = sum(i is not None and i is not Ellipsis for i in idx)
-    if n_real > self.ndim: raise TensorIndexError(f"getitem: too many indices ({n_real}) for shape {self.shape}")
-    fill = (slice(None),) * (self.ndim - n_real)
-    idx = idx[:(k := idx.index(Ellipsis))] + fill + idx[k + 1:] if Ellipsis in idx else idx + fill
-    bounds, flips, steps, lens, out, d = [], [], [], [], [], 0
-    for i in idx:
-      if i is None: out.append(1); continue
-      size = self.shape[d]; d += 1
-      if isinstance(i, slice) and is_symbolic(i.stop) and i.start in (None, 0) and i.step in (None, 1):
-        if not i.stop.var.vmax <= max_value(size): raise TensorIndexError(f"getitem: {i.stop!r} can exceed axis {d - 1} of shape {self.shape}")
-        bounds.append((0, i.stop)); flips.append(False); steps.append(1); lens.append(i.stop); out.append(i.stop)   # a[:v]
-      elif isinstance(i, slice):
-        start, stop, step = i.indices(size)
-        n = len(range(start, stop, step))
-        if n == 0: b = (0, 0)
-        elif step > 0: b = (start, start + (n - 1) * step + 1)
-        else: b = (start + (n - 1) * step, start + 1)  # take the range, flip it, then stride from its first element
-        bounds.append(b); flips.append(step < 0 and n > 1); steps.append(abs(step) if n > 1 else 1); lens.append(n)
-        out.append(n)
-      else:
-        if not -size <= i < size: raise TensorIndexError(f"getitem: index {i} is out of range for axis {d - 1} of shape {self.shape}")
-        i = int(i) + size if i < 0 else int(i)
-        bounds.append((i, i + 1)); flips.append(False); steps.append(1); lens.append(1)
-    x = self.node.shrink(bounds).flip(flips)
-    if any(s > 1 for s in steps):
-      # pad each strided axis of length (n-1)*s+1 to n*s, split it into (n, s) and keep column 0
-      x = x.pad([(0, n * s - L) for n, s, L in zip(lens, steps, x.shape)])
-      x = x.reshape(tuple(itertools.chain.from_iterable((n, s) if s > 1 else (n,) for n, s in zip(lens, steps))))
-      x = x.shrink(tuple(itertools.chain.from_iterable(((0, n), (0, 1)) if s > 1 else ((0, n),) for n, s in zip(lens, steps))))
-    return Tensor(x.reshape(tuple(out)))
+    """ints (negative too), slices with any step, None and ... (egraph/indexing.py)."""
+    return Tensor(basic_index(self.node, idx))
 
   # --- matmul
   def dot(self, w: Tensor) -> Tensor:

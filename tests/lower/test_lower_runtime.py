@@ -36,8 +36,8 @@ def test_storage_basics(S):
 
 def test_host_buffer(S):
   b = host_buffer(np.arange(6, dtype=np.float64).reshape(2, 3), storage=S)
-  assert b.op is Ops.BUFFER and b.device == "NPY" and b.dtype == dtypes.float32 and b.shape == (6,)
-  np.testing.assert_array_equal(S[b], np.arange(6, dtype=np.float32))
+  assert b.op is Ops.BUFFER and b.device == "NPY" and b.dtype == dtypes.float64 and b.shape == (6,)   # numpy keeps its dtype
+  np.testing.assert_array_equal(S[b], np.arange(6, dtype=np.float64))
   c = host_buffer([1.7, -1.2], dtypes.int32, storage=S)
   assert c.dtype == dtypes.int32 and list(S[c]) == [1, -1]
   src = np.array([1, 2], dtype=np.uint8)
