@@ -16,7 +16,8 @@ from egraph.errors import CallsatError
 from egraph.view import contiguous_range
 
 SHAPES = [(16,), (4, 4), (2, 8), (2, 2, 4), (1, 4, 4), (8,), (2, 4)]
-VALUE_DTYPES = ("float32", "float16", "int32", "uint8")
+VALUE_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "int16", "uint16", "uint32", "int64", "uint64", "float64",
+                "bfloat16")
 
 def hypothesis_strategies():
   """`hypothesis.strategies`, or a CallsatError that says how to install it."""
@@ -46,7 +47,7 @@ def random_data(rng, n: int, dtype) -> np.ndarray:
   """n random elements of `dtype` (small ints for int dtypes so arithmetic stays readable)."""
   if dtype.is_float(): return rng.standard_normal(n).astype(dtype.np)
   if dtype == dtypes.bool: return rng.integers(0, 2, n).astype(bool)
-  return rng.integers(0, 100 if dtype == dtypes.uint8 else 1000, n).astype(dtype.np)
+  return rng.integers(0, 100 if dtype.itemsize == 1 else 1000, n).astype(dtype.np)
 
 def movement(draw, x: Node) -> Node:
   """One random movement op on x (any kind, including PAD and real transposes)."""
@@ -188,7 +189,7 @@ def _planted(name: str, draw, g: Graph, dt, device: str) -> Node | None:
   if name == "bitcast_to_view":   # a BITCAST of a contiguous range of a buffer, to a dtype of the same size
     b = draw(st.sampled_from(g.inputs))
     v = contiguous_movement(draw, b.reshape(draw(st.sampled_from(factorizations(b.numel)))), draw(st.integers(1, 3)))
-    same = {1: [dtypes.uint8], 2: [dtypes.float16], 4: [dtypes.int32, dtypes.float32], 8: [dtypes.int64]}[dt.itemsize]
+    same = [d for d in dtypes.all if d.itemsize == dt.itemsize and d != dtypes.bool]
     return Node(Ops.BITCAST, draw(st.sampled_from(same)), (v,))
   if name == "assign_copy_in_place":   # a host copy assigned into a buffer
     t = fresh_target(x.shape)

@@ -1,11 +1,12 @@
-"""Differential fuzzing: random Tensor programs (elementwise, reduce, movement, matmul, contiguous, assign, multi-output
-realize) are drawn once as a recipe, then built and realized through callify on every runnable device and compared
-with numpy. 200 programs in the default run; `-m slow` runs 2,000."""
-import math
+"""Differential fuzzing: random Tensor programs (elementwise incl. floor division, modulo and shifts, reduce, movement,
+matmul, contiguous, assign, multi-output realize) over every dtype are drawn once as a recipe, then built and realized
+through callify on every runnable device and compared with numpy (ml_dtypes for bfloat16). 200 programs in the
+default run; `-m slow` runs 2,000."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import Tensor
+from egraph.dtype import dtypes
 from lower.runtime import RUNNABLE
 
 DEVICES = [d for d in ("CPU", "PYTHON") if d in RUNNABLE]
@@ -18,7 +19,8 @@ def _factorizations(n):
 
 @st.composite
 def programs(draw, max_steps=8):
-  dtype = draw(st.sampled_from(["float32", "float32", "int32"]))
+  dtype = draw(st.sampled_from(["float32", "float32", "int32", "int8", "uint8", "int16", "uint16", "uint32", "int64", "uint64",
+                                "float16", "bfloat16", "float64"]))
   seed = draw(st.integers(0, 2**16))
   inputs = draw(st.lists(st.sampled_from(SHAPES), min_size=1, max_size=3))
   steps = []
@@ -30,36 +32,48 @@ def programs(draw, max_steps=8):
   return dtype, seed, inputs, steps, outs
 
 BIN = [("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("maximum", np.maximum)]
+# int-only: the divisor made nonzero and the shift count in range on both sides (numpy defines neither edge as tinygrad)
+def _nz(y): return (y == 0).where(1, y) if isinstance(y, Tensor) else (y or 1)
+INT_BIN = [("floordiv", lambda x, y: x // _nz(y), lambda a, b: a // np.where(b == 0, 1, b).astype(a.dtype)),
+           ("mod", lambda x, y: x % _nz(y), lambda a, b: a % np.where(b == 0, 1, b).astype(a.dtype)),
+           ("lshift", lambda x, y: x << (y & (x.dtype.bits - 1)), lambda a, b: a << (b & (a.dtype.itemsize * 8 - 1))),
+           ("rshift", lambda x, y: x >> (y & (x.dtype.bits - 1)), lambda a, b: a >> (b & (a.dtype.itemsize * 8 - 1)))]
 
 def run(program, device):
   """Build the program on `device`; returns (outputs, numpy references)."""
   dtype, seed, inputs, steps, outs = program
-  np_dt = np.dtype(dtype)
+  dt = dtypes.from_any(dtype)
+  np_dt = dt.np
   rng = np.random.default_rng(seed)
   def data(shape):
-    return (rng.standard_normal(shape) if dtype == "float32" else rng.integers(-9, 10, shape)).astype(np_dt)
+    return (rng.standard_normal(shape) if dt.is_float() else rng.integers(0 if dt.is_unsigned() else -9, 10, shape)).astype(np_dt)
   pool = []
   for shp in inputs:
     d = data(shp)
-    pool.append((Tensor(d, device=device).realize(), d))
+    pool.append((Tensor(d, device=device).realize(), d.astype(np.float32) if dt == dtypes.bfloat16 else d))
   for kind, i, j, k, l in steps:
     x, xr = pool[i % len(pool)]
     s = x.shape
     if kind == "bin":
       y, yr = pool[j % len(pool)]
-      name, f = BIN[k % len(BIN)]
-      if y.shape != s: y, yr = (k % 5) - 2, np_dt.type((k % 5) - 2)
-      t, r = getattr(x, name)(y), f(xr, yr).astype(np_dt)
+      if y.shape != s: y, yr = (k % 5) - 2, np.array((k % 5) - 2).astype(np_dt)
+      if dt.is_int() and l % 2:
+        name, f, g = INT_BIN[k % len(INT_BIN)]
+        with np.errstate(all="ignore"): t, r = f(x, y), g(xr, np.asarray(yr, np_dt))
+      else:
+        name, f = BIN[k % len(BIN)]
+        with np.errstate(all="ignore"): t, r = getattr(x, name)(y), f(xr, yr).astype(np_dt)
     elif kind == "un":
       ops = [("neg", np.negative), ("relu", lambda a: np.maximum(a, 0)), ("abs", np.abs)]
-      if dtype == "float32": ops.append(("sqrt", lambda a: np.sqrt(a)))
+      if dt.is_float(): ops.append(("sqrt", lambda a: np.sqrt(a)))
       name, f = ops[k % len(ops)]
       if name == "sqrt": x, xr = x.abs(), np.abs(xr)
-      t, r = getattr(x, name)(), f(xr)
+      with np.errstate(all="ignore"): t, r = getattr(x, name)(), f(xr)
     elif kind == "reduce":
       if not s: continue
       axis = k % len(s)
-      if l % 2: t, r = x.sum(axis=axis), xr.sum(axis=axis).astype(np_dt)
+      # tinygrad sums small ints in int32/uint32: cast back to compare with numpy's sum in the same ring
+      if l % 2: t, r = x.sum(axis=axis).cast(dt), xr.sum(axis=axis, dtype=np.float32 if dt.itemsize == 2 and dt.is_float() else None).astype(np_dt)
       else: t, r = x.max(axis=axis), xr.max(axis=axis)
     elif kind == "reshape":
       fs = _factorizations(x.numel()); shp = fs[k % len(fs)]
@@ -84,8 +98,9 @@ def run(program, device):
     elif kind == "matmul":
       if len(s) != 2: continue
       y, yr = pool[j % len(pool)]
-      if len(y.shape) == 2 and y.shape[0] == s[1]: t, r = x @ y, xr @ yr
-      else: t, r = x @ x.T, xr @ xr.T
+      mm = lambda a, b: (a.astype(np.float32) @ b.astype(np.float32)).astype(np_dt) if dt.itemsize == 2 and dt.is_float() else a @ b
+      if len(y.shape) == 2 and y.shape[0] == s[1]: t, r = (x @ y).cast(dt), mm(xr, yr)
+      else: t, r = (x @ x.T).cast(dt), mm(xr, xr.T)
     elif kind == "contig": t, r = x.contiguous(), xr
     elif kind == "assign":       # into a fresh realized buffer: in place, maybe reading itself
       d = data(s)
@@ -95,7 +110,8 @@ def run(program, device):
       t = tgt
     elif kind == "where":
       t, r = (x > 0).where(x, -x), np.where(xr > 0, xr, -xr)
-    pool.append((t, np.asarray(r)))
+    r = np.asarray(r)
+    pool.append((t, r.astype(np.float32) if dt == dtypes.bfloat16 else r))
   chosen = list(dict.fromkeys(o % len(pool) for o in outs))
   Tensor.realize(*[pool[c][0] for c in chosen])     # multi-output: one CALL for all of them
   return [pool[c][0].numpy() for c in chosen], [pool[c][1] for c in chosen]
@@ -105,7 +121,8 @@ def check(program):
     got, want = run(program, dev)
     for g, w in zip(got, want):
       assert g.shape == w.shape, (dev, g.shape, w.shape)
-      if g.dtype.kind == "f": np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=dev)
+      tol = {"float32": 1e-4, "float64": 1e-9, "float16": 2e-2, "bfloat16": 1e-1}.get(program[0], 0)
+      if g.dtype.kind == "f": np.testing.assert_allclose(g, w.astype(g.dtype), rtol=tol, atol=tol, err_msg=dev)
       else: np.testing.assert_array_equal(g, w, err_msg=dev)
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
