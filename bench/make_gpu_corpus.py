@@ -13,7 +13,7 @@ Writes, under --out:
 programs (tiled matmuls with ragged edges, block reductions, softmax, every ALU op per dtype, casts, views), and random
 programs from rules/strategies.py's graphs() and tests/lower/test_llvm_random.py's programs()."""
 from __future__ import annotations
-import argparse, json, math, os, sys
+import argparse, contextlib, json, math, os, sys
 from dataclasses import dataclass
 import numpy as np
 
@@ -94,8 +94,25 @@ def _alu_cases() -> list:
     out.append((f"alu_{dt.name}", [r.contiguous() for r in roots], S))
   return out
 
+@contextlib.contextmanager
+def host_rand():
+  """Tensor.rand draws from numpy here: the inputs' values do not matter to the kernels under test, and the Threefry
+  graph would otherwise have to run natively on the CPU (LLVM) before the CUDA corpus could be built."""
+  from egraph import Tensor
+  from egraph.dtype import dtypes
+  saved, gen = Tensor.__dict__["rand"], np.random.default_rng(1234)
+  def rand(*shape, dtype=None, device=None):
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    return Tensor(gen.random(shape).astype(np.float32), dtype or dtypes.float32, device).contiguous()
+  Tensor.rand = staticmethod(rand)
+  try: yield
+  finally: Tensor.rand = saved
+
 def corpus(random: int = 24, graphs: int = 16) -> list[Case]:
   """The CUDA test corpus (see the module docstring); `random`/`graphs`: how many hypothesis programs of each kind."""
+  with host_rand(): return _corpus(random, graphs)
+
+def _corpus(random: int, graphs: int) -> list[Case]:
   from egraph import callify
   from egraph.models import MODELS
   from egraph.storage import STORAGE
