@@ -167,3 +167,41 @@ def test_rand_is_tinygrads_bit_for_bit(device):
       assert ours.shape == theirs.shape and ours.tobytes() == theirs.astype(ours.dtype).tobytes(), (seed, shape, dt)
   Tensor.manual_seed(3); T.manual_seed(3)
   np.testing.assert_allclose(Tensor.randn(64, device=device).numpy(), T.randn(64, device="PYTHON").numpy(), atol=2e-6)
+
+# ---- the classic ops on every dtype, both devices, against numpy -----------------------------------------------------
+
+def _vals(d, rng, n=48):
+  if d == dtypes.bool: return rng.integers(0, 2, n).astype(bool)
+  if d.is_float(): return (rng.standard_normal(n) * 4).astype(d.np)
+  return rng.integers(0 if d.is_unsigned() else -50, 50, n).astype(d.np)
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", dtypes.all, ids=lambda d: d.name)
+def test_elementwise_and_reduce_ops_every_dtype(device, d):
+  """One CALL per dtype holding every op the dtype accepts; bfloat16/float16 within their precision."""
+  rng = np.random.default_rng(d.priority)
+  a, b = _vals(d, rng), _vals(d, rng)
+  ta, tb = Tensor(a, device=device), Tensor(b, device=device)
+  f = (lambda x: x.astype(np.float32)) if d == dtypes.bfloat16 else (lambda x: x)
+  A, B = f(a), f(b)
+  cases = [(ta < tb, A < B), (ta == tb, A == B), (ta != tb, A != B), (ta.maximum(tb), np.maximum(A, B)),
+           (ta.max(), A.max()), ((ta > tb).where(ta, tb), np.where(A > B, A, B))]
+  if d != dtypes.bool:
+    with np.errstate(all="ignore"):
+      cases += [(ta + tb, (a + b).astype(d.np)), (ta - tb, (a - b).astype(d.np)), (ta * tb, (a * b).astype(d.np)),
+                (-ta, (-a).astype(d.np)), (ta.sum(0).cast(d), a.sum(0, dtype=np.float32 if d.itemsize == 2 and d.is_float() else None).astype(d.np))]
+  if d.is_int() or d == dtypes.bool: cases += [(ta & tb, a & b), (ta | tb, a | b), (ta ^ tb, a ^ b)]
+  if d.is_float():
+    p = np.abs(A) + 0.5
+    tp = Tensor(np.abs(a) + d.np.type(0.5), device=device)
+    cases += [(ta / tb, A / B), (tp.sqrt(), np.sqrt(p)), (tp.log2(), np.log2(p)), (ta.exp2(), np.exp2(A)), (ta.sin(), np.sin(A)),
+              (ta.trunc(), np.trunc(A)), (ta.floor(), np.floor(A)), (tp.reciprocal(), 1 / p)]
+  Tensor.realize(*[t for t, _ in cases])
+  tol = {dtypes.float16: 2e-3, dtypes.bfloat16: 1e-2, dtypes.float32: 2e-6, dtypes.float64: 1e-12}.get(d, 0)
+  for i, (t, want) in enumerate(cases):
+    got = t.numpy()
+    want = np.asarray(want)
+    if d.is_float() and got.dtype.kind == "f":
+      want = want.astype(d.np).astype(got.dtype)   # the reference rounds to the dtype once per op, so does numpy here
+      np.testing.assert_allclose(got, want, rtol=tol * 4, atol=tol * 4, err_msg=f"case {i}")
+    else: np.testing.assert_array_equal(got, want, err_msg=f"case {i}")
