@@ -7,7 +7,8 @@ Writes, under --out:
   manifest.json        per case: the launch plan (lower/cuda_driver.py format, without the source), buffer dtypes and
                        tolerances; plus the benchmark cases (sizes only: their inputs are generated on the GPU machine)
   cases/NAME.npz       the case's inputs (every non-temporary buffer before the CALL: in_<buffer>) and the expected
-                       values of the buffers it writes (out_<buffer>), from the numpy reference (lower/reference.py)
+                       values of the buffers it writes (out_<buffer>), from the numpy reference (lower/reference.py);
+                       bfloat16 buffers as their uint16 bits
 
 `corpus()` is also the corpus of tests/lower/test_cuda*.py: the example models of egraph/cli.py, hand-written Tensor
 programs (tiled matmuls with ragged edges, block reductions, softmax, every ALU op per dtype, casts, views), and random
@@ -61,37 +62,53 @@ def _tensor_cases() -> list:
           ("full_sum", full_sum), ("col_max", col_max), ("softmax", softmax), ("elementwise", elementwise), ("views", views)]
 
 def _alu_cases() -> list:
-  """Every ALU op, cast and bitcast per dtype (as tests/lower/test_llvm_ops.py), as raw graphs over CPU buffers."""
+  """Every ALU op, cast and bitcast per dtype (all 13: as tests/lower/test_llvm_ops.py), as raw graphs over CPU buffers;
+  then THREEFRY and reduces over the narrow, half and double dtypes."""
   from egraph.dtype import dtypes
   from egraph.ir import Node, Ops, new_buffer
   from egraph.storage import Storage
   rng = np.random.default_rng(0)
-  vals = {dtypes.float32: rng.standard_normal(24) * 3, dtypes.float16: rng.standard_normal(24) * 3,
-          dtypes.int32: np.array([-7, 7, 0, 5, -5, 3, 2**31 - 1, -2**31, 1, -1, 9, 100] * 2),
-          dtypes.int64: np.array([-7, 7, 0, 5, -5, 3, 2**63 - 1, -2**63, 1, -1, 9, 100] * 2),
-          dtypes.uint8: np.array([0, 1, 2, 3, 255, 128, 7, 9, 100, 5, 250, 17] * 2),
-          dtypes.bool: np.array([0, 1, 1, 0, 1, 0, 0, 0, 1, 1, 0, 1] * 2)}
+  def ints(dt):
+    v = [0, 1, 2, 3, 5, 7, 9, 100, dt.bits - 1, dt.bits, dt.max, dt.max // 2 + 1]
+    v += [-1, -7, -5, dt.min, -100, -3, -2, dt.min + 1, 17, 31, 64, 6] if dt.kind == 'i' else [250, 128, 17, 31, 64, 6, 10, 11, 12, 13, 14, 15]
+    return np.array([x % (1 << dt.bits) for x in v], np.uint64).astype(dt.np)   # wrapped into dt, as numeric.wrap_const
+  vals = {dt: ints(dt) for dt in dtypes.ints}
+  vals.update({dt: rng.standard_normal(24) * 3 for dt in dtypes.floats})
+  vals[dtypes.bool] = np.array([0, 1, 1, 0, 1, 0, 0, 0, 1, 1, 0, 1] * 2)
   unary = [Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC]
-  binary = [Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR]
+  binary = [Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR,
+            Ops.SHL, Ops.SHR, Ops.FLOORDIV, Ops.FLOORMOD, Ops.POW]
   def ok(op, dt):
     if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV): return dt.is_float()
     if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD): return not dt.is_float()
+    if op in (Ops.SHL, Ops.SHR, Ops.FLOORDIV, Ops.FLOORMOD): return dt.is_int()
+    if op is Ops.POW: return dt != dtypes.bool
     return True
   out = []
+  def buf(S, data, d):
+    b = new_buffer(len(data), d, "CPU"); S.set_data(b, np.asarray(data).astype(d.np)); return b
   for dt, v in vals.items():
     S = Storage()
-    def buf(data, d):
-      b = new_buffer(len(data), d, "CPU"); S.set_data(b, np.asarray(data).astype(d.np)); return b
-    a, b = buf(v, dt).reshape((4, 6)), buf(np.roll(v, 5), dt).reshape((4, 6))
+    a, b = buf(S, v, dt).reshape((4, 6)), buf(S, np.roll(v, 5), dt).reshape((4, 6))
     roots = [Node(op, None, (a,)) for op in unary if ok(op, dt)]
     roots += [Node(op, None, (a, b)) for op in binary if ok(op, dt)]
     roots.append(Node(Ops.WHERE, None, (Node(Ops.CMPLT, None, (a, b)), a, b)))
     cv = np.clip(v, -100, 100) if dt.is_float() else v
-    c = buf(cv, dt).reshape((4, 6))
+    c = buf(S, cv, dt).reshape((4, 6))
     roots += [c.cast(to) for to in vals if to != dt]
-    if dt in (dtypes.float32, dtypes.int32):
-      roots.append(Node(Ops.BITCAST, dtypes.int32 if dt == dtypes.float32 else dtypes.float32, (Node(Ops.ADD, None, (a, a)),)))
+    roots += [Node(Ops.BITCAST, to, (Node(Ops.ADD, None, (a, a)),)) for to in vals
+              if to != dt and to.itemsize == dt.itemsize and dtypes.bool not in (to, dt)]
     out.append((f"alu_{dt.name}", [r.contiguous() for r in roots], S))
+  S = Storage()
+  x, k = (buf(S, rng.integers(0, 2**64, 256, np.uint64, endpoint=False), dtypes.uint64) for _ in range(2))
+  out.append(("threefry", [Node(Ops.THREEFRY, dtypes.uint64, (x, k)).contiguous()], S))
+  for dt in (dtypes.int8, dtypes.uint8, dtypes.bfloat16, dtypes.float64, dtypes.float16, dtypes.uint64):
+    S = Storage()
+    data = rng.standard_normal(8 * 300) + 0.3 if dt.is_float() else rng.integers(-200, 200, 8 * 300).astype(np.uint64).astype(dt.np)
+    x = buf(S, data, dt).reshape((8, 300))
+    roots = [Node(Ops.REDUCE, None, (x,), (rop, (1,))) for rop in (Ops.ADD, Ops.MAX)]
+    roots += [Node(Ops.REDUCE, None, (x.reshape((8, 30, 10)),), (Ops.MUL, (2,))), Node(Ops.REDUCE, None, (x,), (Ops.ADD, (0,)))]
+    out.append((f"reduce_{dt.name}", [r.contiguous() for r in roots], S))
   return out
 
 @contextlib.contextmanager
@@ -138,7 +155,7 @@ def _corpus(random: int, graphs: int) -> list[Case]:
 
 def tolerance(dtype: str) -> tuple[float, float]:
   """(rtol, atol) for comparing a GPU/emulated buffer with the numpy reference."""
-  return {"float16": (2e-3, 2e-3), "float32": (1e-4, 1e-5)}.get(dtype, (0.0, 0.0))
+  return {"float16": (2e-3, 2e-3), "bfloat16": (1e-2, 1e-2), "float32": (1e-4, 1e-5), "float64": (1e-9, 1e-12)}.get(dtype, (0.0, 0.0))
 
 def bench_cases() -> list:
   """CALLs whose inputs the GPU machine generates: elementwise bandwidth and a tiled matmul."""
@@ -183,6 +200,8 @@ def main(argv=None) -> int:
       a = c.storage.get(n.arg.uid)
       arrays[f"in_{name}"] = a if a is not None else np.zeros(n.arg.size, n.dtype.np)
       if b["written"]: arrays[f"out_{name}"] = ref[n.arg.uid]
+    # bfloat16 (an ml_dtypes type) would load back as raw void bytes: its bits go in as uint16 (gpu_check.sh reads them)
+    arrays = {k: a.view(np.uint16) if a.dtype.name == "bfloat16" else a for k, a in arrays.items()}
     np.savez_compressed(os.path.join(args.out, "cases", c.name + ".npz"), **arrays)
     plan = {k: v for k, v in lw.plan.items() if k not in ("source", "kernels")}
     manifest["cases"].append({"name": c.name, "plan": plan, "tolerance": {n: tolerance(b["dtype"]) for n, b in plan["buffers"].items() if b["kind"] != "tmp"}})

@@ -30,8 +30,68 @@ static __device__ __forceinline__ float cs_h2f(unsigned short h) {
   return cs_f32(o | ((h & 0x8000u) << 16));
 }
 #endif
+#if defined(__CUDACC__)
+static __device__ __forceinline__ double cs_f64(unsigned long long b) { return __longlong_as_double((long long)b); }
+static __device__ __forceinline__ unsigned long long cs_dbits(double f) { return (unsigned long long)__double_as_longlong(f); }
+#else
+static __device__ __forceinline__ double cs_f64(unsigned long long b) { double f; __builtin_memcpy(&f, &b, 8); return f; }
+static __device__ __forceinline__ unsigned long long cs_dbits(double f) { unsigned long long b; __builtin_memcpy(&b, &f, 8); return b; }
+#endif
 static __device__ __forceinline__ float cs_hr(float x) { return cs_h2f(cs_f2h(x)); }
-static __device__ __forceinline__ float cs_fmax(float a, float b) { return a != a ? a : b != b ? b : a > b ? a : b; }
+// bfloat16 in software everywhere (cuda_bf16.h's NaN differs from ml_dtypes'): the top half of a float, rounded to even
+static __device__ __forceinline__ float cs_bf2f(unsigned short b) { return cs_f32((unsigned)b << 16); }
+static __device__ __forceinline__ unsigned short cs_f2bf(float f) {
+  const unsigned b = cs_bits(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((b >> 16) | 0x40u);
+  return (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+static __device__ __forceinline__ float cs_br(float x) { return cs_bf2f(cs_f2bf(x)); }
+// double -> float rounded to odd (truncate, set the last bit if inexact): rounding that again to half / bfloat16 gives
+// the direct rounding of the double, as numpy and ml_dtypes do
+static __device__ __forceinline__ float cs_d2fo(double d) {
+  const float f = (float)d;
+  if ((double)f == d || d != d) return f;
+  unsigned b = cs_bits(f);
+  if (fabs((double)f) > fabs(d)) b -= 1u;
+  return cs_f32(b | 1u);
+}
+// 64-bit ints -> double, rounded to odd too (the sticky bit sits far below a float's precision)
+static __device__ __forceinline__ double cs_u2do(unsigned long long u) {
+  return u < (1ull << 53) ? (double)u : (double)((u >> 11) | (unsigned long long)((u & 0x7ffull) != 0)) * 2048.0;
+}
+static __device__ __forceinline__ double cs_i2do(long long x) { return x < 0 ? -cs_u2do(0ull - (unsigned long long)x) : cs_u2do((unsigned long long)x); }
+// float -> int as tinygrad's CPU device (x86-64): NaN / out of range -> min (signed) or max (unsigned, and negatives)
+static __device__ __forceinline__ int cs_f2i32(double x) { const double t = trunc(x); return t != t || t < -2147483648.0 || t > 2147483647.0 ? (-2147483647 - 1) : (int)t; }
+static __device__ __forceinline__ long long cs_f2i64(double x) { const double t = trunc(x); return t != t || t < -9223372036854775808.0 || t >= 9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)t; }
+static __device__ __forceinline__ unsigned cs_f2u32(double x) { const double t = trunc(x); return t != t || t < 0.0 || t > 4294967295.0 ? 4294967295u : (unsigned)t; }
+static __device__ __forceinline__ unsigned long long cs_f2u64(double x) { const double t = trunc(x); return t != t || t < 0.0 || t >= 18446744073709551616.0 ? 18446744073709551615ull : (unsigned long long)t; }
+template <class T> static __device__ __forceinline__ T cs_fmax(T a, T b) { return a != a ? a : b != b ? b : a > b ? a : b; }
+// integer ops over any width; results wrap through unsigned long long (T)-1 < (T)0 tells signed types
+template <class T> static __device__ __forceinline__ T cs_idiv(T a, T b) { return b == 0 ? (T)0 : ((T)-1 < (T)0 && b == (T)-1) ? (T)(0ull - (unsigned long long)a) : (T)(a / b); }
+template <class T> static __device__ __forceinline__ T cs_mod(T a, T b) { return b == 0 ? a : ((T)-1 < (T)0 && b == (T)-1) ? (T)0 : (T)(a % b); }
+template <class T> static __device__ __forceinline__ bool cs_ffix(T a, T b) { return cs_mod<T>(a, b) != 0 && ((a < (T)0) != (b < (T)0)); }
+template <class T> static __device__ __forceinline__ T cs_floordiv(T a, T b) { return (T)((unsigned long long)cs_idiv<T>(a, b) - (unsigned long long)cs_ffix<T>(a, b)); }
+template <class T> static __device__ __forceinline__ T cs_floormod(T a, T b) { return (T)((unsigned long long)cs_mod<T>(a, b) + (cs_ffix<T>(a, b) ? (unsigned long long)b : 0ull)); }
+template <class T> static __device__ __forceinline__ bool cs_shout(T c) { return c < (T)0 || c >= (T)(8 * sizeof(T)); }
+template <class T> static __device__ __forceinline__ T cs_shl(T a, T c) { return cs_shout<T>(c) ? (T)0 : (T)((unsigned long long)a << (int)c); }
+template <class T> static __device__ __forceinline__ T cs_shr(T a, T c) { return cs_shout<T>(c) ? (a < (T)0 ? (T)-1 : (T)0) : (T)(a >> (int)c); }
+template <class T> static __device__ __forceinline__ T cs_ipow(T a, T b) {
+  if ((T)-1 < (T)0 && b < (T)0) return a == (T)1 ? (T)1 : a == (T)-1 ? ((b & (T)1) ? (T)-1 : (T)1) : (T)0;
+  unsigned long long e = (unsigned long long)b, r = 1ull, x = (unsigned long long)a;
+  for (; e; e >>= 1) { if (e & 1ull) r *= x; x *= x; }
+  return (T)r;
+}
+// tinygrad's THREEFRY: Threefry-2x32, 20 rounds, of a uint64 counter under a uint64 key
+static __device__ __forceinline__ unsigned long long cs_threefry(unsigned long long x, unsigned long long key) {
+  const unsigned k0 = (unsigned)key, k1 = (unsigned)(key >> 32), ks[3] = {k1, k0 ^ k1 ^ 0x1BD11BDAu, k0};
+  const int rot[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
+  unsigned a = (unsigned)x + ks[2], b = (unsigned)(x >> 32) + ks[0];
+  for (int i = 0; i < 5; ++i) {
+    for (int j = 0; j < 4; ++j) { const int r = rot[i % 2][j]; a += b; b = a ^ ((b << r) + (b >> (32 - r))); }
+    a += ks[i % 3]; b += ks[(i + 1) % 3] + (unsigned)(i + 1);
+  }
+  return ((unsigned long long)b << 32) | a;
+}
 
 
 extern "C" __global__ void __launch_bounds__(256) mm_32_128_1_6fdc20e8d1(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
@@ -132,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(32) r_32_1_ebfa0a7c27(float* __rest
       const long long x6 = i0_1 * 10LL + r2_3;
       const float v7 = p2[x6];
       const float v8 = (v7 + v5);
-      acc2 = cs_fmax(acc2, v8);
+      acc2 = cs_fmax<float>(acc2, v8);
     }
     const long long x9 = i0_1;
     p0[x9] = acc2;
@@ -435,11 +495,11 @@ extern "C" __global__ void __launch_bounds__(256) r_1_20_637c76c56e(float* __res
       const long long r2_5 = r4;
       const long long x6 = i1_1 + r2_5 * 20LL;
       const float v7 = p1[x6];
-      acc2 = cs_fmax(acc2, v7);
+      acc2 = cs_fmax<float>(acc2, v7);
     }
     for (int off = 16; off > 0; off >>= 1) {
       const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
-      acc2 = cs_fmax(acc2, other);
+      acc2 = cs_fmax<float>(acc2, other);
     }
     if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (float)acc2;
     __syncthreads();  // sync:partials-written
@@ -447,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(256) r_1_20_637c76c56e(float* __res
       acc2 = threadIdx.x < (blockDim.x >> 5) ? (float)red3[threadIdx.x] : cs_f32(4286578688u);
       for (int off = 16; off > 0; off >>= 1) {
         const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
-        acc2 = cs_fmax(acc2, other);
+        acc2 = cs_fmax<float>(acc2, other);
       }
       if (threadIdx.x == 0) red3[0] = (float)acc2;
     }
@@ -468,11 +528,11 @@ extern "C" __global__ void __launch_bounds__(256) r_16_1_dddbcb4fea(float* __res
       const long long r2_5 = r4;
       const long long x6 = i0_1 * 300LL + r2_5;
       const float v7 = p1[x6];
-      acc2 = cs_fmax(acc2, v7);
+      acc2 = cs_fmax<float>(acc2, v7);
     }
     for (int off = 16; off > 0; off >>= 1) {
       const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
-      acc2 = cs_fmax(acc2, other);
+      acc2 = cs_fmax<float>(acc2, other);
     }
     if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (float)acc2;
     __syncthreads();  // sync:partials-written
@@ -480,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(256) r_16_1_dddbcb4fea(float* __res
       acc2 = threadIdx.x < (blockDim.x >> 5) ? (float)red3[threadIdx.x] : cs_f32(4286578688u);
       for (int off = 16; off > 0; off >>= 1) {
         const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
-        acc2 = cs_fmax(acc2, other);
+        acc2 = cs_fmax<float>(acc2, other);
       }
       if (threadIdx.x == 0) red3[0] = (float)acc2;
     }
@@ -589,233 +649,2890 @@ extern "C" __global__ void __launch_bounds__(32) r_1_5_d9cdf5dfd4(float* __restr
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_af430f7604(float* __restrict__ p0, const float* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_80eeb78346(signed char* __restrict__ p0, const signed char* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = (-v3);
+    const signed char v3 = p1[x2];
+    const signed char v4 = ((signed char)(0u - (unsigned)v3));
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_6e69c3255b(float* __restrict__ p0, const float* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d7dd8f5069(signed char* __restrict__ p0, const signed char* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = exp2f(v3);
+    const signed char v3 = p1[x2];
+    const signed char v4 = v3;
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_51b10493fa(float* __restrict__ p0, const float* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0dca5ad8de(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = log2f(v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_3dda35e76f(float* __restrict__ p0, const float* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = sqrtf(v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_f4476dda31(float* __restrict__ p0, const float* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = (1.0f / v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_0eaf663d00(float* __restrict__ p0, const float* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = sinf(v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_56c3a4b2d8(float* __restrict__ p0, const float* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = truncf(v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_77d8497417(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
-    const float v5 = (v4 + v3);
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = ((signed char)((unsigned)v4 + (unsigned)v3));
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_29ad712a8e(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b4cdd4483f(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
-    const float v5 = (v4 - v3);
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = ((signed char)((unsigned)v4 - (unsigned)v3));
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_786baaf47a(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c35c42f9b1(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
-    const float v5 = (v4 * v3);
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = ((signed char)((unsigned)v4 * (unsigned)v3));
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_f3c6cc3516(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e2f4a8096e(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
-    const float v5 = (v4 / v3);
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = cs_idiv<signed char>(v4, v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_d1a16753d8(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_326b0f9996(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
-    const float v5 = cs_fmax(v4, v3);
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = cs_mod<signed char>(v4, v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_909ed8e8e3(unsigned char* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c8d0c252c1(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = (v4 > v3 ? v4 : v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b614d27354(unsigned char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
     const bool v5 = (v4 < v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_e4383df242(unsigned char* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_944112313d(unsigned char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
     const bool v5 = (v4 != v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_4faeaf7824(unsigned char* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9a3cc5cac5(unsigned char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
     const bool v5 = (v4 == v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_623c6fdfd0(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c805b02114(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = p2[x2];
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = ((signed char)((unsigned)v4 & (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_fc4162f1d8(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = ((signed char)((unsigned)v4 | (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_504accc901(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = ((signed char)((unsigned)v4 ^ (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c71527cd83(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = cs_shl<signed char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_78ce45f421(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = cs_shr<signed char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ec242c9e65(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = cs_floordiv<signed char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a5ddd20580(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = cs_floormod<signed char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_44f287613a(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
+    const signed char v5 = cs_ipow<signed char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8ab82fe538(signed char* __restrict__ p0, const signed char* __restrict__ p1, const signed char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const signed char v4 = p2[x2];
     const bool v5 = (v4 < v3);
-    const float v6 = (v5 ? v4 : v3);
+    const signed char v6 = (v5 ? v4 : v3);
     p0[x2] = v6;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_3a96bd7150(unsigned short* __restrict__ p0, const float* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d0c17a6ea8(unsigned char* __restrict__ p0, const signed char* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = cs_hr(v3);
-    p0[x2] = cs_f2h(v4);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_8e1bc4ba4a(int* __restrict__ p0, const float* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const int v4 = ((int)(int)v3);
+    const signed char v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_21e53c22b9(long long* __restrict__ p0, const float* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_77cf675257(short* __restrict__ p0, const signed char* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
+    const signed char v3 = p1[x2];
+    const short v4 = ((short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2354d2cbb9(unsigned short* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4403792791(int* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const int v4 = ((int)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ed4ebe7a90(unsigned* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const unsigned v4 = ((unsigned)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_fd00c4b241(long long* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
     const long long v4 = ((long long)v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_ee6d2576db(unsigned char* __restrict__ p0, const float* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_aa524285e6(unsigned long long* __restrict__ p0, const signed char* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)(int)v3);
+    const signed char v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_a80fe0cb4f(unsigned char* __restrict__ p0, const float* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_99ed0508e2(unsigned short* __restrict__ p0, const signed char* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
+    const signed char v3 = p1[x2];
+    const float v4 = cs_hr((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ba070e4b34(unsigned short* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const float v4 = cs_br((float)v3);
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0603f282a9(float* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2919236f36(double* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c26d516fd3(unsigned char* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const signed char v3 = p1[x2];
     const bool v4 = (v3 != 0);
     p0[x2] = (unsigned char)v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_7fd89f9165(int* __restrict__ p0, const float* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9c67400b6c(unsigned char* __restrict__ p0, const signed char* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = (v3 + v3);
-    const int v5 = (int)cs_bits(v4);
+    const signed char v3 = p1[x2];
+    const signed char v4 = ((signed char)((unsigned)v3 + (unsigned)v3));
+    const unsigned char v5 = ((unsigned char)((unsigned char)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b6ee88c666(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)(0u - (unsigned)v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_18b8c75e7b(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = v3;
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_740a4c6480(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = ((unsigned char)((unsigned)v4 + (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_7c134983b8(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = ((unsigned char)((unsigned)v4 - (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_aa8acc50ad(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = ((unsigned char)((unsigned)v4 * (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8a6cfcf1c8(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = cs_idiv<unsigned char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_5ce1abee4a(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = cs_mod<unsigned char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_723e1c2f6f(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = (v4 > v3 ? v4 : v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2b70312c64(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d86b48610b(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const bool v5 = (v4 != v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_bb07705ab6(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const bool v5 = (v4 == v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_307b6ec720(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = ((unsigned char)((unsigned)v4 & (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d20c623797(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = ((unsigned char)((unsigned)v4 | (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b0a8440862(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = ((unsigned char)((unsigned)v4 ^ (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_fdffcb0d49(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = cs_shl<unsigned char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_72f64096d6(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = cs_shr<unsigned char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_706a53f3bd(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = cs_floordiv<unsigned char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f25cca881f(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = cs_floormod<unsigned char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_189c7804a5(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const unsigned char v5 = cs_ipow<unsigned char>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0b7aa6dc4b(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    const unsigned char v6 = (v5 ? v4 : v3);
+    p0[x2] = v6;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_337a0fc4b9(signed char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const signed char v4 = ((signed char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_7ad2929c26(short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const short v4 = ((short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_87f86d8754(unsigned short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2ce9528c66(int* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const int v4 = ((int)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_05d1d5f80a(unsigned* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned v4 = ((unsigned)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c41b43d52c(long long* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const long long v4 = ((long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3621e1034b(unsigned long long* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_40b96bd03f(unsigned short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const float v4 = cs_hr((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_931e7d190b(unsigned short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const float v4 = cs_br((float)v3);
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d2c79f5c07(float* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c687e1f5fe(double* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_110771a5e5(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const bool v4 = (v3 != 0);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_20b7344c7b(signed char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)((unsigned)v3 + (unsigned)v3));
+    const signed char v5 = ((signed char)((unsigned char)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b6ed084932(short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = ((short)(0u - (unsigned)v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_57617fc741(short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = v3;
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4317346d6a(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = ((short)((unsigned)v4 + (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3bfc54f16d(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = ((short)((unsigned)v4 - (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_80e99167e5(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = ((short)((unsigned)v4 * (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_cfbd7919c8(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = cs_idiv<short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4e52f02332(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = cs_mod<short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_418a6d4d66(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = (v4 > v3 ? v4 : v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_31d850262c(unsigned char* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8a1860d067(unsigned char* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const bool v5 = (v4 != v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4e7a68d072(unsigned char* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const bool v5 = (v4 == v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f4c714c4d4(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = ((short)((unsigned)v4 & (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_15f55a7eca(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = ((short)((unsigned)v4 | (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_466d369675(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = ((short)((unsigned)v4 ^ (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b281cbbfb6(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = cs_shl<short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_945145061e(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = cs_shr<short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0d7a595a6d(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = cs_floordiv<short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_701ae8ff21(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = cs_floormod<short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_74f7667d5e(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const short v5 = cs_ipow<short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2a62ebd643(short* __restrict__ p0, const short* __restrict__ p1, const short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    const short v6 = (v5 ? v4 : v3);
+    p0[x2] = v6;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_172beb2991(signed char* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const signed char v4 = ((signed char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_dd8f490ec7(unsigned char* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2019ae3b9a(unsigned short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_76392df1d6(int* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const int v4 = ((int)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0c064f502f(unsigned* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const unsigned v4 = ((unsigned)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a183fa8832(long long* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const long long v4 = ((long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ff0f8edcb3(unsigned long long* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ba90a89162(unsigned short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const float v4 = cs_hr((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b630428a6f(unsigned short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const float v4 = cs_br((float)v3);
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e00182d3ef(float* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9c6e189cc6(double* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c6bc05e584(unsigned char* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const bool v4 = (v3 != 0);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_68872c4c1f(unsigned short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = ((short)((unsigned)v3 + (unsigned)v3));
+    const unsigned short v5 = ((unsigned short)((unsigned short)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_67f9523fe3(unsigned short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = ((short)((unsigned)v3 + (unsigned)v3));
+    const float v5 = cs_h2f(((unsigned short)v4));
+    p0[x2] = cs_f2h(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f3cbc8d64c(unsigned short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const short v3 = p1[x2];
+    const short v4 = ((short)((unsigned)v3 + (unsigned)v3));
+    const float v5 = cs_bf2f(((unsigned short)v4));
+    p0[x2] = cs_f2bf(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_00d1d26b83(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)(0u - (unsigned)v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_05297ba867(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = v3;
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_5544bf49fc(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = ((unsigned short)((unsigned)v4 + (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_bc1088e00d(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = ((unsigned short)((unsigned)v4 - (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_de5220e0d4(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = ((unsigned short)((unsigned)v4 * (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4822654e32(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = cs_idiv<unsigned short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a619a5c141(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = cs_mod<unsigned short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_02ac61ea75(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = (v4 > v3 ? v4 : v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ed101b494c(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_59be4f1170(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const bool v5 = (v4 != v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a109ff9dcb(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const bool v5 = (v4 == v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c91526eb23(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = ((unsigned short)((unsigned)v4 & (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_fd94624af3(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = ((unsigned short)((unsigned)v4 | (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e2a6d23450(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = ((unsigned short)((unsigned)v4 ^ (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_46b2022440(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = cs_shl<unsigned short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9721e2c8a0(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = cs_shr<unsigned short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_02bd278ce6(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = cs_floordiv<unsigned short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9d214d7492(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = cs_floormod<unsigned short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d96a1fcdb8(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const unsigned short v5 = cs_ipow<unsigned short>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_43a2bb2bc8(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    const unsigned short v6 = (v5 ? v4 : v3);
+    p0[x2] = v6;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3a9735af24(signed char* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const signed char v4 = ((signed char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6f3a99cd94(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0699e356fa(short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const short v4 = ((short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_94b642dbe0(int* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const int v4 = ((int)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d954905fda(unsigned* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned v4 = ((unsigned)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_1705675e6c(long long* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const long long v4 = ((long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9f99fea1e4(unsigned long long* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_fb672139d2(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const float v4 = cs_hr((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0df9beed8f(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const float v4 = cs_br((float)v3);
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0af469b7d1(float* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_603b1a02e7(double* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d7a387c050(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const bool v4 = (v3 != 0);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3305354428(short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)((unsigned)v3 + (unsigned)v3));
+    const short v5 = ((short)((unsigned short)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_179a91fcf3(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)((unsigned)v3 + (unsigned)v3));
+    const float v5 = cs_h2f(((unsigned short)v4));
+    p0[x2] = cs_f2h(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b50d103777(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned short v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)((unsigned)v3 + (unsigned)v3));
+    const float v5 = cs_bf2f(((unsigned short)v4));
+    p0[x2] = cs_f2bf(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0fc41634a4(int* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = ((int)(0u - (unsigned)v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a16eeed9b9(int* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = v3;
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a417a9e971(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = ((int)((unsigned)v4 + (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_47f9e509aa(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = ((int)((unsigned)v4 - (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b288aa6d27(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = ((int)((unsigned)v4 * (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9d744b5990(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = cs_idiv<int>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_183e7e0b9d(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = cs_mod<int>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_aa676b0c8f(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = (v4 > v3 ? v4 : v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e433510cdc(unsigned char* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_974fe365cf(unsigned char* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const bool v5 = (v4 != v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8d737e0412(unsigned char* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const bool v5 = (v4 == v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3b783b295b(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = ((int)((unsigned)v4 & (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_dbeac5f4ed(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = ((int)((unsigned)v4 | (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0f7bd43db7(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = ((int)((unsigned)v4 ^ (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_827f3cbbc8(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = cs_shl<int>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b00b4ccaab(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = cs_shr<int>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4d0c7d2563(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = cs_floordiv<int>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3d037dc23e(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = cs_floormod<int>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_db858f0b78(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const int v5 = cs_ipow<int>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c9ba9895a4(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    const int v6 = (v5 ? v4 : v3);
+    p0[x2] = v6;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e6e2cdc801(signed char* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const signed char v4 = ((signed char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b08743d509(unsigned char* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_47f6020ec9(short* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const short v4 = ((short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_bf6f5c34e1(unsigned short* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c56e1d1c75(unsigned* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const unsigned v4 = ((unsigned)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_05b6248f1f(long long* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const long long v4 = ((long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_668db1a6c4(unsigned long long* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_cfcc19f753(unsigned short* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const float v4 = cs_hr((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9e5629c5df(unsigned short* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const float v4 = cs_br(cs_d2fo(((double)v3)));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c4cceb1513(float* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_285414b0e3(double* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d8957bc89d(unsigned char* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const bool v4 = (v3 != 0);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3f651bf8e5(unsigned* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = ((int)((unsigned)v3 + (unsigned)v3));
+    const unsigned v5 = ((unsigned)((unsigned)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_5d24fe0afc(float* __restrict__ p0, const int* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const int v3 = p1[x2];
+    const int v4 = ((int)((unsigned)v3 + (unsigned)v3));
+    const float v5 = cs_f32(((unsigned)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_657f1366bf(unsigned* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = ((unsigned)(0u - (unsigned)v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ec08312bd3(unsigned* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = v3;
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0acd3165af(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = ((unsigned)((unsigned)v4 + (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3f2276e14f(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = ((unsigned)((unsigned)v4 - (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3804a9decb(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = ((unsigned)((unsigned)v4 * (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_536c517b13(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = cs_idiv<unsigned>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_cb41c702d9(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = cs_mod<unsigned>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_15dc2062b9(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = (v4 > v3 ? v4 : v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_380f8cba9d(unsigned char* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2cb1d05018(unsigned char* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const bool v5 = (v4 != v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_259129fc38(unsigned char* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const bool v5 = (v4 == v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3a1803689a(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = ((unsigned)((unsigned)v4 & (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9e73faec5d(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = ((unsigned)((unsigned)v4 | (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_032395ee39(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = ((unsigned)((unsigned)v4 ^ (unsigned)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a121116a0d(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = cs_shl<unsigned>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8582c57e2f(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = cs_shr<unsigned>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_80fbe29956(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = cs_floordiv<unsigned>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_680fefa71b(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = cs_floormod<unsigned>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ff40f4865e(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const unsigned v5 = cs_ipow<unsigned>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f11efb97ec(unsigned* __restrict__ p0, const unsigned* __restrict__ p1, const unsigned* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    const unsigned v6 = (v5 ? v4 : v3);
+    p0[x2] = v6;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ff29567bba(signed char* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const signed char v4 = ((signed char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_eefdfeb83b(unsigned char* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c60ce55031(short* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const short v4 = ((short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8b522a2ecb(unsigned short* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_28e3a1f2e2(int* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const int v4 = ((int)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f7bf735680(long long* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const long long v4 = ((long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e0f0a95339(unsigned long long* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_21bfee20f3(unsigned short* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const float v4 = cs_hr((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8d79e55c08(unsigned short* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const float v4 = cs_br(cs_d2fo(((double)v3)));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2a0a223672(float* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_15e7196533(double* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_1d8c32b02e(unsigned char* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const bool v4 = (v3 != 0);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_c4f47dc278(int* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = ((unsigned)((unsigned)v3 + (unsigned)v3));
+    const int v5 = ((int)((unsigned)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8f31d9f253(float* __restrict__ p0, const unsigned* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = ((unsigned)((unsigned)v3 + (unsigned)v3));
+    const float v5 = cs_f32(((unsigned)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_74bc662135(long long* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = ((long long)(0u - (unsigned long long)v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2d76d925b0(long long* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = v3;
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b8da154230(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = ((long long)((unsigned long long)v4 + (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b9103f1de9(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = ((long long)((unsigned long long)v4 - (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f2f9a3486c(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = ((long long)((unsigned long long)v4 * (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ee2f230d0e(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = cs_idiv<long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_bf0e2d660f(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = cs_mod<long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ed872c6c64(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = (v4 > v3 ? v4 : v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_235c31f108(unsigned char* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_873e177896(unsigned char* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const bool v5 = (v4 != v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d4cc39af29(unsigned char* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const bool v5 = (v4 == v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f67080d2fb(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = ((long long)((unsigned long long)v4 & (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_5a472f0bed(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = ((long long)((unsigned long long)v4 | (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e080f6e7f0(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = ((long long)((unsigned long long)v4 ^ (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_50410c5d27(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = cs_shl<long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6d4b26959e(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = cs_shr<long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_107bbacdf8(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = cs_floordiv<long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3d28d4c260(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = cs_floormod<long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_83882e3aa5(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const long long v5 = cs_ipow<long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3001d181a7(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    const long long v6 = (v5 ? v4 : v3);
+    p0[x2] = v6;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_fcf7a90e43(signed char* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const signed char v4 = ((signed char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b9e73b6d51(unsigned char* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6c2ce049dc(short* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const short v4 = ((short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_740769ce39(unsigned short* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e6906ffe46(int* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const int v4 = ((int)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9b7c6b14a4(unsigned* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const unsigned v4 = ((unsigned)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ff63dd01f3(unsigned long long* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d0aa20b341(unsigned short* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const float v4 = cs_hr((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_1881c8840b(unsigned short* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const float v4 = cs_br(cs_d2fo(cs_i2do(v3)));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_55bfadde0f(float* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0390e649a1(double* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_30127ce620(unsigned char* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const bool v4 = (v3 != 0);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_40c6c25f08(unsigned long long* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = ((long long)((unsigned long long)v3 + (unsigned long long)v3));
+    const unsigned long long v5 = ((unsigned long long)((unsigned long long)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0c13bf0b86(double* __restrict__ p0, const long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const long long v3 = p1[x2];
+    const long long v4 = ((long long)((unsigned long long)v3 + (unsigned long long)v3));
+    const double v5 = cs_f64(((unsigned long long)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_7412e46902(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)(0u - (unsigned long long)v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0ef0fffad3(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = v3;
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_deddcea3e4(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = ((unsigned long long)((unsigned long long)v4 + (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_cde97ce863(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = ((unsigned long long)((unsigned long long)v4 - (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_5ed39eb2c8(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = ((unsigned long long)((unsigned long long)v4 * (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4f4eb7c9ee(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = cs_idiv<unsigned long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_5892917eb3(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = cs_mod<unsigned long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_dbcf00acaa(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = (v4 > v3 ? v4 : v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_18edfe13fb(unsigned char* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_837c36f5b8(unsigned char* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const bool v5 = (v4 != v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_fcd3a2be48(unsigned char* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const bool v5 = (v4 == v3);
+    p0[x2] = (unsigned char)v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_04797eb759(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = ((unsigned long long)((unsigned long long)v4 & (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0bc35ec68a(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = ((unsigned long long)((unsigned long long)v4 | (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_1c5217704b(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = ((unsigned long long)((unsigned long long)v4 ^ (unsigned long long)v3));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6313ddc365(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = cs_shl<unsigned long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d0d39505f4(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = cs_shr<unsigned long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f8e65a9156(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = cs_floordiv<unsigned long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_cd7f1db4a6(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = cs_floormod<unsigned long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_839e37a28b(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = cs_ipow<unsigned long long>(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3906fac445(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const bool v5 = (v4 < v3);
+    const unsigned long long v6 = (v5 ? v4 : v3);
+    p0[x2] = v6;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a9ca367a9e(signed char* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const signed char v4 = ((signed char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_67f5d78e76(unsigned char* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_32507d13d3(short* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const short v4 = ((short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_800b519d71(unsigned short* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_271e85e80d(int* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const int v4 = ((int)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9fbaf4e162(unsigned* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned v4 = ((unsigned)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_abcd449155(long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const long long v4 = ((long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_533a302849(unsigned short* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const float v4 = cs_hr((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_77b266598e(unsigned short* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const float v4 = cs_br(cs_d2fo(cs_u2do(v3)));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_5196a8d2d5(float* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6f7dc245a1(double* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_aa05a9f325(unsigned char* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const bool v4 = (v3 != 0);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8428d79ad3(long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)((unsigned long long)v3 + (unsigned long long)v3));
+    const long long v5 = ((long long)((unsigned long long)v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8bd7cbc823(double* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)((unsigned long long)v3 + (unsigned long long)v3));
+    const double v5 = cs_f64(((unsigned long long)v4));
     p0[x2] = v5;
   }
 }
@@ -940,7 +3657,7 @@ extern "C" __global__ void __launch_bounds__(32) e_4_6_c879de14c4(unsigned short
     const long long x2 = i0_1;
     const float v3 = cs_h2f(p1[x2]);
     const float v4 = cs_h2f(p2[x2]);
-    const float v5 = cs_fmax(v4, v3);
+    const float v5 = cs_fmax<float>(v4, v3);
     p0[x2] = cs_f2h(v5);
   }
 }
@@ -978,6 +3695,17 @@ extern "C" __global__ void __launch_bounds__(32) e_4_6_ad113a9250(unsigned char*
   }
 }
 
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b8cd5822c9(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const float v4 = cs_h2f(p2[x2]);
+    const float v5 = cs_hr(powf(v4, v3));
+    p0[x2] = cs_f2h(v5);
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(32) e_4_6_facceba7dd(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
@@ -990,32 +3718,12 @@ extern "C" __global__ void __launch_bounds__(32) e_4_6_facceba7dd(unsigned short
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_6e04c1321c(float* __restrict__ p0, const unsigned short* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_930c59e20f(signed char* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
     const float v3 = cs_h2f(p1[x2]);
-    const float v4 = v3;
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_488dfc3a48(int* __restrict__ p0, const unsigned short* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = cs_h2f(p1[x2]);
-    const int v4 = ((int)(int)v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_84b810aea3(long long* __restrict__ p0, const unsigned short* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = cs_h2f(p1[x2]);
-    const long long v4 = ((long long)v3);
+    const signed char v4 = ((signed char)cs_f2i32(v3));
     p0[x2] = v4;
   }
 }
@@ -1025,7 +3733,97 @@ extern "C" __global__ void __launch_bounds__(32) e_4_6_0eb1f8302f(unsigned char*
     const long long i0_1 = o;
     const long long x2 = i0_1;
     const float v3 = cs_h2f(p1[x2]);
-    const unsigned char v4 = ((unsigned char)(int)v3);
+    const unsigned char v4 = ((unsigned char)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_98920e3db4(short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const short v4 = ((short)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_56e54ec09e(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const unsigned short v4 = ((unsigned short)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_488dfc3a48(int* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const int v4 = cs_f2i32(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_20a34217b9(unsigned* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const unsigned v4 = cs_f2u32(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_84b810aea3(long long* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const long long v4 = cs_f2i64(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3f9b35d02f(unsigned long long* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const unsigned long long v4 = cs_f2u64(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9439472882(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const float v4 = cs_br((float)v3);
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6e04c1321c(float* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8c92730191(double* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_h2f(p1[x2]);
+    const double v4 = ((double)v3);
     p0[x2] = v4;
   }
 }
@@ -1040,656 +3838,1016 @@ extern "C" __global__ void __launch_bounds__(32) e_4_6_1f02cd9793(unsigned char*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_0fc41634a4(int* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2f1e8364fb(short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = ((int)((unsigned)0 - (unsigned)v3));
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_a16eeed9b9(int* __restrict__ p0, const int* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = v3;
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_a417a9e971(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = ((int)((unsigned)v4 + (unsigned)v3));
+    const float v3 = cs_h2f(p1[x2]);
+    const float v4 = cs_hr((v3 + v3));
+    const short v5 = ((short)cs_f2h(v4));
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_47f9e509aa(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_429e20673d(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = ((int)((unsigned)v4 - (unsigned)v3));
+    const float v3 = cs_h2f(p1[x2]);
+    const float v4 = cs_hr((v3 + v3));
+    const unsigned short v5 = ((unsigned short)cs_f2h(v4));
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_b288aa6d27(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b57b2d7ff9(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = ((int)((unsigned)v4 * (unsigned)v3));
-    p0[x2] = v5;
+    const float v3 = cs_h2f(p1[x2]);
+    const float v4 = cs_hr((v3 + v3));
+    const float v5 = cs_bf2f(cs_f2h(v4));
+    p0[x2] = cs_f2bf(v5);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_9d744b5990(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_96699115a6(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = (v3 == 0 ? (int)0 : v3 == -1 ? ((int)((unsigned)0 - (unsigned)v4)) : v4 / v3);
-    p0[x2] = v5;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = (-v3);
+    p0[x2] = cs_f2bf(v4);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_183e7e0b9d(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3b9dfb30ff(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = (v3 == 0 ? v4 : v3 == -1 ? (int)0 : v4 % v3);
-    p0[x2] = v5;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br(exp2f(v3));
+    p0[x2] = cs_f2bf(v4);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_aa676b0c8f(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_bff24f8f9c(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = (v4 > v3 ? v4 : v3);
-    p0[x2] = v5;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br(log2f(v3));
+    p0[x2] = cs_f2bf(v4);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_e433510cdc(unsigned char* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ce3c1075c6(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br(sqrtf(v3));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d62aa4d1f5(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br((1.0f / v3));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_75ea4582e2(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br(sinf(v3));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_28923593ed(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br(truncf(v3));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f395a2130b(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
+    const float v5 = cs_br((v4 + v3));
+    p0[x2] = cs_f2bf(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_973a347b29(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
+    const float v5 = cs_br((v4 - v3));
+    p0[x2] = cs_f2bf(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6eab645a8b(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
+    const float v5 = cs_br((v4 * v3));
+    p0[x2] = cs_f2bf(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_25565d40d4(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
+    const float v5 = cs_br((v4 / v3));
+    p0[x2] = cs_f2bf(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_7220ab3b24(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
+    const float v5 = cs_fmax<float>(v4, v3);
+    p0[x2] = cs_f2bf(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_04caf0334e(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
     const bool v5 = (v4 < v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_974fe365cf(unsigned char* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_68b5976eed(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
     const bool v5 = (v4 != v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_8d737e0412(unsigned char* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_937255168a(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
     const bool v5 = (v4 == v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_3b783b295b(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_795c1c78dd(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = ((int)((unsigned)v4 & (unsigned)v3));
-    p0[x2] = v5;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
+    const float v5 = cs_br(powf(v4, v3));
+    p0[x2] = cs_f2bf(v5);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_dbeac5f4ed(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_613e347623(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1, const unsigned short* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = ((int)((unsigned)v4 | (unsigned)v3));
-    p0[x2] = v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_0f7bd43db7(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
-    const int v5 = ((int)((unsigned)v4 ^ (unsigned)v3));
-    p0[x2] = v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_c9ba9895a4(int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = p2[x2];
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_bf2f(p2[x2]);
     const bool v5 = (v4 < v3);
-    const int v6 = (v5 ? v4 : v3);
-    p0[x2] = v6;
+    const float v6 = (v5 ? v4 : v3);
+    p0[x2] = cs_f2bf(v6);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_c4cceb1513(float* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4068ca6296(signed char* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const float v4 = ((float)v3);
+    const float v3 = cs_bf2f(p1[x2]);
+    const signed char v4 = ((signed char)cs_f2i32(v3));
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_cfcc19f753(unsigned short* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_68e530ace0(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
+    const float v3 = cs_bf2f(p1[x2]);
+    const unsigned char v4 = ((unsigned char)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_731951dc36(short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const short v4 = ((short)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6792ed11d3(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const unsigned short v4 = ((unsigned short)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6150c91157(int* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const int v4 = cs_f2i32(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_cc4c330944(unsigned* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const unsigned v4 = cs_f2u32(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a120dc5ee4(long long* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const long long v4 = cs_f2i64(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2f4786e8d1(unsigned long long* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const unsigned long long v4 = cs_f2u64(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ca2ada3669(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
     const float v4 = cs_hr((float)v3);
     p0[x2] = cs_f2h(v4);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_05b6248f1f(long long* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0a2f287215(float* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const long long v4 = ((long long)v3);
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = ((float)v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_b08743d509(unsigned char* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3f7de4a25e(double* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)v3);
+    const float v3 = cs_bf2f(p1[x2]);
+    const double v4 = ((double)v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_d8957bc89d(unsigned char* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_219028fcd0(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
+    const float v3 = cs_bf2f(p1[x2]);
     const bool v4 = (v3 != 0);
     p0[x2] = (unsigned char)v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_5d24fe0afc(float* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ff565f590a(short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = ((int)((unsigned)v3 + (unsigned)v3));
-    const float v5 = cs_f32((unsigned)v4);
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br((v3 + v3));
+    const short v5 = ((short)cs_f2bf(v4));
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_74bc662135(long long* __restrict__ p0, const long long* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_dc098b0a24(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = ((long long)((unsigned long long)0 - (unsigned long long)v3));
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br((v3 + v3));
+    const unsigned short v5 = ((unsigned short)cs_f2bf(v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ac15090668(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = cs_br((v3 + v3));
+    const float v5 = cs_h2f(cs_f2bf(v4));
+    p0[x2] = cs_f2h(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_af430f7604(float* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const float v4 = (-v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_2d76d925b0(long long* __restrict__ p0, const long long* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6e69c3255b(float* __restrict__ p0, const float* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = v3;
+    const float v3 = p1[x2];
+    const float v4 = exp2f(v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_b8da154230(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_51b10493fa(float* __restrict__ p0, const float* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = ((long long)((unsigned long long)v4 + (unsigned long long)v3));
+    const float v3 = p1[x2];
+    const float v4 = log2f(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3dda35e76f(float* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const float v4 = sqrtf(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f4476dda31(float* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const float v4 = (1.0f / v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0eaf663d00(float* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const float v4 = sinf(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_56c3a4b2d8(float* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const float v4 = truncf(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_77d8497417(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
+    const float v5 = (v4 + v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_b9103f1de9(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_29ad712a8e(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = ((long long)((unsigned long long)v4 - (unsigned long long)v3));
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
+    const float v5 = (v4 - v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_f2f9a3486c(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_786baaf47a(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = ((long long)((unsigned long long)v4 * (unsigned long long)v3));
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
+    const float v5 = (v4 * v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_ee2f230d0e(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f3c6cc3516(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = (v3 == 0 ? (long long)0 : v3 == -1 ? ((long long)((unsigned long long)0 - (unsigned long long)v4)) : v4 / v3);
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
+    const float v5 = (v4 / v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_bf0e2d660f(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d1a16753d8(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = (v3 == 0 ? v4 : v3 == -1 ? (long long)0 : v4 % v3);
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
+    const float v5 = cs_fmax<float>(v4, v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_ed872c6c64(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_909ed8e8e3(unsigned char* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = (v4 > v3 ? v4 : v3);
-    p0[x2] = v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_235c31f108(unsigned char* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
     const bool v5 = (v4 < v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_873e177896(unsigned char* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e4383df242(unsigned char* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
     const bool v5 = (v4 != v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_d4cc39af29(unsigned char* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4faeaf7824(unsigned char* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
     const bool v5 = (v4 == v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_f67080d2fb(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_00c50fce47(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = ((long long)((unsigned long long)v4 & (unsigned long long)v3));
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
+    const float v5 = powf(v4, v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_5a472f0bed(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_623c6fdfd0(float* __restrict__ p0, const float* __restrict__ p1, const float* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = ((long long)((unsigned long long)v4 | (unsigned long long)v3));
-    p0[x2] = v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_e080f6e7f0(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
-    const long long v5 = ((long long)((unsigned long long)v4 ^ (unsigned long long)v3));
-    p0[x2] = v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_3001d181a7(long long* __restrict__ p0, const long long* __restrict__ p1, const long long* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const long long v4 = p2[x2];
+    const float v3 = p1[x2];
+    const float v4 = p2[x2];
     const bool v5 = (v4 < v3);
-    const long long v6 = (v5 ? v4 : v3);
+    const float v6 = (v5 ? v4 : v3);
     p0[x2] = v6;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_55bfadde0f(float* __restrict__ p0, const long long* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f19e9d7a2b(signed char* __restrict__ p0, const float* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const float v4 = ((float)v3);
+    const float v3 = p1[x2];
+    const signed char v4 = ((signed char)cs_f2i32(v3));
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_d0aa20b341(unsigned short* __restrict__ p0, const long long* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ee6d2576db(unsigned char* __restrict__ p0, const float* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
+    const float v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d8a76714aa(short* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const short v4 = ((short)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8b8b70193e(unsigned short* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8e1bc4ba4a(int* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const int v4 = cs_f2i32(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_bbb6920782(unsigned* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const unsigned v4 = cs_f2u32(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_21e53c22b9(long long* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const long long v4 = cs_f2i64(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_aaa35d248c(unsigned long long* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const unsigned long long v4 = cs_f2u64(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3a96bd7150(unsigned short* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
     const float v4 = cs_hr((float)v3);
     p0[x2] = cs_f2h(v4);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_e6906ffe46(int* __restrict__ p0, const long long* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_ea73a8121c(unsigned short* __restrict__ p0, const float* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const int v4 = ((int)v3);
+    const float v3 = p1[x2];
+    const float v4 = cs_br((float)v3);
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b14f73ba88(double* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const double v4 = ((double)v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_b9e73b6d51(unsigned char* __restrict__ p0, const long long* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_a80fe0cb4f(unsigned char* __restrict__ p0, const float* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_30127ce620(unsigned char* __restrict__ p0, const long long* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const long long v3 = p1[x2];
+    const float v3 = p1[x2];
     const bool v4 = (v3 != 0);
     p0[x2] = (unsigned char)v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_b6ee88c666(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_7fd89f9165(int* __restrict__ p0, const float* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)(-(int)v3));
+    const float v3 = p1[x2];
+    const float v4 = (v3 + v3);
+    const int v5 = ((int)cs_bits(v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3276941e3c(unsigned* __restrict__ p0, const float* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = p1[x2];
+    const float v4 = (v3 + v3);
+    const unsigned v5 = ((unsigned)cs_bits(v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_1d7dd646a3(double* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const double v4 = (-v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_18b8c75e7b(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3311a5d63b(double* __restrict__ p0, const double* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = v3;
+    const double v3 = p1[x2];
+    const double v4 = exp2(v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_740a4c6480(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_562363d3bf(double* __restrict__ p0, const double* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = ((unsigned char)(v4 + v3));
+    const double v3 = p1[x2];
+    const double v4 = log2(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_1536ac77ba(double* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const double v4 = sqrt(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_aa41565260(double* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const double v4 = (1.0 / v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2a613783fa(double* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const double v4 = sin(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_99ce5e36a3(double* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const double v4 = trunc(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3159b9ec2c(double* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
+    const double v5 = (v4 + v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_7c134983b8(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_0ccb854832(double* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = ((unsigned char)(v4 - v3));
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
+    const double v5 = (v4 - v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_aa8acc50ad(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e30965222b(double* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = ((unsigned char)(v4 * v3));
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
+    const double v5 = (v4 * v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_8a6cfcf1c8(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f048a2ed96(double* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = ((unsigned char)(v3 == 0 ? 0 : v4 / v3));
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
+    const double v5 = (v4 / v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_5ce1abee4a(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d087612a97(double* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = ((unsigned char)(v3 == 0 ? v4 : v4 % v3));
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
+    const double v5 = cs_fmax<double>(v4, v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_723e1c2f6f(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_e65f600bcf(unsigned char* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = (v4 > v3 ? v4 : v3);
-    p0[x2] = v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_2b70312c64(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
     const bool v5 = (v4 < v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_d86b48610b(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_90ecd5c6fa(unsigned char* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
     const bool v5 = (v4 != v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_bb07705ab6(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_afc3b73ce6(unsigned char* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
     const bool v5 = (v4 == v3);
     p0[x2] = (unsigned char)v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_307b6ec720(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_2dc2453efe(double* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = ((unsigned char)(v4 & v3));
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
+    const double v5 = pow(v4, v3);
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_d20c623797(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_8fc9954d8b(double* __restrict__ p0, const double* __restrict__ p1, const double* __restrict__ p2) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = ((unsigned char)(v4 | v3));
-    p0[x2] = v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_b0a8440862(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
-    const unsigned char v5 = ((unsigned char)(v4 ^ v3));
-    p0[x2] = v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_0b7aa6dc4b(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1, const unsigned char* __restrict__ p2) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p2[x2];
+    const double v3 = p1[x2];
+    const double v4 = p2[x2];
     const bool v5 = (v4 < v3);
-    const unsigned char v6 = (v5 ? v4 : v3);
+    const double v6 = (v5 ? v4 : v3);
     p0[x2] = v6;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_d2c79f5c07(float* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6801563077(signed char* __restrict__ p0, const double* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
+    const double v3 = p1[x2];
+    const signed char v4 = ((signed char)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_64b8bb1a2b(unsigned char* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_1128c62798(short* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const short v4 = ((short)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_bd45230b95(unsigned short* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const unsigned short v4 = ((unsigned short)cs_f2i32(v3));
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f4ef437c44(int* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const int v4 = cs_f2i32(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_6cc4590826(unsigned* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const unsigned v4 = cs_f2u32(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_64faa1a3c4(long long* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const long long v4 = cs_f2i64(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_94a58de725(unsigned long long* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const unsigned long long v4 = cs_f2u64(v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4fae1560b2(unsigned short* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const float v4 = cs_hr(cs_d2fo(((double)v3)));
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_aa0ea1d79c(unsigned short* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const float v4 = cs_br(cs_d2fo(((double)v3)));
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_cd7748202c(float* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
     const float v4 = ((float)v3);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_40b96bd03f(unsigned short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_9f5d21d660(unsigned char* __restrict__ p0, const double* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const float v4 = cs_hr((float)v3);
-    p0[x2] = cs_f2h(v4);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_2ce9528c66(int* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const int v4 = ((int)v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_c41b43d52c(long long* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const long long v4 = ((long long)v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_110771a5e5(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
+    const double v3 = p1[x2];
     const bool v4 = (v3 != 0);
     p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_242928ff41(long long* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const double v4 = (v3 + v3);
+    const long long v5 = ((long long)cs_dbits(v4));
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_4ac4db87d6(unsigned long long* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const double v3 = p1[x2];
+    const double v4 = (v3 + v3);
+    const unsigned long long v5 = ((unsigned long long)cs_dbits(v4));
+    p0[x2] = v5;
   }
 }
 
@@ -1857,42 +5015,12 @@ extern "C" __global__ void __launch_bounds__(32) e_4_6_8b6f5d8a9c(unsigned char*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_6_33418c24aa(float* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_6_dbc1fd87f5(signed char* __restrict__ p0, const unsigned char* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
     const bool v3 = (p1[x2] != 0);
-    const float v4 = ((float)v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_13fe147299(unsigned short* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const bool v3 = (p1[x2] != 0);
-    const float v4 = ((float)v3);
-    p0[x2] = cs_f2h(v4);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_1631b427b2(int* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const bool v3 = (p1[x2] != 0);
-    const int v4 = ((int)v3);
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_4_6_f015110377(long long* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const bool v3 = (p1[x2] != 0);
-    const long long v4 = ((long long)v3);
+    const signed char v4 = ((signed char)v3);
     p0[x2] = v4;
   }
 }
@@ -1907,6 +5035,693 @@ extern "C" __global__ void __launch_bounds__(32) e_4_6_6ddf9f6185(unsigned char*
   }
 }
 
+extern "C" __global__ void __launch_bounds__(32) e_4_6_fe9ceb9a5b(short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const short v4 = ((short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_b7171d0e28(unsigned short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const unsigned short v4 = ((unsigned short)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_1631b427b2(int* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const int v4 = ((int)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_21671c64ba(unsigned* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const unsigned v4 = ((unsigned)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_f015110377(long long* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const long long v4 = ((long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_3031fe83fc(unsigned long long* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const unsigned long long v4 = ((unsigned long long)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_13fe147299(unsigned short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const float v4 = ((float)v3);
+    p0[x2] = cs_f2h(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_d91754776b(unsigned short* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const float v4 = ((float)v3);
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_33418c24aa(float* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const float v4 = ((float)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_6_278d1dd4fe(double* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 24LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const double v4 = ((double)v3);
+    p0[x2] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) e_256_f7843447af(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1, const unsigned long long* __restrict__ p2) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 256LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p2[x2];
+    const unsigned long long v5 = cs_threefry(v4, v3);
+    p0[x2] = v5;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_2da103ef60(signed char* __restrict__ p0, const signed char* __restrict__ p1) {
+  __shared__ int red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    signed char acc2 = ((signed char)0);
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const signed char v7 = p1[x6];
+      acc2 = ((signed char)((unsigned)acc2 + (unsigned)v7));
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const signed char other = (signed char)__shfl_down_sync(0xffffffffu, (int)acc2, off);
+      acc2 = ((signed char)((unsigned)acc2 + (unsigned)other));
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (int)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (signed char)red3[threadIdx.x] : ((signed char)0);
+      for (int off = 16; off > 0; off >>= 1) {
+        const signed char other = (signed char)__shfl_down_sync(0xffffffffu, (int)acc2, off);
+        acc2 = ((signed char)((unsigned)acc2 + (unsigned)other));
+      }
+      if (threadIdx.x == 0) red3[0] = (int)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const signed char red8 = (signed char)red3[0];
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = red8;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_b66f5df284(signed char* __restrict__ p0, const signed char* __restrict__ p1) {
+  __shared__ int red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    signed char acc2 = (((signed char)-128));
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const signed char v7 = p1[x6];
+      acc2 = (acc2 > v7 ? acc2 : v7);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const signed char other = (signed char)__shfl_down_sync(0xffffffffu, (int)acc2, off);
+      acc2 = (acc2 > other ? acc2 : other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (int)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (signed char)red3[threadIdx.x] : (((signed char)-128));
+      for (int off = 16; off > 0; off >>= 1) {
+        const signed char other = (signed char)__shfl_down_sync(0xffffffffu, (int)acc2, off);
+        acc2 = (acc2 > other ? acc2 : other);
+      }
+      if (threadIdx.x == 0) red3[0] = (int)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const signed char red8 = (signed char)red3[0];
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = red8;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_30_1_44cef2ad60(signed char* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 240LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    signed char acc2 = ((signed char)1);
+    for (long long r3_3 = 0; r3_3 < 10LL; ++r3_3) {
+      const long long x4 = i0_1 * 10LL + r3_3;
+      const signed char v5 = p1[x4];
+      acc2 = ((signed char)((unsigned)acc2 * (unsigned)v5));
+    }
+    const long long x6 = i0_1;
+    p0[x6] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_1_300_4f046f9b4a(signed char* __restrict__ p0, const signed char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 300LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i1_1 = (o) % 300LL;
+    signed char acc2 = ((signed char)0);
+    for (long long r2_3 = 0; r2_3 < 8LL; ++r2_3) {
+      const long long x4 = i1_1 + r2_3 * 300LL;
+      const signed char v5 = p1[x4];
+      acc2 = ((signed char)((unsigned)acc2 + (unsigned)v5));
+    }
+    const long long x6 = i1_1;
+    p0[x6] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_1b0294a72d(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  __shared__ int red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    unsigned char acc2 = ((unsigned char)0);
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const unsigned char v7 = p1[x6];
+      acc2 = ((unsigned char)((unsigned)acc2 + (unsigned)v7));
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const unsigned char other = (unsigned char)__shfl_down_sync(0xffffffffu, (int)acc2, off);
+      acc2 = ((unsigned char)((unsigned)acc2 + (unsigned)other));
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (int)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (unsigned char)red3[threadIdx.x] : ((unsigned char)0);
+      for (int off = 16; off > 0; off >>= 1) {
+        const unsigned char other = (unsigned char)__shfl_down_sync(0xffffffffu, (int)acc2, off);
+        acc2 = ((unsigned char)((unsigned)acc2 + (unsigned)other));
+      }
+      if (threadIdx.x == 0) red3[0] = (int)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const unsigned char red8 = (unsigned char)red3[0];
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = red8;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_00cf7768a3(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  __shared__ int red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    unsigned char acc2 = ((unsigned char)0);
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const unsigned char v7 = p1[x6];
+      acc2 = (acc2 > v7 ? acc2 : v7);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const unsigned char other = (unsigned char)__shfl_down_sync(0xffffffffu, (int)acc2, off);
+      acc2 = (acc2 > other ? acc2 : other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (int)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (unsigned char)red3[threadIdx.x] : ((unsigned char)0);
+      for (int off = 16; off > 0; off >>= 1) {
+        const unsigned char other = (unsigned char)__shfl_down_sync(0xffffffffu, (int)acc2, off);
+        acc2 = (acc2 > other ? acc2 : other);
+      }
+      if (threadIdx.x == 0) red3[0] = (int)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const unsigned char red8 = (unsigned char)red3[0];
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = red8;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_30_1_3abbb2d94a(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 240LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    unsigned char acc2 = ((unsigned char)1);
+    for (long long r3_3 = 0; r3_3 < 10LL; ++r3_3) {
+      const long long x4 = i0_1 * 10LL + r3_3;
+      const unsigned char v5 = p1[x4];
+      acc2 = ((unsigned char)((unsigned)acc2 * (unsigned)v5));
+    }
+    const long long x6 = i0_1;
+    p0[x6] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_1_300_c71728005e(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 300LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i1_1 = (o) % 300LL;
+    unsigned char acc2 = ((unsigned char)0);
+    for (long long r2_3 = 0; r2_3 < 8LL; ++r2_3) {
+      const long long x4 = i1_1 + r2_3 * 300LL;
+      const unsigned char v5 = p1[x4];
+      acc2 = ((unsigned char)((unsigned)acc2 + (unsigned)v5));
+    }
+    const long long x6 = i1_1;
+    p0[x6] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_af6c7bf309(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  __shared__ float red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    float acc2 = 0x0.0p+0f;
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const float v7 = cs_bf2f(p1[x6]);
+      const float v8 = ((float)v7);
+      acc2 = (acc2 + v8);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
+      acc2 = (acc2 + other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (float)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (float)red3[threadIdx.x] : 0x0.0p+0f;
+      for (int off = 16; off > 0; off >>= 1) {
+        const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
+        acc2 = (acc2 + other);
+      }
+      if (threadIdx.x == 0) red3[0] = (float)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const float red9 = (float)red3[0];
+    __syncthreads();  // sync:total-read
+    const float v10 = cs_br((float)red9);
+    const long long x11 = i0_1;
+    if (threadIdx.x == 0) p0[x11] = cs_f2bf(v10);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_66e958037f(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  __shared__ float red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    float acc2 = cs_f32(4286578688u);
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const float v7 = cs_bf2f(p1[x6]);
+      acc2 = cs_fmax<float>(acc2, v7);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
+      acc2 = cs_fmax<float>(acc2, other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (float)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (float)red3[threadIdx.x] : cs_f32(4286578688u);
+      for (int off = 16; off > 0; off >>= 1) {
+        const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
+        acc2 = cs_fmax<float>(acc2, other);
+      }
+      if (threadIdx.x == 0) red3[0] = (float)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const float red8 = cs_br((float)red3[0]);
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = cs_f2bf(red8);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_30_1_d38365262e(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 240LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    float acc2 = 0x1.0000000000000p+0f;
+    for (long long r3_3 = 0; r3_3 < 10LL; ++r3_3) {
+      const long long x4 = i0_1 * 10LL + r3_3;
+      const float v5 = cs_bf2f(p1[x4]);
+      const float v6 = ((float)v5);
+      acc2 = (acc2 * v6);
+    }
+    const float v7 = cs_br((float)acc2);
+    const long long x8 = i0_1;
+    p0[x8] = cs_f2bf(v7);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_1_300_f997896210(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 300LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i1_1 = (o) % 300LL;
+    float acc2 = 0x0.0p+0f;
+    for (long long r2_3 = 0; r2_3 < 8LL; ++r2_3) {
+      const long long x4 = i1_1 + r2_3 * 300LL;
+      const float v5 = cs_bf2f(p1[x4]);
+      const float v6 = ((float)v5);
+      acc2 = (acc2 + v6);
+    }
+    const float v7 = cs_br((float)acc2);
+    const long long x8 = i1_1;
+    p0[x8] = cs_f2bf(v7);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_9952ecaabb(double* __restrict__ p0, const double* __restrict__ p1) {
+  __shared__ double red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    double acc2 = 0x0.0p+0;
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const double v7 = p1[x6];
+      acc2 = (acc2 + v7);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const double other = (double)__shfl_down_sync(0xffffffffu, (double)acc2, off);
+      acc2 = (acc2 + other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (double)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (double)red3[threadIdx.x] : 0x0.0p+0;
+      for (int off = 16; off > 0; off >>= 1) {
+        const double other = (double)__shfl_down_sync(0xffffffffu, (double)acc2, off);
+        acc2 = (acc2 + other);
+      }
+      if (threadIdx.x == 0) red3[0] = (double)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const double red8 = (double)red3[0];
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = red8;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_649da4dc01(double* __restrict__ p0, const double* __restrict__ p1) {
+  __shared__ double red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    double acc2 = cs_f64(18442240474082181120ull);
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const double v7 = p1[x6];
+      acc2 = cs_fmax<double>(acc2, v7);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const double other = (double)__shfl_down_sync(0xffffffffu, (double)acc2, off);
+      acc2 = cs_fmax<double>(acc2, other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (double)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (double)red3[threadIdx.x] : cs_f64(18442240474082181120ull);
+      for (int off = 16; off > 0; off >>= 1) {
+        const double other = (double)__shfl_down_sync(0xffffffffu, (double)acc2, off);
+        acc2 = cs_fmax<double>(acc2, other);
+      }
+      if (threadIdx.x == 0) red3[0] = (double)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const double red8 = (double)red3[0];
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = red8;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_30_1_0050703a9b(double* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 240LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    double acc2 = 0x1.0000000000000p+0;
+    for (long long r3_3 = 0; r3_3 < 10LL; ++r3_3) {
+      const long long x4 = i0_1 * 10LL + r3_3;
+      const double v5 = p1[x4];
+      acc2 = (acc2 * v5);
+    }
+    const long long x6 = i0_1;
+    p0[x6] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_1_300_2451927fce(double* __restrict__ p0, const double* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 300LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i1_1 = (o) % 300LL;
+    double acc2 = 0x0.0p+0;
+    for (long long r2_3 = 0; r2_3 < 8LL; ++r2_3) {
+      const long long x4 = i1_1 + r2_3 * 300LL;
+      const double v5 = p1[x4];
+      acc2 = (acc2 + v5);
+    }
+    const long long x6 = i1_1;
+    p0[x6] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_c484efdcd5(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  __shared__ float red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    float acc2 = 0x0.0p+0f;
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const float v7 = cs_h2f(p1[x6]);
+      const float v8 = ((float)v7);
+      acc2 = (acc2 + v8);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
+      acc2 = (acc2 + other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (float)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (float)red3[threadIdx.x] : 0x0.0p+0f;
+      for (int off = 16; off > 0; off >>= 1) {
+        const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
+        acc2 = (acc2 + other);
+      }
+      if (threadIdx.x == 0) red3[0] = (float)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const float red9 = (float)red3[0];
+    __syncthreads();  // sync:total-read
+    const float v10 = cs_hr((float)red9);
+    const long long x11 = i0_1;
+    if (threadIdx.x == 0) p0[x11] = cs_f2h(v10);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_0d6e78e177(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  __shared__ float red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    float acc2 = cs_f32(4286578688u);
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const float v7 = cs_h2f(p1[x6]);
+      acc2 = cs_fmax<float>(acc2, v7);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
+      acc2 = cs_fmax<float>(acc2, other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (float)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (float)red3[threadIdx.x] : cs_f32(4286578688u);
+      for (int off = 16; off > 0; off >>= 1) {
+        const float other = (float)__shfl_down_sync(0xffffffffu, (float)acc2, off);
+        acc2 = cs_fmax<float>(acc2, other);
+      }
+      if (threadIdx.x == 0) red3[0] = (float)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const float red8 = cs_hr((float)red3[0]);
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = cs_f2h(red8);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_30_1_b61f09f82a(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 240LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    float acc2 = 0x1.0000000000000p+0f;
+    for (long long r3_3 = 0; r3_3 < 10LL; ++r3_3) {
+      const long long x4 = i0_1 * 10LL + r3_3;
+      const float v5 = cs_h2f(p1[x4]);
+      const float v6 = ((float)v5);
+      acc2 = (acc2 * v6);
+    }
+    const float v7 = cs_hr((float)acc2);
+    const long long x8 = i0_1;
+    p0[x8] = cs_f2h(v7);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_1_300_e3ccdf821a(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 300LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i1_1 = (o) % 300LL;
+    float acc2 = 0x0.0p+0f;
+    for (long long r2_3 = 0; r2_3 < 8LL; ++r2_3) {
+      const long long x4 = i1_1 + r2_3 * 300LL;
+      const float v5 = cs_h2f(p1[x4]);
+      const float v6 = ((float)v5);
+      acc2 = (acc2 + v6);
+    }
+    const float v7 = cs_hr((float)acc2);
+    const long long x8 = i1_1;
+    p0[x8] = cs_f2h(v7);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_b4e2decc02(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  __shared__ unsigned long long red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    unsigned long long acc2 = 0ull;
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const unsigned long long v7 = p1[x6];
+      acc2 = ((unsigned long long)((unsigned long long)acc2 + (unsigned long long)v7));
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const unsigned long long other = (unsigned long long)__shfl_down_sync(0xffffffffu, (unsigned long long)acc2, off);
+      acc2 = ((unsigned long long)((unsigned long long)acc2 + (unsigned long long)other));
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (unsigned long long)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (unsigned long long)red3[threadIdx.x] : 0ull;
+      for (int off = 16; off > 0; off >>= 1) {
+        const unsigned long long other = (unsigned long long)__shfl_down_sync(0xffffffffu, (unsigned long long)acc2, off);
+        acc2 = ((unsigned long long)((unsigned long long)acc2 + (unsigned long long)other));
+      }
+      if (threadIdx.x == 0) red3[0] = (unsigned long long)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const unsigned long long red8 = (unsigned long long)red3[0];
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = red8;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_1_51c2055a44(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  __shared__ unsigned long long red3[32];
+  for (long long o = blockIdx.x; o < 8LL; o += gridDim.x) {
+    const long long i0_1 = o;
+    unsigned long long acc2 = 0ull;
+    for (long long r4 = threadIdx.x; r4 < 300LL; r4 += blockDim.x) {
+      const long long r2_5 = r4;
+      const long long x6 = i0_1 * 300LL + r2_5;
+      const unsigned long long v7 = p1[x6];
+      acc2 = (acc2 > v7 ? acc2 : v7);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const unsigned long long other = (unsigned long long)__shfl_down_sync(0xffffffffu, (unsigned long long)acc2, off);
+      acc2 = (acc2 > other ? acc2 : other);
+    }
+    if ((threadIdx.x & 31) == 0) red3[threadIdx.x >> 5] = (unsigned long long)acc2;
+    __syncthreads();  // sync:partials-written
+    if (threadIdx.x < 32) {
+      acc2 = threadIdx.x < (blockDim.x >> 5) ? (unsigned long long)red3[threadIdx.x] : 0ull;
+      for (int off = 16; off > 0; off >>= 1) {
+        const unsigned long long other = (unsigned long long)__shfl_down_sync(0xffffffffu, (unsigned long long)acc2, off);
+        acc2 = (acc2 > other ? acc2 : other);
+      }
+      if (threadIdx.x == 0) red3[0] = (unsigned long long)acc2;
+    }
+    __syncthreads();  // sync:total-written
+    const unsigned long long red8 = (unsigned long long)red3[0];
+    __syncthreads();  // sync:total-read
+    const long long x9 = i0_1;
+    if (threadIdx.x == 0) p0[x9] = red8;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_8_30_1_b47f471480(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 240LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    unsigned long long acc2 = 1ull;
+    for (long long r3_3 = 0; r3_3 < 10LL; ++r3_3) {
+      const long long x4 = i0_1 * 10LL + r3_3;
+      const unsigned long long v5 = p1[x4];
+      acc2 = ((unsigned long long)((unsigned long long)acc2 * (unsigned long long)v5));
+    }
+    const long long x6 = i0_1;
+    p0[x6] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) r_1_300_2304241556(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 300LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i1_1 = (o) % 300LL;
+    unsigned long long acc2 = 0ull;
+    for (long long r2_3 = 0; r2_3 < 8LL; ++r2_3) {
+      const long long x4 = i1_1 + r2_3 * 300LL;
+      const unsigned long long v5 = p1[x4];
+      acc2 = ((unsigned long long)((unsigned long long)acc2 + (unsigned long long)v5));
+    }
+    const long long x6 = i1_1;
+    p0[x6] = acc2;
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(32) e_16_d185cf1f65(float* __restrict__ p0, const float* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
@@ -1917,128 +5732,137 @@ extern "C" __global__ void __launch_bounds__(32) e_16_d185cf1f65(float* __restri
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_16_75a8f35808(int* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_16_4221d04a89(long long* __restrict__ p0, const long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = ((int)((unsigned)0 - (unsigned)v3));
+    const long long v3 = p1[x2];
+    const long long v4 = ((long long)(0u - (unsigned long long)v3));
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_2_2_4_02dd05558c(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_2_2_4_76fe26ff3c(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
+    const unsigned long long v3 = p1[x2];
     p0[x2] = v3;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_16_02dd05558c(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_16_76fe26ff3c(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
+    const unsigned long long v3 = p1[x2];
     p0[x2] = v3;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) r_1_f6f15c263d(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) r_1_baf8e785a0(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 1LL; o += (long long)blockDim.x * gridDim.x) {
-    unsigned char acc1 = ((unsigned char)0);
+    unsigned long long acc1 = 0ull;
     for (long long r1_2 = 0; r1_2 < 16LL; ++r1_2) {
       const long long x3 = r1_2;
-      const unsigned char v4 = p1[x3];
-      acc1 = ((unsigned char)(acc1 + v4));
+      const unsigned long long v4 = p1[x3];
+      acc1 = ((unsigned long long)((unsigned long long)acc1 + (unsigned long long)v4));
     }
     p0[0LL] = acc1;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_8_854d460f4e(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_8_c63514cebf(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
+    const unsigned long long v3 = p1[x2];
     p0[x2] = v3;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_2_8_ad253cb6ad(int* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_2_8_325196bdfd(unsigned* __restrict__ p0, const unsigned* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
+    const unsigned v3 = p1[x2];
     p0[x2] = v3;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_2_8_f1069a1d9e(int* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_2_8_c93b2fb793(unsigned* __restrict__ p0, const unsigned* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = (v3 > 5 ? v3 : 5);
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = (v3 > 5u ? v3 : 5u);
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_4_75a8f35808(int* __restrict__ p0, const int* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_4_ef4f98a017(unsigned* __restrict__ p0, const unsigned* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const int v3 = p1[x2];
-    const int v4 = ((int)((unsigned)0 - (unsigned)v3));
+    const unsigned v3 = p1[x2];
+    const unsigned v4 = ((unsigned)(0u - (unsigned)v3));
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_2_2_c03a73d148(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_4_2_2_4d0f83a7a6(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = p0[x2];
-    const unsigned char v5 = ((unsigned char)(v4 + v3));
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = p0[x2];
+    const unsigned long long v5 = ((unsigned long long)((unsigned long long)v4 + (unsigned long long)v3));
     p0[x2] = v5;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) r_2_1_4_8873bb0acc(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o / 4LL;
-    const long long i2_2 = (o) % 4LL;
-    unsigned char acc3 = ((unsigned char)0);
-    for (long long r3_4 = 0; r3_4 < 2LL; ++r3_4) {
-      const long long x5 = i0_1 * -8LL + i2_2 + r3_4 * 4LL + 8LL;
-      const unsigned char v6 = p1[x5];
-      acc3 = (acc3 > v6 ? acc3 : v6);
-    }
-    const unsigned char v7 = ((unsigned char)(-(int)acc3));
-    const long long x8 = i0_1 * 4LL + i2_2;
-    p0[x8] = v7;
+extern "C" __global__ void __launch_bounds__(32) e_2_2_4_1670b6c92d(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    p0[x2] = cs_f2bf(v3);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_2_4_818d886f17(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) r_2_1_4_51c499a276(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o / 4LL;
+    const long long i2_2 = (o) % 4LL;
+    float acc3 = cs_f32(4286578688u);
+    for (long long r3_4 = 0; r3_4 < 2LL; ++r3_4) {
+      const long long x5 = i0_1 * -8LL + i2_2 + r3_4 * 4LL + 8LL;
+      const float v6 = cs_bf2f(p1[x5]);
+      acc3 = cs_fmax<float>(acc3, v6);
+    }
+    const float v7 = cs_br(sqrtf(cs_br(acc3)));
+    const long long x8 = i0_1 * 4LL + i2_2;
+    p0[x8] = cs_f2bf(v7);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_2_4_5ed0c55db6(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)(v3 * ((unsigned char)5)));
+    const unsigned long long v3 = p1[x2];
+    const unsigned long long v4 = ((unsigned long long)((unsigned long long)v3 * (unsigned long long)5ull));
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) r_1_1_bdee4468de(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) r_1_1_e2a5deda62(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 1LL; o += (long long)blockDim.x * gridDim.x) {
-    unsigned char acc1 = ((unsigned char)0);
+    unsigned long long acc1 = 0ull;
     for (long long r2_2 = 0; r2_2 < 2LL; ++r2_2) {
       for (long long r3_3 = 0; r3_3 < 4LL; ++r3_3) {
         const long long x4 = r2_2 * 4LL + r3_3;
-        const unsigned char v5 = p1[x4];
+        const unsigned long long v5 = p1[x4];
         acc1 = (acc1 > v5 ? acc1 : v5);
       }
     }
@@ -2046,45 +5870,62 @@ extern "C" __global__ void __launch_bounds__(32) r_1_1_bdee4468de(unsigned char*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_1_1_b1d1ba7d3f(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_1_1_a0673a51b6(unsigned long long* __restrict__ p0, const unsigned long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 1LL; o += (long long)blockDim.x * gridDim.x) {
-    const unsigned char v1 = p1[0LL];
-    const unsigned char v2 = ((unsigned char)(-(int)v1));
+    const unsigned long long v1 = p1[0LL];
+    const unsigned long long v2 = ((unsigned long long)(0u - (unsigned long long)v1));
     p0[0LL] = v2;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_8_1_cc48835166(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_8_1_03d054e6e2(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)(-(int)v3));
-    p0[x2] = v4;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = (-v3);
+    p0[x2] = cs_f2bf(v4);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_4_4_a7c106bbf5(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_2_4_2_590d9d973d(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)(-(int)v3));
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = (-v3);
+    p0[x2] = cs_f2bf(v4);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_8_1_f98112b4c8(unsigned short* __restrict__ p0, const unsigned short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const float v3 = cs_bf2f(p1[x2]);
+    const float v4 = (-v3);
+    const float v5 = (-v4);
+    p0[x2] = cs_f2bf(v5);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_1_8_8283b6fe37(short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i1_1 = (o) % 8LL;
+    const long long x2 = i1_1;
+    const short v3 = p1[x2];
+    const short v4 = ((short)((unsigned)v3 - (unsigned)v3));
     p0[x2] = v4;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) r_1_4_d8d93e3669(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 4LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i1_1 = (o) % 4LL;
-    unsigned char acc2 = ((unsigned char)0);
-    for (long long r2_3 = 0; r2_3 < 4LL; ++r2_3) {
-      const long long x4 = i1_1 + r2_3 * 4LL;
-      const unsigned char v5 = p1[x4];
-      acc2 = ((unsigned char)(acc2 + v5));
-    }
-    const long long x6 = i1_1;
-    p0[x6] = acc2;
+extern "C" __global__ void __launch_bounds__(32) e_1_8_0ff4c60b6d(short* __restrict__ p0, const short* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i1_1 = (o) % 8LL;
+    const long long x2 = i1_1;
+    const short v3 = p1[x2];
+    const short v4 = ((short)(0u - (unsigned)v3));
+    p0[x2] = v4;
   }
 }
 
@@ -2150,99 +5991,119 @@ extern "C" __global__ void __launch_bounds__(32) e_2_4_2_7d613060df(float* __res
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_2_3_32eac954b2(unsigned char* __restrict__ p0, const long long* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 6LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const long long v3 = p1[x2];
-    const bool v4 = (v3 != 0);
-    p0[x2] = (unsigned char)v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_2_3_3d5b0f2a94(unsigned char* __restrict__ p0, const unsigned short* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 6LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const float v3 = cs_h2f(p1[x2]);
-    const bool v4 = (v3 == v3);
-    const bool v5 = (v4 ? v4 : true);
-    p0[x2] = (unsigned char)v5;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_8_1_f7f43cbc71(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) e_2_4_5a17b2c504(int* __restrict__ p0, const int* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1 * -1LL + 7LL;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)(v3 + v3));
-    const long long x5 = i0_1;
-    p0[x5] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) c_8_1_35dbc17742(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    p0[x2] = v3;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_8_1_d17b6ad8d2(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = ((unsigned char)(v3 - ((unsigned char)0)));
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_8_1_ef9bc9ad2d(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i0_1 = o;
-    const long long x2 = i0_1 * -1LL + 7LL;
-    const unsigned char v3 = p1[x2];
+    const int v3 = p1[x2];
     const long long x4 = i0_1;
     p0[x4] = v3;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_1_8_b7c4d124ac(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+extern "C" __global__ void __launch_bounds__(32) c_2_4_06085573f7(int* __restrict__ p0, const int* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long i1_1 = (o) % 8LL;
-    const long long x2 = i1_1;
-    const unsigned char v3 = p1[x2];
-    const unsigned char v4 = v3;
-    p0[x2] = v4;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(32) e_16_1f34d2f6e6(float* __restrict__ p0, const float* __restrict__ p1) {
-  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 16LL; o += (long long)blockDim.x * gridDim.x) {
     const long long i0_1 = o;
     const long long x2 = i0_1;
-    const float v3 = p1[x2];
-    const float v4 = (v3 * -0x1.8000000000000p+1f);
-    p0[x2] = v4;
+    const int v3 = p1[x2];
+    p0[x2] = v3;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_1_1_bcbc9275d2(long long* __restrict__ p0) {
+extern "C" __global__ void __launch_bounds__(32) r_1_6435238008(long long* __restrict__ p0, const long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 1LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long v1 = p0[0LL];
-    p0[0LL] = v1;
+    long long acc1 = (-9223372036854775807LL - 1);
+    for (long long r1_2 = 0; r1_2 < 16LL; ++r1_2) {
+      const long long x3 = r1_2;
+      const long long v4 = p1[x3];
+      acc1 = (acc1 > v4 ? acc1 : v4);
+    }
+    p0[0LL] = acc1;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) e_1_1_c264c56bd9(long long* __restrict__ p0) {
+extern "C" __global__ void __launch_bounds__(32) r_1_7f19124009(long long* __restrict__ p0, const long long* __restrict__ p1) {
   for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 1LL; o += (long long)blockDim.x * gridDim.x) {
-    const long long v1 = p0[0LL];
-    const long long v2 = ((long long)((unsigned long long)v1 + (unsigned long long)v1));
-    p0[0LL] = v2;
+    long long acc1 = (-9223372036854775807LL - 1);
+    for (long long r1_2 = 0; r1_2 < 6LL; ++r1_2) {
+      const long long x3 = r1_2;
+      const long long v4 = p1[x3];
+      acc1 = (acc1 > v4 ? acc1 : v4);
+    }
+    p0[0LL] = acc1;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_5_3_beac7605bb(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 15LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    const bool v4 = (v3 ? v3 : true);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) r_4_1_0a8a11414f(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 4LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    unsigned char acc2 = ((unsigned char)1);
+    for (long long r2_3 = 0; r2_3 < 4LL; ++r2_3) {
+      const long long x4 = i0_1 * 4LL + r2_3;
+      const unsigned char v5 = p1[x4];
+      acc2 = ((unsigned char)((unsigned)acc2 * (unsigned)v5));
+    }
+    const long long x6 = i0_1;
+    p0[x6] = acc2;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_5_3_aadad09eae(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 15LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1 * -1LL + 14LL;
+    const bool v3 = (p1[x2] != 0);
+    const long long x4 = i0_1;
+    p0[x4] = (unsigned char)v3;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) c_5_3_4e3f7efd6e(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 15LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const bool v3 = (p1[x2] != 0);
+    p0[x2] = (unsigned char)v3;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_4_2_199565c043(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    const bool v4 = (v3 != 0);
+    p0[x2] = (unsigned char)v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) e_8_2a1d25e696(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1 * -1LL + 7LL;
+    const unsigned char v3 = p1[x2];
+    const unsigned char v4 = ((unsigned char)((unsigned)v3 + (unsigned)v3));
+    const long long x5 = i0_1;
+    p0[x5] = v4;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32) c_8_854d460f4e(unsigned char* __restrict__ p0, const unsigned char* __restrict__ p1) {
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < 8LL; o += (long long)blockDim.x * gridDim.x) {
+    const long long i0_1 = o;
+    const long long x2 = i0_1;
+    const unsigned char v3 = p1[x2];
+    p0[x2] = v3;
   }
 }
 

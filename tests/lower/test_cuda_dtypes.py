@@ -11,7 +11,7 @@ from egraph.dtype import DType, dtypes
 from egraph.errors import UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, new_buffer, ParamArg, CallInfo
 from egraph.storage import Storage
-from lower import cuda, cuda_ops, numeric
+from lower import cuda, cuda_ops, numeric, cuda_driver as drv
 from lower.reference import evaluate
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
@@ -187,3 +187,9 @@ def test_constants_and_nvcc_spellings():
   assert cuda_ops.cconst(2**64 - 1, dtypes.uint64) == "18446744073709551615ull" and cuda_ops.cconst(-1, dtypes.uint32) == "4294967295u"
   assert cuda_ops.cconst(float("inf"), dtypes.float64).startswith("cs_f64(") and cuda_ops.cconst(-1.5, dtypes.float64) == "(-0x1.8000000000000p+0)"
   assert cuda_ops.cconst(1 + 2**-8 + 2**-20, dtypes.bfloat16) == float(1 + 2**-7).hex() + "f"
+
+@pytest.mark.skipif(drv.nvcc_path() is None, reason="nvcc is not on PATH (nor in $CUDA_HOME/bin, /usr/local/cuda/bin)")
+def test_nvcc_compiles_every_dtype_kernel():
+  progs = [f(dt) for dt in dtypes.all for f in (op_prog, cast_prog, reduce_prog)] + [threefry_prog()]
+  src = cuda.plans([p.call() for p in progs])[0].plan["source"]
+  assert drv.nvcc_ptx(src, "sm_90").count(".entry ") == src.count('extern "C" __global__')
