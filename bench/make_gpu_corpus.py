@@ -10,9 +10,10 @@ Writes, under --out:
                        values of the buffers it writes (out_<buffer>), from the numpy reference (lower/reference.py);
                        bfloat16 buffers as their uint16 bits
 
-`corpus()` is also the corpus of tests/lower/test_cuda*.py: the example models of egraph/cli.py, hand-written Tensor
-programs (tiled matmuls with ragged edges, block reductions, softmax, every ALU op per dtype, casts, views), and random
-programs from rules/strategies.py's graphs() and tests/lower/test_llvm_random.py's programs()."""
+`corpus()` is also the corpus of tests/lower/test_cuda.py: the example models of egraph/cli.py, hand-written Tensor
+programs (tiled matmuls with ragged edges, block reductions, softmax, views), every ALU op, cast and bitcast over all 13
+dtypes, THREEFRY, reduces over narrow ints, halves and float64, and random programs from rules/strategies.py's
+graphs() and tests/lower/test_llvm_random.py's programs()."""
 from __future__ import annotations
 import argparse, contextlib, json, math, os, sys
 from dataclasses import dataclass
