@@ -114,7 +114,7 @@ def cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
   with np.errstate(all="ignore"):
     t = np.trunc(f)
     if dst.kind == 'u' and dst.itemsize >= 4:
-      bad = np.isnan(f) | (t < 0) | (t > dst.max)
+      bad = np.isnan(f) | (t < 0) | (t >= 2.0 ** dst.bits)   # a float bound: 2**64 - 1 is not a float64
       return np.where(bad, np.array(dst.max, dst.np), np.where(bad, 0, t).astype(dst.np))
     via = dst if dst.itemsize >= 4 else dtypes.int32
     bad = np.isnan(f) | (t < via.min) | (t > via.max)
