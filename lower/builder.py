@@ -11,6 +11,7 @@ from lower.kernel import Idx, Var, Bound, Expr, const, flat_index, unflatten
 from lower.mem import Ctx, Mem, Spec, storage_mem
 
 UNSUPPORTED = {Ops.FUNCTION: "FUNCTION", Ops.TUPLE: "TUPLE", Ops.GETTUPLE: "GETTUPLE", Ops.BIND: "BIND"}
+HALF = (dtypes.float16, dtypes.bfloat16)
 IDENTITY = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
 
 def _through(n: Node, idx: tuple, valid: tuple) -> tuple[tuple, tuple]:
@@ -50,7 +51,7 @@ def _split_full_reduce(n: Node) -> Node | None:
   else: return None
   shape = x.shape[:a] + (P, x.shape[a] // P) + x.shape[a + 1:]
   y = x.reshape(shape)
-  if x.dtype == dtypes.float16 and n.arg[0] is not Ops.MAX: y = y.cast(dtypes.float32)   # partials kept in float32, as one reduce accumulates
+  if x.dtype in HALF and n.arg[0] is not Ops.MAX: y = y.cast(dtypes.float32)   # partials kept in float32, as one reduce accumulates
   part = Node(Ops.REDUCE, None, (y,), (n.arg[0], tuple(i for i in range(len(shape)) if i != a)))
   return Node(Ops.REDUCE, None, (part,), (n.arg[0], tuple(range(len(shape))))).reshape(n.shape).cast(n.dtype)
 
@@ -221,7 +222,8 @@ class _Builder:
     return self.load(m, flat_index(idx, n.shape) + off, valid, not (after or aft), n.dtype)
 
   def reduce(self, n: Node, idx, valid, after, bcast) -> Expr:
-    """A REDUCE in place: a 'reduce' Expr over fresh vars for its (non-unit) axes; float16 accumulates in float32."""
+    """A REDUCE in place: a 'reduce' Expr over fresh vars for its (non-unit) axes; float16 and bfloat16 sums and
+    products accumulate in float32 (as lower/reference.py's)."""
     rop, axes = n.arg
     x = n.src[0]
     rvars, cidx = [], list(idx)
@@ -232,7 +234,7 @@ class _Builder:
     body = self.value(x, tuple(cidx), valid, after, bcast)
     if not rvars: return body
     self.reduces += 1
-    acc = dtypes.float32 if n.dtype == dtypes.float16 and rop is not Ops.MAX else n.dtype
+    acc = dtypes.float32 if n.dtype in HALF and rop is not Ops.MAX else n.dtype
     if acc != n.dtype: body = Expr(Ops.CAST, acc, (body,))
     r = Expr('reduce', acc, (body,), (rop, tuple(rvars)))
     return r if acc == n.dtype else Expr(Ops.CAST, n.dtype, (r,))

@@ -24,7 +24,8 @@ the extra `err` out-param and returns; the runner raises BoundsError naming the 
 from __future__ import annotations
 from egraph.dtype import dtypes
 from lower.kernel import Kernel, Expr, Var
-from lower.llvm_fn import VT, MT, LLVMRenderer, reduce_init, signature
+from lower.llvm_fn import LLVMRenderer, reduce_init, signature
+from lower.llvm_isel import VT, MT
 from lower.llvm_stream import render_stream, streams
 from lower.matmul import render_matmul
 
@@ -56,8 +57,7 @@ def _store(f: LLVMRenderer, k: Kernel):
   ix = f.idx(k.store.idx)
   f.check(k.store.param, ix)
   g = f.ptr(k.store.param, ix)
-  if p.dtype == dtypes.bool:
-    y = f.t(); f.emit(f"{y} = zext i1 {v} to i8"); v = y
+  v = f.to_mem(p.dtype, v)
   f.emit(f"store {MT[p.dtype.name]} {v}, ptr {g}, align {p.align}")
 
 def _col_block(f: LLVMRenderer, k: Kernel, R: Expr, j: Var, lo: str, hi: str):
@@ -117,7 +117,8 @@ def _blocked(f: LLVMRenderer, o: Var, j: Var, olo: str, ohi: str, body):
 
 def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
   """One kernel as an LLVM function (text) and the intrinsic declarations it needs."""
-  if k.tile and k.tile[0] == "matmul" and not k.checked: return render_matmul(k, fname)   # calls the helpers (mm_helpers)
+  if k.tile and k.tile[0] == "matmul" and not k.checked and all(p.dtype == dtypes.float32 for p in k.params):
+    return render_matmul(k, fname)   # calls the helpers (mm_helpers); float32 only, other dtypes take the plain nest
   if streams(k): return render_stream(k, fname)
   f = LLVMRenderer(k)
   col, tr = _col_reduce(k), _transposing(k)

@@ -6,7 +6,8 @@ import platform
 from egraph.dtype import DType, dtypes
 from egraph.ir import Ops
 from lower.kernel import Kernel, Expr
-from lower.llvm_fn import VT, MT, SUF, MSUF, Isel, LLVMRenderer, lconst, noloop, signature
+from lower.llvm_fn import LLVMRenderer, noloop, signature
+from lower.llvm_isel import VT, MT, SUF, MSUF, Isel, lconst, reg_size
 from lower.renderer import postorder
 
 STREAM_STAGE = 8192      # bytes of the on-stack staging block of a streaming kernel (L1-resident)
@@ -68,8 +69,7 @@ def _render_stream(k: Kernel, fname: str) -> tuple[str, set]:
     val = f.value(k.store.value)
     li = f.t(); E(f"{li} = sub i64 {f.vars[v0]}, %b")
     g = f.t("p"); E(f"{g} = getelementptr inbounds {ty}, ptr %stage, i64 {li}")
-    if p.dtype == dtypes.bool:
-      y = f.t(); E(f"{y} = zext i1 {val} to i8"); val = y
+    val = f.to_mem(p.dtype, val)
     E(f"store {ty} {val}, ptr {g}, align {isz}")
   f.loop(v0, "%b", "%e", body)
   _stage_out(f, p, lanes, c, sh)
@@ -123,22 +123,25 @@ def _stage_out(f: LLVMRenderer, p, lanes: int, c: int, sh: int):
   E("%tl.r = sub i64 %n, %vend")
   masked("tl", "%vend", "%tl.r")
 
+_DIVS = frozenset({Ops.IDIV, Ops.MOD, Ops.FLOORDIV, Ops.FLOORMOD})
+
 def _vec_ok(k: Kernel) -> bool:
   """A stream kernel whose value VecRenderer can emit as explicit vector IR: loads unit-stride in the (only) loop var or
-  invariant, no PAD masks, no reduces, no integer division, no bool arithmetic, at most 256 bytes per vector."""
+  invariant, no PAD masks, no reduces, no 64-bit integer division, no bool arithmetic, at most 256 bytes per vector."""
   v0, lanes = k.domain[0], 64 // k.params[k.store.param].dtype.itemsize
   seen, stack = set(), [k.store.value]
   while stack:
     x = stack.pop()
     if id(x) in seen: continue
     seen.add(id(x)); stack.extend(x.src)
-    if x.dtype.itemsize * lanes > 256: return False
+    if reg_size(x.dtype) * lanes > 256: return False
     if x.op == 'const': continue
     if x.op == 'load':
       _, ix, valid = x.arg
       if valid or not (ix.is_const or ix.terms == ((v0, 1),)): return False
       continue
-    if x.op in ('reduce', 'valid') or x.op in (Ops.IDIV, Ops.MOD): return False
+    if x.op in ('reduce', 'valid'): return False
+    if x.op in _DIVS and x.dtype.itemsize > 4: return False   # 64-bit division has no vector form (<= 32 bits: in floats)
     if x.op not in (Ops.CAST, Ops.BITCAST, Ops.WHERE) and any(s.dtype == dtypes.bool for s in x.src): return False
     if x.op is Ops.CAST and x.src[0].dtype == dtypes.bool and x.dtype == dtypes.bool: continue
   return True
@@ -152,6 +155,7 @@ class VecRenderer(Isel):
     self.f, self.W = f, lanes
     self.t, self.emit, self.intrinsic = f.t, f.emit, f.intrinsic
   def ty(self, dt: DType) -> str: return f"<{self.W} x {VT[dt.name]}>"
+  def mty(self, dt: DType) -> str: return f"<{self.W} x {MT[dt.name]}>"
   def sfx(self, dt: DType) -> str: return f"v{self.W}{SUF[dt.name]}"
   def cst(self, v, dt: DType) -> str: return f"splat ({VT[dt.name]} {lconst(v, dt)})"
   def zero(self, dt: DType) -> str: return "zeroinitializer"
@@ -176,9 +180,7 @@ class VecRenderer(Isel):
       if ix.is_const:
         g = f.ptr(pi, str(ix.c)); s = f.t("v")
         E(f"{s} = load {mty}, ptr {g}, align {p.align}")
-        if p.dtype == dtypes.bool:
-          y = f.t(); E(f"{y} = icmp ne i8 {s}, 0"); s = y
-        return self.splat(dt, s)
+        return self.splat(dt, f.from_mem(p.dtype, s))
       off = f.t(); E(f"{off} = add nsw i64 {base}, {ix.c}")
       g = f.ptr(pi, off); v = f.t("v")
       vm = f"<{W} x {mty}>"
@@ -186,9 +188,7 @@ class VecRenderer(Isel):
       else:
         fn = f.intrinsic(f"llvm.masked.load.v{W}{MSUF[p.dtype.name]}", vm, f"ptr, i32, <{W} x i1>, {vm}")
         E(f"{v} = call {vm} @{fn}(ptr {g}, i32 {p.align}, <{W} x i1> {mask}, {vm} zeroinitializer)")
-      if p.dtype == dtypes.bool:
-        y = f.t(); E(f"{y} = icmp ne {vm} {v}, zeroinitializer"); v = y
-      return v
+      return self.from_mem(p.dtype, v)
     return self.alu(e.op, dt, tuple(s.dtype for s in e.src), a)
 
 def _render_stream_vec(k: Kernel, fname: str) -> tuple[str, set]:
@@ -207,9 +207,7 @@ def _render_stream_vec(k: Kernel, fname: str) -> tuple[str, set]:
     mask = None
     if count is not None:
       mask = f"%{tag}.m"; E(f"{mask} = icmp ult <{W} x i64> {iota}, {vf.splat(dtypes.int64, count)}")
-    val = vf.value(k.store.value, base, mask)
-    if p.dtype == dtypes.bool:
-      y = f.t(); E(f"{y} = zext {mt} {val} to {vm}"); val = y
+    val = vf.to_mem(p.dtype, vf.value(k.store.value, base, mask))
     o = f.t(); E(f"{o} = add nsw i64 {base}, {c}")
     g = f.ptr(k.store.param, o)
     if mask is None: E(f"store {vm} {val}, ptr {g}, align 64" + (", !nontemporal !9000" if nt else ""))

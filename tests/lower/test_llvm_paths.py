@@ -115,7 +115,8 @@ STREAM_CASES = {   # name: (out dtype, input dtypes, kernel value, numpy value, 
                lambda a, b: (a ^ b[2]) != b, True),
   "bool_to_float": (F32, (F32, F32), lambda a, b, s: _E(Ops.ADD, F32, _E(Ops.CAST, F32, _E(Ops.CMPEQ, BOOL, a, b)), a),
                     lambda a, b: (a == b).astype(np.float32) + a, True),
-  "idiv_fallback": (I32, (I32, I32), lambda a, b, s: _E(Ops.IDIV, I32, a, b), None, False),
+  "idiv_vector": (I32, (I32, I32), lambda a, b, s: _E(Ops.IDIV, I32, a, b), None, True),   # <= 32 bits: exact in doubles
+  "idiv64_fallback": (I64, (I64, I64), lambda a, b, s: _E(Ops.IDIV, I64, a, b), None, False),
 }
 
 @pytest.mark.parametrize("case", list(STREAM_CASES))
