@@ -1,5 +1,7 @@
 """LLVM backend kernels vs numpy, in one process, contenders interleaved per round; medians.
 
+  elementwise (a+b)*a-1 on 8M float64    vs numpy out= and the expression
+  floor // and % of two 16M int32 arrays vs numpy // and % (nonzero divisors)
   elementwise (a+b)*a-1 on 16M float32   vs numpy (out= passes and the plain expression) and vs a STREAM triad
                                          (a = b + s*c, our kernel) measured in the same run; both as scheduled
                                          (non-temporal stores: Kernel.stream) and, for reference, the same kernels
@@ -34,9 +36,9 @@ def timeit(f) -> float:
   t0 = time.perf_counter(); f(); return (time.perf_counter() - t0) * 1e3
 
 def buf(S, a):
-  b = new_buffer(a.size, dtypes.float32, "CPU"); S.set_data(b, a.reshape(-1)); return b
+  b = new_buffer(a.size, dtypes.from_numpy(a.dtype), "CPU"); S.set_data(b, a.reshape(-1)); return b
 
-def cst(v, shape): return const(v, dtypes.float32, "CPU").reshape((1,) * len(shape)).expand(shape)
+def cst(v, shape, dt=dtypes.float32): return const(v, dt, "CPU").reshape((1,) * len(shape)).expand(shape)
 
 def blas_info() -> str:
   try:
@@ -84,6 +86,14 @@ def main():
   a, b = buf(S, a_np), buf(S, b_np)
   ew = callify(Node(Ops.SUB, None, (Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)), a)), cst(1.0, (N,)))))
   triad = callify(Node(Ops.ADD, None, (b, Node(Ops.MUL, None, (a, cst(3.0, (N,)))))))
+  N64, NI = N // 2, N
+  a64_np, b64_np = rng.standard_normal(N64), rng.standard_normal(N64)
+  a64, b64 = buf(S, a64_np), buf(S, b64_np)
+  ew64 = callify(Node(Ops.SUB, None, (Node(Ops.MUL, None, (Node(Ops.ADD, None, (a64, b64)), a64)), cst(1.0, (N64,), dtypes.float64))))
+  xi_np = rng.integers(-2 ** 31, 2 ** 31, NI, dtype=np.int32)
+  yi_np = rng.integers(-1000, 1000, NI, dtype=np.int32); yi_np[yi_np == 0] = 7
+  xi, yi = buf(S, xi_np), buf(S, yi_np)
+  idiv = callify(Node(Ops.FLOORDIV, None, (xi, yi)), Node(Ops.FLOORMOD, None, (xi, yi)))
   R = 4096
   x_np = rng.standard_normal((R, R), dtype=np.float32)
   x = buf(S, x_np).reshape((R, R))
@@ -108,7 +118,7 @@ def main():
     cold[name] = (statistics.median(ts[1:]), len(ks))
   cold["matmul helpers (packing, edge: once per process)"] = (matmul.mm_helpers()[1], 4)   # paid by the first matmul compile
   CACHE.clear()
-  for res in (ew, triad, rs, mm): run_call(res.call, S)        # warm: schedule + compile once
+  for res in (ew, triad, rs, mm, ew64, idiv): run_call(res.call, S)        # warm: schedule + compile once
   c0 = CACHE.compiled
   hit = statistics.median([timeit(lambda: CACHE.get([s.kernel for s in kernelize(ew.call.src[0], _arg_binding(ew.call)[0]).steps]))
                            for _ in range(5)])
@@ -125,7 +135,8 @@ def main():
     return lambda: native.launch(c, ptrs, s.work)
   ew_plain, triad_plain = plain_stores(ew), plain_stores(triad)
 
-  out_t = np.empty(N, np.float32)
+  out_t, out64 = np.empty(N, np.float32), np.empty(N64)
+  def np_out64(): np.add(a64_np, b64_np, out=out64); np.multiply(out64, a64_np, out=out64); np.subtract(out64, 1, out=out64)
   def np_out(): np.add(a_np, b_np, out=out_t); np.multiply(out_t, a_np, out=out_t); np.subtract(out_t, 1, out=out_t)
   def one_thread(call):
     old = native.THREADS; native.THREADS = 1
@@ -137,6 +148,9 @@ def main():
     "ew llvm": lambda: run_call(ew.call, S), "ew llvm plain": ew_plain, "triad llvm": lambda: run_call(triad.call, S),
     "triad llvm plain": triad_plain, "ew llvm 1t": lambda: one_thread(ew.call), "ew numpy out=": np_out,
     "ew numpy expr": lambda: (a_np + b_np) * a_np - 1,
+    "ew64 llvm": lambda: run_call(ew64.call, S), "ew64 numpy out=": np_out64,
+    "ew64 numpy expr": lambda: (a64_np + b64_np) * a64_np - 1,
+    "idiv llvm": lambda: run_call(idiv.call, S), "idiv numpy": lambda: (xi_np // yi_np, xi_np % yi_np),
     "rowsum llvm": lambda: run_call(rs.call, S), "rowsum numpy": lambda: x_np.sum(axis=1),
     "matmul llvm": lambda: run_call(mm.call, S), "matmul llvm 1t": lambda: one_thread(mm.call), "matmul numpy": blas,
   }
@@ -152,6 +166,9 @@ def main():
   # correctness of what was timed
   np.testing.assert_allclose(S[ew.buffer_map[next(iter(ew.buffer_map))].base if False else ew.call.src[1]], (a_np + b_np) * a_np - 1, rtol=1e-6)
   np.testing.assert_allclose(S[rs.call.src[1]], x_np.sum(axis=1), rtol=1e-3, atol=1e-3)
+  np.testing.assert_array_equal(S[ew64.call.src[1]], (a64_np + b64_np) * a64_np - 1)
+  outs = {S[x].tobytes() for x in idiv.call.src[1:]}
+  assert {(xi_np // yi_np).tobytes(), (xi_np % yi_np).tobytes()} <= outs, "floor // and % differ from numpy"
   np.testing.assert_allclose(S[mm.call.src[1]].reshape(M, M), A_np @ B_np, rtol=1e-3, atol=1e-3)
 
   load1 = os.getloadavg()
@@ -170,6 +187,11 @@ def main():
            f"| elementwise (a+b)*a-1, 16M f32 | {med['ew llvm']:.2f} ({ew_bw:.1f} GB/s) | numpy out=: {med['ew numpy out=']:.2f}; expr: {med['ew numpy expr']:.2f} | "
            f"{med['ew numpy out='] / med['ew llvm']:.2f}x / {med['ew numpy expr'] / med['ew llvm']:.2f}x | 1 thread {med['ew llvm 1t']:.2f}; "
            f"{100 * ew_bw / triad_bw:.0f}% of triad |",
+           f"| elementwise (a+b)*a-1, 8M f64 | {med['ew64 llvm']:.2f} ({gbs(24 * N64, med['ew64 llvm']):.1f} GB/s) | numpy out=: "
+           f"{med['ew64 numpy out=']:.2f}; expr: {med['ew64 numpy expr']:.2f} | {med['ew64 numpy out='] / med['ew64 llvm']:.2f}x / "
+           f"{med['ew64 numpy expr'] / med['ew64 llvm']:.2f}x | |",
+           f"| floor // and %, 16M int32 | {med['idiv llvm']:.2f} | numpy // and %: {med['idiv numpy']:.2f} | "
+           f"{med['idiv numpy'] / med['idiv llvm']:.2f}x | two kernels (one each), vector division in doubles |",
            f"| STREAM triad a=b+s*c, 16M f32 | {med['triad llvm']:.2f} ({triad_bw:.1f} GB/s) | | | 12 B/elem, same run, NT stores |",
            f"| elementwise, plain stores | {med['ew llvm plain']:.2f} ({gbs(12 * N, med['ew llvm plain']):.1f} GB/s) | | | "
            f"{100 * gbs(12 * N, med['ew llvm plain']) / triad_plain_bw:.0f}% of plain-store triad |",
