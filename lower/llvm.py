@@ -1,6 +1,6 @@
 """Kernel IR -> LLVM IR text (one function per kernel): render_llvm picks the form; the pieces of a function are in
-lower/llvm_fn.py (its ALU ops and casts in lower/llvm_isel.py), the streaming renderers in lower/llvm_stream.py, the tiled matmul in lower/matmul.py. Compiling is
-lower/compiler.py's, running lower/native.py's.
+lower/llvm_fn.py (its ALU ops and casts in lower/llvm_isel.py), the streaming renderers in lower/llvm_stream.py, the
+tiled matmul in lower/matmul.py. Compiling is lower/compiler.py's, running lower/native.py's.
 
 Every kernel is `void @name(ptr p0, ..., i64 start, i64 end[, ptr err])`: it runs the outermost domain axis over
 [start, end), so one function serves one thread or a split across threads (ctypes releases the GIL). Loop counters and
