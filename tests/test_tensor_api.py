@@ -49,7 +49,7 @@ def test_list_is_lazy_copy_from_npy():
   assert v.op is Ops.RESHAPE and v.device == "NPY" and v.src[0].op is Ops.BUFFER and v.src[0].shape == (4,)
 
 @pytest.mark.parametrize("data,dt", [([1.0], dtypes.float32), ([1, 2], dtypes.int32), ([True], dtypes.bool), ([[1, 2.5]], dtypes.float32),
-  (np.zeros(2), dtypes.float32), (np.zeros(2, np.int64), dtypes.int64), (np.zeros(2, np.uint8), dtypes.uint8),
+  (np.zeros(2), dtypes.float64), (np.zeros(2, np.int64), dtypes.int64), (np.zeros(2, np.uint8), dtypes.uint8),
   (np.zeros(2, np.float16), dtypes.float16), (np.zeros(2, np.int32), dtypes.int32), (np.zeros(2, bool), dtypes.bool)])
 def test_default_dtypes(data, dt): assert Tensor(data).dtype == dt
 
