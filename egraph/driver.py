@@ -15,7 +15,7 @@ from egraph.dtype import dtypes
 from egraph.errors import CallsatError, EngineError, ShapeError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode, Encoding
-from egraph.runner import Runner, Limits, Schedule, StepHook, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
+from egraph.runner import Runner, Limits, Schedule, StepHook, StopReason, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, extract, decode, baseline_cost
 from egraph.report import CallifyReport
@@ -182,12 +182,13 @@ class Extraction:
   cost: int
   terms: dict[int, Node]
 
-def extract_call(sat: Saturation, model: CostModel) -> Extraction:
-  """Extract the CALL form callify uses: pinned (storage-form) extraction with sharing-aware refinement."""
+def extract_call(sat: Saturation, model: CostModel, deadline: float = float("inf")) -> Extraction:
+  """Extract the CALL form callify uses: pinned (storage-form) extraction with sharing-aware refinement (skipped past
+  `deadline`)."""
   g = sat.graph
   costs = g.local_costs(model)
   root_classes = [g.class_of_id[sat.enc.key_ids[k.id]] for k in sat.enc.keys]
-  choice, cost = extract(g, costs, root_classes, g.pinned_allowed())
+  choice, cost = extract(g, costs, root_classes, g.pinned_allowed(), deadline=deadline)
   return Extraction(costs, root_classes, choice, cost, decode(g, choice, root_classes))
 
 def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float) -> CallifyResult:
@@ -203,7 +204,7 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   report.seconds.update(st.seconds)
 
   t1 = time.perf_counter()
-  ex = extract_call(sat, model)
+  ex = extract_call(sat, model, deadline=sat.runner.clock + lim.seconds)
   report.cost, root_classes, terms = ex.cost, ex.root_classes, ex.terms
   report.e_nodes, report.e_classes = sat.graph.n_enodes, sat.graph.n_classes
   report.baseline_cost = baseline_cost(enc, model)
@@ -220,6 +221,8 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   report.views = sum(1 for t in realized if t.op is not Ops.AFTER and any(m.op is Ops.SLICE for m in _chain(t)))
   report.seconds["decode"] = time.perf_counter() - t2
   report.fresh_uids = set(enc.fresh_buffers)
+  if time.perf_counter() - sat.runner.clock > lim.seconds and report.stop_reason is StopReason.SATURATED:
+    report.stop_reason = StopReason.TIME_LIMIT   # saturated in time, but extraction and decoding ran past the budget
   return CallifyResult(call, buffer_map, report)
 
 def _chain(n: Node):

@@ -2,9 +2,8 @@
 cost (exact, Python ints, cycles are fine), then the chosen DAG is costed with every shared e-node counted once.
 egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is not used."""
 from __future__ import annotations
-import functools, heapq
-from egraph.ir import Node, Ops, CallInfo
-from egraph.dtype import dtypes
+import functools, heapq, time
+from egraph.ir import Node, Ops
 from egraph.encode import Encoding, COMPUTED_TARGET
 from egraph.cost import CostModel
 from egraph.errors import EngineError
@@ -134,14 +133,16 @@ def baseline_cost(enc: Encoding, model: CostModel) -> int:
   return total
 
 def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: list[bool] | None = None,
-            refine_below: int = 20_000, rounds: int = 3) -> tuple[list[int], int]:
+            refine_below: int = 20_000, rounds: int = 3, deadline: float = float("inf")) -> tuple[list[int], int]:
   """(choice, DAG cost). Knuth picks by tree cost; on e-graphs under `refine_below` classes, a few sharing-aware
   rounds follow: e-nodes the current DAG already pays for cost nothing, Knuth runs again, and the new choice is kept
-  if its DAG cost is lower (tree cost counts a shared subterm once per use, which can hide the cheaper DAG)."""
+  if its DAG cost is lower (tree cost counts a shared subterm once per use, which can hide the cheaper DAG). No
+  refinement round starts after `deadline` (a time.perf_counter() value): the Knuth choice is already valid."""
   _, choice = knuth(g, costs, allowed)
   best = dag_cost(g, costs, choice, roots)
   if g.n_classes >= refine_below: return choice, best
   for _ in range(rounds):
+    if time.perf_counter() > deadline: break
     paid = set()
     stack, seen = list(roots), set()
     while stack:

@@ -204,6 +204,20 @@ def test_stop_reasons_are_one_enum_from_one_check():
   assert r.check_limits(Limits(iterations=3), time.perf_counter(), 3) is StopReason.ITERATION_LIMIT
   assert r.check_limits(Limits(nodes=r.size() - 1), time.perf_counter(), 0) is StopReason.NODE_LIMIT
 
+def test_the_time_budget_covers_extraction(monkeypatch):
+  """Saturation may finish inside Limits.seconds while extraction runs past it: the report says time_limit, and the
+  CALL is still the extracted, valid one."""
+  import egraph.driver as drv
+  real = drv.extract_call
+  def slow(sat, model, deadline=float("inf")):
+    out = real(sat, model, deadline)
+    time.sleep(0.4)
+    return out
+  monkeypatch.setattr(drv, "extract_call", slow)
+  g = _view_graph()
+  res = callify(*g, limits=Limits(seconds=0.3), cache=False)
+  assert res.report.stop_reason == "time_limit" and res.report.views == 1 and res.report.stores == 1
+
 def test_schedule_object_selects_rules():
   res = callify(*_view_graph(), schedule=Schedule("no-views", rules=("drop_detach",)))
   assert "contiguous_to_view" not in res.report.matches and res.report.views == 0
