@@ -5,10 +5,11 @@ Every inserted node gets an integer id; the handle `(N id)` names its e-class. R
 `input` command and lifted into terms by the `load` rules in one iteration, whatever the depth of the graph."""
 from __future__ import annotations
 import math
+import numpy as np
 from dataclasses import dataclass, field
 from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, empty_multi, shard_axes, HOST_DEVICES, const_key
 from egraph.dtype import dtypes
-from egraph.errors import UnsupportedOpError, DeviceError
+from egraph.errors import UnsupportedOpError, DeviceError, ShapeError
 from egraph.view import contiguous_range
 from egraph.symbolic import is_symbolic
 
@@ -18,14 +19,40 @@ _DISK_OK = GroupOp.Movement | GroupOp.Storage | {Ops.COPY, Ops.AFTER, Ops.STORE,
 
 def is_host(device) -> bool: return isinstance(device, str) and device.startswith(HOST_DEVICES)
 
+class UnwritableViewError(ShapeError):
+  """An assign through a view of storage that does not name each of its elements exactly once (EXPAND, PAD, CAST)."""
+
+_NP_MOVE = {Ops.RESHAPE: lambda m, x: x.reshape(m.arg), Ops.EXPAND: lambda m, x: np.broadcast_to(x, m.arg),
+            Ops.PAD: lambda m, x: np.pad(x, m.arg, constant_values=-1), Ops.PERMUTE: lambda m, x: x.transpose(m.arg),
+            Ops.SHRINK: lambda m, x: x[tuple(slice(a, b) for a, b in m.arg)], Ops.DETACH: lambda m, x: x,
+            Ops.FLIP: lambda m, x: x[tuple(slice(None, None, -1) if f else slice(None) for f in m.arg)]}
+
+def view_index(x: Node) -> np.ndarray:
+  """The flat element index into x.base of each element of the movement chain x (-1 where a PAD fills)."""
+  chain = []
+  while x.op in GroupOp.Movement or x.op is Ops.DETACH: chain.append(x); x = x.src[0]
+  idx = np.arange(math.prod(x.shape), dtype=np.int64).reshape(x.shape)
+  for m in reversed(chain): idx = _NP_MOVE[m.op](m, idx)
+  return idx
+
+def writable_chain(x: Node) -> bool:
+  """Does the movement chain x name each element of x.base at most once, and none outside it? RESHAPE/SHRINK/PERMUTE/FLIP
+  always do; a chain with PAD or EXPAND does when no padded or broadcast element is in view (a[::2] pads, then shrinks)."""
+  n, seen = x, False
+  while n.op in GroupOp.Movement or n.op is Ops.DETACH:
+    if n.op in (Ops.PAD, Ops.EXPAND): seen = True
+    n = n.src[0]
+  if not seen: return True
+  idx = view_index(x)
+  return bool((idx >= 0).all()) and np.unique(idx).size == idx.size
+
 def assigns_into_computed(n: Node) -> bool:
   """An AFTER whose written target is not a buffer view: callify gives it a fresh buffer (spec rule 8)."""
   t = n
   while t.op in (Ops.AFTER, Ops.BITCAST, Ops.MULTI):
     t = t.src[0]
-    while t.op in GroupOp.Movement or t.op is Ops.DETACH:
-      if t.op in (Ops.PAD, Ops.EXPAND): return True    # not a writable view: the written value needs its own buffer
-      t = t.src[0]
+    if not writable_chain(t): return True    # not a writable view: the written value needs its own buffer
+    t = t.base
   return t.op not in GroupOp.Storage
 
 def realize_points(roots: list[Node], topo: list[Node]) -> list[Node]:

@@ -249,7 +249,9 @@ def _target(t: Node, bind: dict):
   while True:
     m, _ = storage_mem(n, bind)
     if m is not None: break
-    if n.op in WRITABLE or n.op in (Ops.AFTER, Ops.DETACH): chain.append(n); n = n.src[0]; continue
+    # a PAD/EXPAND in a target is one whose padded or broadcast elements are out of view (a[::2]); Tensor.assign and
+    # encode.writable_chain refuse the others, so the validity _through returns is always true here
+    if n.op in WRITABLE or n.op in (Ops.AFTER, Ops.DETACH, Ops.PAD, Ops.EXPAND): chain.append(n); n = n.src[0]; continue
     raise CallsatError(f"STORE: the target goes through {n.op.name} {n.shape}, which is not a writable view of storage")
   base = n
   def index(idx):

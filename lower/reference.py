@@ -14,6 +14,7 @@ import numpy as np
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, is_shard, toposort
+from egraph.encode import view_index
 from egraph.storage import STORAGE, UnallocatedBufferError
 from lower.numeric import wrap_const, alu, cast
 if TYPE_CHECKING: from egraph.storage import Storage
@@ -164,15 +165,24 @@ def _store(n: Node, tgt: np.ndarray, val: np.ndarray, memo: dict[int, Any]) -> N
   elif is_shard(b) and not is_shard(n.src[1]): val = np.broadcast_to(val, tgt.shape)   # replicated: every device a copy
   chain = []
   while b.op not in (Ops.BUFFER, Ops.PARAM):
-    if b.op not in WRITABLE: raise CallsatError(f"STORE: the target goes through {b.op.name} {b.shape}, which is not a writable view of storage")
+    if b.op not in WRITABLE and b.op not in (Ops.PAD, Ops.EXPAND):
+      raise CallsatError(f"STORE: the target goes through {b.op.name} {b.shape}, which is not a writable view of storage")
     chain.append(b); b = b.src[0]
   if tgt.size == 0: return
   base = memo[b.id]
-  for c in reversed(chain):
-    if not np.may_share_memory(memo[c.id], base):
-      raise CallsatError(f"STORE: {c.op.name} {c.src[0].shape} -> {c.shape} copies (its source is not contiguous), so the target is not "
-                         "a view of storage")
+  if not all(np.may_share_memory(memo[c.id], base) for c in chain): return _scatter(n.src[0], val, base, memo)
   tgt[...] = val.copy() if np.may_share_memory(tgt, val) else val
+
+def _scatter(t: Node, val: np.ndarray, base: np.ndarray, memo: dict[int, Any]) -> None:
+  """A strided target numpy cannot view (a[::2] pads then shrinks; a reshape of a non-contiguous view copies): write
+  the elements it names, by flat index into the storage under its movement chain."""
+  arr = memo[t.base.id]
+  if is_shard(t) or not arr.flags.c_contiguous or not np.may_share_memory(arr, base):
+    raise CallsatError(f"STORE: the target {t.shape} through {t.op.name} is not a view of storage")
+  idx = view_index(t)
+  if (idx < 0).any() or np.unique(idx).size != idx.size:
+    raise CallsatError(f"STORE: the target {t.shape} through {t.op.name} does not name each element of storage once")
+  arr.reshape(-1)[idx] = val.copy() if np.may_share_memory(arr, val) else val
 
 def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, cache: dict) -> list[Any]:
   plan = _plan(roots, cache)
