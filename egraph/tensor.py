@@ -13,7 +13,8 @@ from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpErro
 from egraph.storage import STORAGE, host_buffer
 from egraph.driver import callify
 from lower.runtime import run_call, read
-from egraph.ir import Node, Ops, const, empty_view, substitute, canonical_device, new_buffer
+from egraph.ir import Node, Ops, GroupOp, const, empty_view, substitute, canonical_device, new_buffer
+from egraph.encode import UnwritableViewError, writable_chain
 from egraph.symbolic import is_symbolic
 from egraph import rng
 from egraph.indexing import basic_index
@@ -92,9 +93,30 @@ def _apply_map(mapping: dict[Node, Node]) -> None:
     if n is not t.node: t.node = n
 
 def _storage_base(n: Node) -> Node | None:
-  """The BUFFER/SLICE a writable view (RESHAPE/SHRINK/PERMUTE/FLIP chain) looks into, else None (a computed target)."""
-  while n.op in (Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP): n = n.src[0]
+  """The BUFFER/SLICE a writable view (a movement chain naming each element once) looks into, else None (a computed target)."""
+  if not writable_chain(n): return None
+  n = n.base
   return n if n.op in (Ops.BUFFER, Ops.SLICE) else None
+
+def _check_writable(t: Node) -> None:
+  """Raise UnwritableViewError if t is a view of storage that does not name each element once (tinygrad silently drops
+  such assigns; callsat refuses them, notes/quirks.md). A computed target is fine: it gets a fresh buffer."""
+  n, bad = t, None
+  while True:
+    if n.op in GroupOp.Movement or n.op is Ops.DETACH:
+      if bad is None and not writable_chain(n):
+        bad = next((m.op.name for m in _chain(n) if m.op in (Ops.PAD, Ops.EXPAND)), "PAD")
+      n = n.base
+    elif n.op is Ops.CAST: bad = bad or "CAST"; n = n.src[0]
+    elif n.op in (Ops.AFTER, Ops.BITCAST, Ops.MULTI): n = n.src[0]
+    else: break
+  if bad is not None and n.op in GroupOp.Storage:
+    raise UnwritableViewError(f"assign: the target {t.shape} is a view of storage through {bad}, which does not name each element once")
+
+def _chain(n: Node) -> list[Node]:
+  out = []
+  while n.op in GroupOp.Movement or n.op is Ops.DETACH: out.append(n); n = n.src[0]
+  return out
 
 class Tensor:
   """A lazy tensor: `.node` is its graph. Building ops never executes; realize/numpy do."""
@@ -274,6 +296,7 @@ class Tensor:
     if x.device is not None and x.device != self.device:
       raise DeviceError(f"assign: value device {x.device} does not match target device {self.device}")
     tgt = self.node
+    _check_writable(tgt)
     write = tgt.after(tgt.store(x.node))
     b = _storage_base(tgt)
     if b is not None:
