@@ -16,7 +16,7 @@ Backends:
 `execute(plan, arrays, backend)` runs the steps; `arrays` maps every non-temporary buffer name to a 1-D numpy array
 (updated in place with what the plan writes)."""
 from __future__ import annotations
-import ctypes, ctypes.util, hashlib, os, shutil, subprocess, tempfile, time
+import ctypes, ctypes.util, hashlib, hmac, os, secrets, shutil, stat, subprocess, sys, tempfile, time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,10 +28,113 @@ class CudaUnavailable(RuntimeError):
 class CudaFailure(RuntimeError):
   """A CUDA driver call or a compile failed."""
 
-def cache_dir() -> str:
-  d = os.environ.get("CALLSAT_CUDA_CACHE") or os.path.join(tempfile.gettempdir(), f"callsat-cuda-{os.getuid()}")
-  os.makedirs(d, exist_ok=True)
-  return d
+# ---------------------------------------------------------------------------------------------------------------------
+# private per-user cache directories (also lower/cache.py's): whatever lies in a cache is run, so a cache trusts only
+# what this user wrote: the directory is this user's and not group/world-writable, names inside are opened without
+# following symlinks (relative to the directory's fd), and entries carry an HMAC under a per-user key (0600) kept there.
+
+class CacheRefused(OSError):
+  """A cache directory another user could write (or that cannot be made): run uncached."""
+
+_SAID: set = set()
+def say_once(msg: str) -> None:
+  """One line on stderr per message and process (a refused cache is reported, not fatal)."""
+  if msg not in _SAID: _SAID.add(msg); print(f"callsat: {msg}", file=sys.stderr)
+
+def user_cache_root(env=os.environ) -> str:
+  """$XDG_CACHE_HOME/callsat, else ~/.cache/callsat: the user's own, never a guessable shared path."""
+  return os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "callsat")
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+def private_dir(path: str, dir_fd: int | None = None) -> int:
+  """An fd of directory `path` (relative to dir_fd: never through a symlink), made 0700 if missing; CacheRefused unless
+  it belongs to this user and no group or other user can write it."""
+  try:
+    if dir_fd is None: os.makedirs(path, mode=0o700, exist_ok=True)
+    else:
+      try: os.mkdir(path, 0o700, dir_fd=dir_fd)
+      except FileExistsError: pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | (NOFOLLOW if dir_fd is not None else 0), dir_fd=dir_fd)
+  except OSError as e: raise CacheRefused(e.errno, f"cannot use cache directory {path!r}: {e.strerror}") from e
+  st = os.fstat(fd)
+  if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+    os.close(fd)
+    raise CacheRefused(f"cache directory {path!r} is not private (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}; "
+                       f"this is uid {os.geteuid()})")
+  return fd
+
+def user_key(dir_fd: int) -> bytes:
+  """The 32-byte HMAC key in <dir>/key (0600, this user's), made on first use; a racing maker's key wins (os.link)."""
+  for _ in range(3):
+    try:
+      fd = os.open("key", os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+      try:
+        st, key = os.fstat(fd), os.read(fd, 64)
+      finally: os.close(fd)
+      if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or len(key) != 32:
+        raise CacheRefused(f"cache key is not this user's private 32-byte file (mode {stat.S_IMODE(st.st_mode):o})")
+      return key
+    except FileNotFoundError: pass
+    tmp = f".key-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=dir_fd)
+    try: os.write(fd, secrets.token_bytes(32))
+    finally: os.close(fd)
+    try: os.link(tmp, "key", src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError: pass
+    finally: os.unlink(tmp, dir_fd=dir_fd)
+  raise CacheRefused("cannot make the cache key")
+
+def mac(key: bytes, *parts: bytes) -> bytes:
+  """HMAC-SHA256 over length-prefixed parts (so no two part lists sign alike)."""
+  h = hmac.new(key, digestmod=hashlib.sha256)
+  for p in parts: h.update(len(p).to_bytes(8, "little")); h.update(p)
+  return h.digest()
+
+def read_file(dir_fd: int, name: str) -> bytes | None:
+  """The bytes of regular file `name` in the directory (no symlink followed), None when absent or not a plain file."""
+  try: fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=dir_fd)
+  except OSError: return None
+  try:
+    if not stat.S_ISREG(os.fstat(fd).st_mode): return None
+    with os.fdopen(os.dup(fd), "rb") as f: return f.read()
+  finally: os.close(fd)
+
+def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+  """Write `name` whole: a fresh temp file (O_EXCL, no symlink followed) renamed over it."""
+  tmp = f".tmp-{name[:24]}-{os.getpid()}-{secrets.token_hex(4)}"
+  try:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dir_fd), "wb") as f: f.write(data)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd); tmp = None
+  finally:
+    if tmp is not None:
+      try: os.unlink(tmp, dir_fd=dir_fd)
+      except OSError: pass
+
+class SignedDir:
+  """A private cache directory whose entries are `mac(key, name, data) + data`: get returns None for anything else."""
+  def __init__(self, path: str):
+    self.path, self.fd = path, private_dir(path)
+    try: self.key = user_key(self.fd)
+    except OSError: os.close(self.fd); raise
+  def __del__(self):
+    if getattr(self, "fd", None) is not None: os.close(self.fd); self.fd = None
+  def get(self, name: str) -> bytes | None:
+    raw = read_file(self.fd, name)
+    if raw is None or len(raw) < 32: return None
+    if not hmac.compare_digest(raw[:32], mac(self.key, name.encode(), raw[32:])):
+      try: os.unlink(name, dir_fd=self.fd)     # a bad entry is discarded (rebuilt), never used
+      except OSError: pass
+      return None
+    return raw[32:]
+  def put(self, name: str, data: bytes) -> None: write_file(self.fd, name, mac(self.key, name.encode(), data) + data)
+
+def cache_dir(env=os.environ) -> SignedDir | None:
+  """The CUDA cache ($CALLSAT_CUDA_CACHE, else <user cache>/cuda), or None: refused (one line on stderr), run uncached."""
+  path = env.get("CALLSAT_CUDA_CACHE") or os.path.join(user_cache_root(env), "cuda")
+  try: return SignedDir(path)
+  except OSError as e:
+    say_once(f"{e.strerror or e}: the CUDA kernels run uncached"); return None
 
 def nvcc_path() -> str | None:
   p = shutil.which("nvcc")
@@ -49,15 +152,19 @@ def nvcc_cubin(source: str, arch: str) -> bytes: return _nvcc(source, ["-cubin",
 def _nvcc(source: str, flags: list, ext: str) -> bytes:
   nvcc = nvcc_path()
   if nvcc is None: raise CudaUnavailable("nvcc was not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
-  key = hashlib.sha1((source + repr(flags)).encode()).hexdigest()[:20]
-  out = os.path.join(cache_dir(), key + ext)
-  if not os.path.exists(out):
-    src = os.path.join(cache_dir(), key + ".cu")
+  name = hashlib.sha256((source + repr(flags)).encode()).hexdigest()[:32] + ext
+  cache = cache_dir()
+  if cache is not None and (got := cache.get(name)) is not None: return got
+  with tempfile.TemporaryDirectory(prefix="callsat-nvcc-") as d:   # private (0700) and fresh: nothing to be planted
+    src, out = os.path.join(d, "kernels.cu"), os.path.join(d, "out" + ext)
     with open(src, "w") as f: f.write(source)
-    r = subprocess.run([nvcc, *flags, "-o", out + ".part", src], capture_output=True, text=True)
+    r = subprocess.run([nvcc, *flags, "-o", out, src], capture_output=True, text=True)
     if r.returncode: raise CudaFailure(f"nvcc {' '.join(flags)} failed:\n{r.stderr[-4000:]}")
-    os.replace(out + ".part", out)
-  with open(out, "rb") as f: return f.read()
+    with open(out, "rb") as f: data = f.read()
+  if cache is not None:
+    try: cache.put(name, data)
+    except OSError as e: say_once(f"cannot write the CUDA cache {cache.path!r}: {e.strerror}")
+  return data
 
 # ---------------------------------------------------------------------------------------------------------------------
 # plan execution
@@ -108,6 +215,14 @@ def launcher_source(plan: dict) -> str:
   lines.append('extern "C" unsigned long long cs_barrier_count() { return cs_emu::barriers; }')
   return "\n".join(lines) + "\n"
 
+def load_library(data: bytes):
+  """dlopen the authenticated bytes themselves: a copy at a fresh private path (a unique name too: dlopen hands back an
+  already loaded library of the same path), removed once mapped."""
+  with tempfile.TemporaryDirectory(prefix="callsat-emu-") as d:
+    p = os.path.join(d, "kernels.so")
+    with open(p, "wb") as f: f.write(data)
+    return ctypes.CDLL(p)
+
 class EmuModule:
   def __init__(self, lib, names): self.lib, self.index = lib, {n: i for i, n in enumerate(names)}
 
@@ -119,27 +234,31 @@ class Emulator:
     self.opt = opt
     self._mods: dict = {}
 
-  def build(self, source: str, plan_kernels: dict) -> str:
+  def build(self, source: str, plan_kernels: dict) -> bytes:
+    """The shared library of `source` (bytes): from the cache when an entry authenticates, else built by g++."""
     plan = {"kernels": plan_kernels}
     with open(EMU_HEADER) as f: header = f.read()
-    key = hashlib.sha1((header + source + launcher_source(plan) + self.opt).encode()).hexdigest()[:20]
-    d = os.path.join(cache_dir(), "emu-" + key)
-    so = os.path.join(d, "kernels.so")
-    if not os.path.exists(so):
-      os.makedirs(d, exist_ok=True)
+    name = "emu-" + hashlib.sha256((header + source + launcher_source(plan) + self.opt).encode()).hexdigest()[:32] + ".so"
+    cache = cache_dir()
+    if cache is not None and (got := cache.get(name)) is not None: return got
+    with tempfile.TemporaryDirectory(prefix="callsat-emu-") as d:   # private (0700) and fresh: no planted file or link
       with open(os.path.join(d, "kernels.cu"), "w") as f: f.write(source)
       with open(os.path.join(d, "launcher.cpp"), "w") as f: f.write(launcher_source(plan))
+      so = os.path.join(d, "kernels.so")
       cmd = [self.cxx, "-std=c++17", self.opt, "-fPIC", "-shared", "-w", "-include", EMU_HEADER, "-I", d,
-             os.path.join(d, "launcher.cpp"), "-o", so + ".part"]
+             os.path.join(d, "launcher.cpp"), "-o", so]
       r = subprocess.run(cmd, capture_output=True, text=True)
       if r.returncode: raise CudaFailure(f"emulator build failed ({' '.join(cmd)}):\n{r.stderr[-6000:]}")
-      os.replace(so + ".part", so)
-    return so
+      with open(so, "rb") as f: data = f.read()
+    if cache is not None:
+      try: cache.put(name, data)
+      except OSError as e: say_once(f"cannot write the CUDA cache {cache.path!r}: {e.strerror}")
+    return data
 
   def load(self, plan: dict) -> EmuModule:
     key = hashlib.sha1(plan["source"].encode()).hexdigest()
     if key not in self._mods:
-      lib = ctypes.CDLL(self.build(plan["source"], plan["kernels"]))
+      lib = load_library(self.build(plan["source"], plan["kernels"]))
       lib.cs_launch.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_uint] * 6
       lib.cs_launch.restype = None
       lib.cs_barrier_count.restype = ctypes.c_ulonglong
