@@ -157,6 +157,7 @@ def flat_index(idx: tuple, shape: tuple) -> Idx:
 def unflatten(flat: Idx, shape: tuple) -> tuple:
   """Per-axis indices of a C-order flat index into `shape`."""
   out, stride = [], math.prod(shape)
+  if stride == 0: return tuple(Idx.const(0) for _ in shape)   # no element: the index is never evaluated (a reduce of 0 steps)
   for s in shape:
     stride //= s
     out.append(Idx.const(0) if s == 1 else (flat // stride) % s if stride else Idx.const(0))
