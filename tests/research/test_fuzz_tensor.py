@@ -102,12 +102,25 @@ def run(program, device):
       if len(y.shape) == 2 and y.shape[0] == s[1]: t, r = (x @ y).cast(dt), mm(xr, yr)
       else: t, r = (x @ x.T).cast(dt), mm(xr, xr.T)
     elif kind == "contig": t, r = x.contiguous(), xr
-    elif kind == "assign":       # into a fresh realized buffer: in place, maybe reading itself
-      d = data(s)
-      tgt = Tensor(d, device=device).realize()
-      if k % 2: tgt += x; r = (d + xr).astype(np_dt)
-      else: tgt.assign(x); r = xr
-      t = tgt
+    elif kind == "assign":       # into a fresh realized buffer, whole or through a strided/permuted/shrunk view of it
+      n = x.numel()
+      if j % 2 == 0 or n == 0:
+        d = data(s)
+        tgt = Tensor(d, device=device).realize()
+        if k % 2: tgt += x; r = (d + xr).astype(np_dt)
+        else: tgt.assign(x); r = xr
+        t = tgt
+      else:                      # storage of step*n (+1) elements; the view names n of them, maybe transposed
+        step, off = 1 + l % 3, (l // 3) % 2
+        d = data((step * n + off,))
+        buf = Tensor(d, device=device).realize()
+        flat = np.arange(d.size)[off::step][:n]
+        v, idx = buf[off::step][:n].reshape(s), flat.reshape(s)
+        if len(s) >= 2 and k % 3 == 0: v, idx, xr2, x2 = v.permute(1, 0, *range(2, len(s))), idx.swapaxes(0, 1), xr.swapaxes(0, 1), x.permute(1, 0, *range(2, len(s)))
+        else: xr2, x2 = xr, x
+        want = d.copy(); want[idx] = xr2
+        v.assign(x2)             # lazy: buf now reads after the write, realized with the outputs
+        t, r = buf, want
     elif kind == "where":
       t, r = (x > 0).where(x, -x), np.where(xr > 0, xr, -xr)
     r = np.asarray(r)
@@ -144,6 +157,16 @@ def test_fuzz_covers_both_devices_and_every_step_kind():
   for dev in DEVICES:
     got, want = run(prog, dev)
     assert len(got) == 13
+  check(prog)
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
+def test_fuzz_assign_through_strided_and_permuted_views(dtype):
+  """The assign step's view targets: steps 1-3, offsets 0-1, transposed or not, over 1-3-d values (issue item 3)."""
+  steps = [("reshape", 0, 0, 1, 0), ("assign", 0, 1, 1, 4), ("assign", 1, 1, 0, 2), ("assign", 2, 1, 3, 5), ("assign", 0, 3, 2, 1)]
+  prog = (dtype, 3, [(4, 4), (2, 2, 4), (3,)], steps, [3, 4, 5, 6, 7])
+  for dev in DEVICES:
+    got, want = run(prog, dev)
+    assert [g.size for g in got[1:]] == [33, 48, 10, 32]   # storage of step*n+off elements: the views really are strided
   check(prog)
 
 def test_repro_permute_arg_collides_with_flip_arg():
