@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes, os, re, sys, time
 from lower.kernel import Kernel, render as render_kernel
 from lower.llvm import render_llvm
-from lower.llvmjit import compile_module
+from lower.llvmjit import JIT_LOCK, compile_module
 from lower.matmul import mm_helpers
 
 def debug_level() -> int:
@@ -52,7 +52,11 @@ def module_text(kernels: list[tuple[Kernel, str]]) -> str:
 
 def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None) -> list[Compiled]:
   """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once. With `disk` (a
-  lower.cache.DiskCache) the module's object is loaded from it when there, else compiled and stored."""
+  lower.cache.DiskCache) the module's object is loaded from it when there, else compiled and stored. Serialized by
+  JIT_LOCK (llvmlite is not thread-safe; the helpers' registration and the address lookups too)."""
+  with JIT_LOCK: return _compile_kernels(kernels, disk)
+
+def _compile_kernels(kernels: list[tuple[Kernel, str]], disk) -> list[Compiled]:
   t0 = time.perf_counter()
   text = module_text(kernels)
   if debug_level() >= 2:

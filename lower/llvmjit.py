@@ -1,25 +1,36 @@
 """LLVM through llvmlite for the host CPU: the process's target machine (O3, the host CPU name + features, MCJIT), the
 disk-cache key of a module's object and compile_module, which turns a module's text into a finalized engine (or loads
-its object from a lower.cache.DiskCache). Kernels become modules in lower/compiler.py."""
+its object from a lower.cache.DiskCache). Kernels become modules in lower/compiler.py.
+
+Threads: LLVM's MCJIT and llvmlite's module/engine objects are not thread-safe (two threads in compile_module or
+get_function_address at once segfaulted), so every use of them takes JIT_LOCK: compiling is serialized. Running the
+compiled kernels is not: they are plain functions called through ctypes, which releases the GIL."""
 from __future__ import annotations
-import hashlib
+import hashlib, os, threading
 
 _LLVM = None
+JIT_LOCK = threading.RLock()   # held around every llvmlite call that parses, optimizes, compiles or looks up code
+if hasattr(os, "register_at_fork"):   # a fork while another thread compiled would leave the child's copy held for good
+  os.register_at_fork(after_in_child=lambda: globals().update(JIT_LOCK=threading.RLock()))
 
 def llvm_setup():
   """(llvm binding, target machine factory, the optimizing target machine, host CPU name, its features), made once."""
   global _LLVM
-  if _LLVM is None:
-    import llvmlite.binding as llvm
-    llvm.initialize_native_target(); llvm.initialize_native_asmprinter(); llvm.initialize_native_asmparser()
-    # no vectorized epilogue loops (remainders run scalar): ~2 ms less compile per vectorized loop, for kernels that
-    # are memory-bound or dominated by their main vector loop (process-global LLVM option)
-    llvm.set_option("", "--enable-epilogue-vectorization=false")
-    target = llvm.Target.from_default_triple()
-    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-    make = lambda: target.create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
-    _LLVM = (llvm, make, make(), cpu, features)
+  if _LLVM is not None: return _LLVM
+  with JIT_LOCK:
+    if _LLVM is None: _LLVM = _setup()
   return _LLVM
+
+def _setup():
+  import llvmlite.binding as llvm
+  llvm.initialize_native_target(); llvm.initialize_native_asmprinter(); llvm.initialize_native_asmparser()
+  # no vectorized epilogue loops (remainders run scalar): ~2 ms less compile per vectorized loop, for kernels that
+  # are memory-bound or dominated by their main vector loop (process-global LLVM option)
+  llvm.set_option("", "--enable-epilogue-vectorization=false")
+  target = llvm.Target.from_default_triple()
+  cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+  make = lambda: target.create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
+  return (llvm, make, make(), cpu, features)
 
 def host_cpu() -> tuple[str, str]:
   _, _, _, cpu, feats = llvm_setup()
@@ -42,6 +53,9 @@ def compile_module(text: str, disk=None, level: int = 3):
   transform on, as the kernels want; else llvmlite's defaults for that speed level) and compiled, or with `disk` (a
   lower.cache.DiskCache) its object loaded from there when present, else stored there. Symbols the module calls but
   does not define (the matmul helpers) must be registered first. Returns (engine, loaded)."""
+  with JIT_LOCK: return _compile_module(text, disk, level)
+
+def _compile_module(text: str, disk, level: int):
   llvm, make_tm, tm_opt, _, _ = llvm_setup()
   key = object_key(text, level) if disk is not None else None
   obj = disk.get(key) if disk is not None else None

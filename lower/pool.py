@@ -14,7 +14,7 @@ lower/native.py uses the Python workers of lower/threads.py."""
 from __future__ import annotations
 import ctypes, os, platform, threading
 import numpy as np
-from lower.llvmjit import compile_module
+from lower.llvmjit import JIT_LOCK, compile_module
 
 WORKER_BYTES = 128
 SPIN_CYCLES = 200_000     # ~0.08 ms at 2.6 GHz: a worker idles this long, spinning, before it sleeps
@@ -177,9 +177,11 @@ def available() -> bool:
 class Pool:
   """Native workers pinned one per CPU this process may use (the caller's thread runs chunk 0 and is never pinned)."""
   def __init__(self, cpus: list[int], disk=None):
-    self.engine, _ = compile_module(POOL_IR.replace("SPIN", str(SPIN_CYCLES)), disk, level=2)
+    with JIT_LOCK:   # llvmlite is not thread-safe (lower/llvmjit.py)
+      self.engine, _ = compile_module(POOL_IR.replace("SPIN", str(SPIN_CYCLES)), disk, level=2)
+      run, entry = (self.engine.get_function_address(f"callsat_pool_{f}") for f in ("run", "worker"))
     self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_int64)(self.engine.get_function_address("callsat_pool_run"))
+                                 ctypes.c_int64)(run)
     self.pid, self.cpus, self.lock = os.getpid(), list(cpus), threading.Lock()
     self._mem = np.zeros(len(cpus) * WORKER_BYTES + 64, np.uint8)
     self.base = self._mem.ctypes.data + (-self._mem.ctypes.data) % 64
@@ -187,7 +189,6 @@ class Pool:
     create, setaff = libc.pthread_create, libc.pthread_setaffinity_np
     create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     setaff.argtypes = [ctypes.c_ulong, ctypes.c_size_t, ctypes.c_void_p]
-    entry = self.engine.get_function_address("callsat_pool_worker")
     self.tids = []
     for i, cpu in enumerate(cpus):
       w = self.base + i * WORKER_BYTES
