@@ -7,7 +7,7 @@ hypothesis is a test extra (`pip install callsat[test]`); it is imported when a 
 from __future__ import annotations
 import contextlib, os, re, time
 from dataclasses import dataclass, field
-from rules.registry import Rule, RULES, PHASES
+from rules.registry import Rule, RULES, PHASES, validate
 from egraph.errors import CallsatError, EngineError
 from rules.strategies import PLANTED, hypothesis_strategies, rule_graphs
 from rules.soundness import check_egraph
@@ -27,15 +27,21 @@ class CheckResult:
   examples: int = 0            # graphs checked before the first failure (or in all)
   fired: int = 0               # of those, graphs on which the rule matched
   matches: int = 0             # total matches of the rule
-  ok: bool = True
+  sound: bool = True           # no graph broke a value, the canary, a derived fact or a structural invariant
   counterexample: str = ""     # the shrunk failing graph, rendered
   problem: str = ""            # what was wrong on it: the disagreeing e-node and values, or the canary's message
   seconds: float = 0.0
   @property
   def fire_rate(self) -> float: return self.fired / self.examples if self.examples else 0.0
+  @property
+  def untested(self) -> bool: return self.sound and self.fired == 0
+  @property
+  def ok(self) -> bool: return self.sound and self.fired > 0   # a rule that never fired was not checked at all
+  @property
+  def status(self) -> str: return "ok" if self.ok else "UNTESTED" if self.untested else "UNSOUND"
   def __str__(self) -> str:
-    head = f"{self.rule}: {'ok' if self.ok else 'UNSOUND'} on {self.examples} graphs (fired on {self.fired}, {self.matches} matches) in {self.seconds:.1f}s"
-    if self.ok: return head
+    head = f"{self.rule}: {self.status} on {self.examples} graphs (fired on {self.fired}, {self.matches} matches) in {self.seconds:.1f}s"
+    if self.sound: return head + ("  (the rule never matched: nothing was checked)" if self.untested else "")
     return f"{head}\n  problem: {self.problem}\n  counterexample (shrunk):\n" + "\n".join("    " + l for l in self.counterexample.splitlines())
 
 @dataclass
@@ -52,6 +58,7 @@ class CheckReport:
 def _registered(rules: list[Rule]):
   """Rules that are not in the registry (a candidate under test) are registered for the duration of the check."""
   added = [r for r in rules if RULES.get(r.name) is not r]
+  for r in added: validate(r)
   saved = {r.name: RULES.get(r.name) for r in added}
   for r in added: RULES[r.name] = r
   try: yield
@@ -101,7 +108,7 @@ def _check_one(rule: Rule, examples: int, seed, max_steps: int, storages: int) -
   strategy = rule_graphs(planter_for(rule), max_steps=max_steps)
 
   def prop(g):
-    try: violations, matches = check_egraph(g.roots, g.storage, rules, storages=storages)
+    try: violations, matches = check_egraph(g.roots, g.storage, rules, storages=storages, structure=rule.name)
     except EngineError as e:   # the bad-merge canary
       failing[:] = [g, str(e)]; raise AssertionError(str(e)) from None
     if not failing:
@@ -119,6 +126,6 @@ def _check_one(rule: Rule, examples: int, seed, max_steps: int, storages: int) -
   try: test()
   except AssertionError:
     g, problem = failing       # hypothesis replays the shrunk example last, so this is the minimal one
-    res.ok, res.problem, res.counterexample = False, problem, g.render()
+    res.sound, res.problem, res.counterexample = False, problem, g.render()
   res.seconds = time.perf_counter() - t0
   return res

@@ -1,6 +1,8 @@
 """Rules as data: every rule has a name, a one-line doc, a phase and its egglog text (query, then actions)."""
 from __future__ import annotations
+import re
 from dataclasses import dataclass
+from egraph.ir import Ops
 
 PHASES = ("load", "materialize", "optimize")
 
@@ -18,8 +20,43 @@ class Rule:
 
 RULES: dict[str, Rule] = {}
 
+# the vocabulary of egraph/language.py's program (constructors and fact relations with their arities), and egglog's
+# own commands: a rule naming anything else would be an egglog error at best, a rule that silently never fires at worst
+CONSTRUCTORS = {"L": 2, "U": 3, "B": 4, "R": 5, "V": 3, "Cons": 2, "Nil": 0, "N": 1}
+RELATIONS = {"fresh": 2, "view": 2, "storage": 1, "zero": 1, "copy_into": 2, "precompiled": 2, "computed_arg": 1}
+BUILTINS = {"=", "!=", "union", "subsume", "delete", "set", "let", "panic"}
+_ATOM = re.compile(r'"[^"]*"|[()]|[^\s()"]+')
+
+def _calls(text: str):
+  """(head, argument count, first argument) of every parenthesized form in an egglog text."""
+  stack: list[list] = []
+  for tok in _ATOM.findall(text):
+    if tok == "(": stack.append([])
+    elif tok == ")":
+      if not stack: raise ValueError("unbalanced ')'")
+      form = stack.pop()
+      if form: yield form[0], len(form) - 1, form[1] if len(form) > 1 else None
+      if stack: stack[-1].append(form)
+    elif stack: stack[-1].append(tok)
+  if stack: raise ValueError("unbalanced '('")
+
+def validate(r: Rule) -> None:
+  """Refuse a rule that names an unknown op, constructor or relation, or uses one with the wrong arity."""
+  if r.phase not in PHASES: raise ValueError(f"rule {r.name}: unknown phase {r.phase!r}")
+  for part in (r.query, r.actions, r.lhs):
+    try: forms = list(_calls(part))
+    except ValueError as e: raise ValueError(f"rule {r.name}: {e} in {part!r}") from None
+    for head, n, first in forms:
+      if isinstance(head, list): raise ValueError(f"rule {r.name}: a form with no head in {part!r}")
+      want = CONSTRUCTORS.get(head, RELATIONS.get(head))
+      if want is None and head not in BUILTINS: raise ValueError(f"rule {r.name}: unknown constructor or relation {head!r}")
+      if want is not None and n != want: raise ValueError(f"rule {r.name}: ({head} ...) takes {want} arguments, got {n}")
+      if head in ("L", "U", "B", "R", "V") and isinstance(first, str) and first.startswith('"') and first.strip('"') not in Ops.__members__:
+        raise ValueError(f"rule {r.name}: unknown op {first}")
+
 def register(*rules: Rule) -> None:
   for r in rules:
+    validate(r)
     if r.phase not in PHASES: raise ValueError(f"rule {r.name}: unknown phase {r.phase!r}")
     if r.name in RULES: raise ValueError(f"rule {r.name} registered twice")
     RULES[r.name] = r

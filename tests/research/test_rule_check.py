@@ -13,9 +13,12 @@ from rules.soundness import check_egraph
 
 N = examples_from_env(200)
 
+UNTESTED = {"precompile_call"}   # no generator builds a precompiled FUNCTION yet: the checker says so instead of "ok"
+
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_rule_is_sound_on_its_left_sides(name):
   res = check(name, examples=N)
+  if name in UNTESTED: assert res.sound and res.untested and res.status == "UNTESTED" and not res.ok, str(res); return
   assert isinstance(res, CheckResult) and res.ok, str(res)
   assert res.examples == N
   if planter_for(RULES[name]):   # the generated graphs really contain the left side
@@ -72,3 +75,27 @@ def test_missing_hypothesis_says_what_to_install(monkeypatch):
   monkeypatch.setattr(builtins, "__import__", fake)
   with pytest.raises(CallsatError, match=r"pip install callsat\[test\]"): strategies.graphs()
   with pytest.raises(CallsatError, match=r"pip install callsat\[test\]"): check("drop_detach", examples=1)
+
+def test_false_storage_fact_is_caught_structurally():
+  """Issue: 'every RESHAPE has buffer identity' changes no value, so values alone passed it (ok on 50 graphs); the
+  derived (storage r) fact on a reshape of a computed value is false."""
+  bad = Rule("reshape_is_storage", "every RESHAPE has buffer identity (wrong on purpose)", "optimize", '(= r (U "RESHAPE" a x))', '(storage r)')
+  res = check(bad, examples=50)
+  assert not res.ok and not res.sound and res.status == "UNSOUND" and "UNSOUND" in str(res)
+  assert "structural invariant" in res.problem and "false fact (storage x) on RESHAPE" in res.problem and "reshape_is_storage" in res.problem
+  assert "RESHAPE" in res.counterexample and len(res.counterexample.splitlines()) <= 8, res.counterexample
+
+def test_unknown_op_relation_or_arity_is_refused_at_registration():
+  from rules.registry import register, validate
+  for q in ['(= r (U "NOSUCHOP" a x))', '(= r (U "RESHAPE" a))', '(= r (U "RESHAPE" a x)) (stor r)', '(= r (U "RESHAPE" a x)) (storage r r)']:
+    bad = Rule("bad_vocab", "names something that does not exist", "optimize", q, '(union r r)')
+    with pytest.raises(ValueError, match="bad_vocab"): register(bad)
+    with pytest.raises(ValueError, match="bad_vocab"): check(bad, examples=5)
+    assert "bad_vocab" not in RULES
+  for r in RULES.values(): validate(r)     # every registered rule passes
+
+def test_rule_that_never_fires_is_untested_not_ok():
+  never = Rule("never_fires", "WHERE(c, x, x) = x: sound, but no generated graph has one", "optimize", '(= w (R "WHERE" a c x x))', '(union w x)')
+  res = check(never, examples=20)
+  assert res.sound and res.untested and not res.ok and res.fired == 0
+  assert str(res).startswith("never_fires: UNTESTED") and not check([never], examples=5).ok
