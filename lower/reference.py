@@ -170,7 +170,7 @@ def _store(n: Node, tgt: np.ndarray, val: np.ndarray, memo: dict[int, Any]) -> N
     chain.append(b); b = b.src[0]
   if tgt.size == 0: return
   base = memo[b.id]
-  if not all(np.may_share_memory(memo[c.id], base) for c in chain): return _scatter(n.src[0], val, base, memo)
+  if any(c.op in (Ops.PAD, Ops.EXPAND) or not np.may_share_memory(memo[c.id], base) for c in chain): return _scatter(n.src[0], val, base, memo)
   tgt[...] = val.copy() if np.may_share_memory(tgt, val) else val
 
 def _scatter(t: Node, val: np.ndarray, base: np.ndarray, memo: dict[int, Any]) -> None:
@@ -181,7 +181,9 @@ def _scatter(t: Node, val: np.ndarray, base: np.ndarray, memo: dict[int, Any]) -
     raise CallsatError(f"STORE: the target {t.shape} through {t.op.name} is not a view of storage")
   idx = view_index(t)
   if (idx < 0).any() or np.unique(idx).size != idx.size:
-    raise CallsatError(f"STORE: the target {t.shape} through {t.op.name} does not name each element of storage once")
+    m = t
+    while m.op not in (Ops.PAD, Ops.EXPAND) and m.src and m.src[0].op in GroupOp.Movement: m = m.src[0]
+    raise CallsatError(f"STORE: the target {t.shape} goes through {m.op.name}, which does not name each element of storage once")
   arr.reshape(-1)[idx] = val.copy() if np.may_share_memory(arr, val) else val
 
 def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, cache: dict) -> list[Any]:
