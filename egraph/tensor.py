@@ -5,7 +5,7 @@ Semantics follow tinygrad: numpy-style right-aligned broadcasting, tinygrad dtyp
 REDUCE-keeps-dims under the hood, and realize substitutes the buffer map into every live Tensor.
 """
 from __future__ import annotations
-import itertools, math, weakref
+import itertools, math, os, weakref
 from typing import Any, Iterator
 import numpy as np
 from egraph.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
@@ -185,8 +185,9 @@ class Tensor:
   @staticmethod
   def empty(*shape, dtype=None, device=None) -> Tensor:
     v = empty_view(_argfix(shape), dtypes.from_any(dtype or dtypes.default_float), canonical_device(device or DEFAULT_DEVICE))
-    if v.device.startswith("DISK:"):   # a disk tensor is the file's bytes: map them now (they may already hold data)
-      STORAGE.allocate(v.base)
+    # a disk tensor is the file's bytes: map them now, read-only (they may already hold data); a missing file is made
+    # by the first write, a too small one is a DeviceError here
+    if v.device.startswith("DISK:") and os.path.exists(v.device[5:]): STORAGE.allocate(v.base, write=False)
     return Tensor(v)
   @staticmethod
   def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
@@ -487,8 +488,8 @@ class Tensor:
     ret = self.cast(sum_acc_dtype(self.dtype) if dtype is None else dtype)._reduce(Ops.ADD, axis, keepdim)
     return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
   def prod(self, axis=None, keepdim=False, dtype=None) -> Tensor:
-    ret = self.cast(sum_acc_dtype(self.dtype) if dtype is None else dtype)._reduce(Ops.MUL, axis, keepdim)
-    return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
+    """In its own dtype (or `dtype`), as tinygrad 0.14: no accumulation dtype, unlike sum."""
+    return self.cast(self.dtype if dtype is None else dtype)._reduce(Ops.MUL, axis, keepdim)
   def max(self, axis=None, keepdim=False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
   def min(self, axis=None, keepdim=False) -> Tensor:
     # an order-reversing bijection turns min into max: negation for floats, ~x for ints/bools (exact at INT_MIN and 0u)
