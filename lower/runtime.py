@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 from egraph.driver import bindings
 from egraph.errors import CallsatError, DeviceError, UnsupportedOpError
-from egraph.ir import Node, Ops, toposort, is_shard
+from egraph.ir import GroupOp, Node, Ops, toposort, is_shard
 from egraph.storage import Storage, STORAGE
 from lower.cuda import run_cuda
 from lower.native import run_native
@@ -39,9 +39,40 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
   if route == "bind":
     call, _ = bindings(call)   # symbolic dimensions take their bound values; BIND args leave the call
     if (route := _ROUTES.get(call)) is None: route = _ROUTES[call] = _route(call)
+  if disks := _disk_args(call): _map_disks(disks, storage)
   if route == "python": evaluate([call], storage)
   elif route == "cuda": run_cuda(call, storage)   # the GPU through libcuda; DeviceError naming what is missing without one
   else: run_native(call, storage)
+
+_DISKS: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()   # CALL -> ((DISK BUFFER, written?), ...)
+_THROUGH = (Ops.SLICE, Ops.AFTER, Ops.DETACH, Ops.MULTI, Ops.CONTIGUOUS_BACKWARD)
+
+def _disk_args(call: Node) -> tuple:
+  """The DISK BUFFERs among a CALL's args, each with whether the CALL stores into it (nested CALLs followed)."""
+  if (got := _DISKS.get(call)) is not None: return got
+  def base(n: Node) -> Node:
+    while n.src and (n.op in GroupOp.Movement or n.op in _THROUGH): n = n.src[0]
+    return n
+  written: set[int] = set()
+  def walk(body: Node, args: list[Node]) -> None:
+    def resolve(x: Node) -> Node:
+      b = base(x)
+      return args[b.arg.slot] if b.op is Ops.PARAM and 0 <= b.arg.slot < len(args) else b
+    for n in toposort([body], enter_calls=False):
+      if n.op is Ops.STORE and (b := resolve(n.src[0])).op is Ops.BUFFER: written.add(b.arg.uid)
+      elif n.op is Ops.CALL: walk(n.src[0], [resolve(a) for a in n.src[1:]])
+  args = [base(a) for a in call.src[1:]]
+  disks = {b.arg.uid: b for b in args if b.op is Ops.BUFFER and _on(b.arg.device, "DISK")}
+  if disks: walk(call.src[0], args)
+  got = _DISKS[call] = tuple((b, u in written) for u, b in disks.items())
+  return got
+
+def _map_disks(disks: tuple, storage: Storage) -> None:
+  """Map DISK files by intent before any executor touches them: a file the CALL writes read-write (created, grown or
+  remapped from a read map), a file it only reads read-only (missing or too small: DeviceError), never written."""
+  for b, written in disks:
+    if written: storage.allocate(b)
+    elif b not in storage: storage.allocate(b, write=False)
 
 def _route(call: Node) -> str:
   """Validate a CALL's args and devices; the backend that runs it ("bind" when BIND args must be applied first)."""
