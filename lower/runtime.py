@@ -4,6 +4,12 @@ Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALL
 backend (lower/native.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/reference.py).
 A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU). A sharded CALL on CPU devices
 (("CPU", "CPU:1"), ...) runs natively too, as per-device kernels (lower/kernelize.py).
+
+Threads: run_call may be called from several Python threads at once. Concurrent: callify's Python, kernelize, storage
+allocation and frees (single dict operations, atomic under the GIL; the buffer pool has its own lock) and the kernels
+themselves (ctypes releases the GIL). Serialized: every llvmlite call (compiling, loading and symbol lookups take
+lower.llvmjit.JIT_LOCK: LLVM's JIT is not thread-safe) and the native worker pool (one split launch at a time; another
+thread's launch then runs its kernel on its own thread instead of waiting).
 """
 from __future__ import annotations
 import weakref
