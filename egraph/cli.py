@@ -2,7 +2,7 @@
 `callsat explain` (why a realized tensor became a view, a fresh buffer or an alias), `callsat export` (.egg / JSON),
 `callsat cuda [--model NAME] [--out FILE] [--emulate]` (the model's CALL as a CUDA translation unit + launch plan)."""
 from __future__ import annotations
-import argparse, json, runpy, sys, time
+import argparse, json, os, runpy, sys, time
 import numpy as np
 from egraph.errors import CallsatError
 from egraph.ir import substitute
@@ -31,13 +31,27 @@ def demo(args) -> int:
   print(f"  check vs numpy: max abs error {err:.2e} -> {'OK' if ok else 'MISMATCH'}")
   return 0 if ok else 1
 
+def outputs(*paths) -> None:
+  """Every output path's directory must exist: said before any work, not as a traceback after it."""
+  for p in paths:
+    if p and p != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(p))):
+      raise CallsatError(f"cannot write {p!r}: directory {os.path.dirname(os.path.abspath(p))!r} does not exist")
+
+def at_least(name: str, v: int, lo: int) -> None:
+  if v < lo: raise CallsatError(f"{name} must be >= {lo}, got {v}")
+
 def order(args) -> int:
-  names = args.graphs or ordering.corpus_names(args.generated)
+  at_least("--orders/-k", args.orders, 0); at_least("--workers", args.workers, 1); at_least("--generated", args.generated, 0)
+  names = [ordering.check_name(g) for g in args.graphs] if args.graphs else ordering.corpus_names(args.generated)
+  outputs(args.csv, args.json, args.plot and ordering.plot_path(args.plot))
   if args.plot: ordering.require_matplotlib()      # say what to install before running anything
   if args.ray is not None:
     ordering.require_ray()                         # say what to install before running anything
     if args.workers > 1: raise CallsatError("--workers and --ray exclude each other: with --ray the cluster's CPUs run the sweep")
-  results = ordering.sweep(names, k=args.orders, seed=args.seed, workers=args.workers, ray=args.ray)
+  def progress(i: int, n: int, r) -> None:        # long sweeps: one line per graph as it finishes, on stderr
+    print(f"[{i}/{n}] {r.graph}: saturated {r.saturated.cost}, orders {min((o.cost for o in r.orders), default='-')}.."
+          f"{max((o.cost for o in r.orders), default='-')}", file=sys.stderr, flush=True)
+  results = ordering.sweep(names, k=args.orders, seed=args.seed, workers=args.workers, ray=args.ray, progress=progress)
   print(ordering.table(results))
   dep = sum(r.order_dependent for r in results)
   print(f"\n{dep}/{len(results)} graphs depend on the rule order; saturation is never worse than an order on "
@@ -46,7 +60,7 @@ def order(args) -> int:
     with open(args.csv, "w") as f: f.write(ordering.to_csv(results))
   if args.json:
     with open(args.json, "w") as f: f.write(ordering.to_json(results))
-  if args.plot: ordering.plot(results, args.plot); print(f"plot written to {args.plot}")
+  if args.plot: print(f"plot written to {ordering.plot(results, args.plot)}")
   return 0
 
 def load_tensors(args) -> tuple[list, list[str]]:
@@ -70,6 +84,7 @@ def load_tensors(args) -> tuple[list, list[str]]:
   return [v for _, v in pairs], [k for k, _ in pairs]
 
 def explain(args) -> int:
+  outputs(args.json)
   tensors, labels = load_tensors(args)
   ex = run_explain(*tensors, labels=labels, cost=args.cost, schedule=args.schedule)
   ex = ex.select([int(t) if t.isdigit() else t for t in args.tensors or []])
@@ -82,6 +97,7 @@ def explain(args) -> int:
 
 def export(args) -> int:
   if not (args.egg or args.json or args.svg): raise CallsatError("export: give at least one of --egg, --json, --svg")
+  outputs(args.egg, args.json, args.svg)
   if args.svg: require_graphviz()
   tensors, _ = load_tensors(args)
   for path in run_export(*tensors, egg=args.egg, json_path=args.json, svg_path=args.svg, cost=args.cost,
@@ -97,6 +113,7 @@ def _source_args(p) -> None:
   p.add_argument("--schedule", default="saturate", help="schedule preset")
 
 def cuda(args) -> int:
+  outputs(args.out)
   out, ref = MODELS[args.model]()
   res = callify(out)
   lw = C.plans([res.call])[0]

@@ -6,7 +6,7 @@ per graph the extracted cost, e-graph size, time, and whether the result depends
 cluster with `ray` (an address; needs `pip install -e '.[ray]'`)."""
 from __future__ import annotations
 import csv, io, json, logging, math, multiprocessing, os, time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, asdict
 import numpy as np
 from egraph.errors import CallsatError
@@ -78,11 +78,16 @@ def model_graph(name: str):
 def corpus_names(generated: int = 8) -> list[str]:
   return [f"model:{m}" for m in sorted(MODELS)] + [f"gen:{i}" for i in range(generated)]
 
-def build(name: str):
+def check_name(name: str) -> str:
+  """`name` if it is a corpus entry (model:NAME of a demo model, gen:SEED with SEED >= 0), else CallsatError."""
   kind, _, arg = name.partition(":")
-  if kind == "model": return model_graph(arg)
-  if kind == "gen": return generated_graph(int(arg))
-  raise CallsatError(f"corpus entry {name!r}: expected model:NAME or gen:SEED")
+  if kind == "model" and arg in MODELS: return name
+  if kind == "gen" and arg.isdigit(): return name
+  raise CallsatError(f"corpus entry {name!r}: expected model:NAME ({', '.join(sorted(MODELS))}) or gen:SEED (an integer >= 0)")
+
+def build(name: str):
+  kind, _, arg = check_name(name).partition(":")
+  return model_graph(arg) if kind == "model" else generated_graph(int(arg))
 
 # ---- one graph under every schedule ---------------------------------------------------------------------------------
 
@@ -144,15 +149,22 @@ def run_graph(name: str, k: int = 8, seed: int = 0) -> GraphResult:
 
 def _job(args): return run_graph(*args)
 
-def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: str | None = None) -> list[GraphResult]:
+def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: str | None = None, progress=None) -> list[GraphResult]:
   """Every corpus entry; with workers > 1 the entries run in separate processes, with `ray` (an address) as tasks on a
   Ray cluster. Either way a job is a corpus name: each worker builds its own graph (egglog objects do not pickle) and
-  sends back a GraphResult. Results come back in the order of `names`."""
-  jobs = [(n, k, seed) for n in names]
-  if ray is not None: return sweep_ray(jobs, ray)
-  if workers <= 1: return [run_graph(*j) for j in jobs]
+  sends back a GraphResult. Results come back in the order of `names`; `progress(done, total, result)` is called as each
+  graph finishes (in finishing order for workers), so long sweeps show life."""
+  for n in names: check_name(n)      # a bad entry fails before hours of work, not after
+  jobs, note = [(n, k, seed) for n in names], progress or (lambda i, n, r: None)
+  if ray is not None: return sweep_ray(jobs, ray, note)
+  if workers <= 1:
+    out = []
+    for j in jobs: out.append(run_graph(*j)); note(len(out), len(jobs), out[-1])
+    return out
   with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-    return list(ex.map(_job, jobs))
+    futs = [ex.submit(_job, j) for j in jobs]
+    for i, f in enumerate(as_completed(futs)): note(i + 1, len(jobs), f.result())
+    return [f.result() for f in futs]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_DIRS = [os.path.join(ROOT, p) for p in ("egraph", "rules", "lower")]   # shipped to a Ray cluster's workers
@@ -165,7 +177,7 @@ def require_ray():
   except ImportError as e:
     raise CallsatError(RAY_INSTALL) from e
 
-def sweep_ray(jobs: list[tuple], address: str) -> list[GraphResult]:
+def sweep_ray(jobs: list[tuple], address: str, progress=None) -> list[GraphResult]:
   """One Ray task per job (a graph and its order set), gathered in job order. `address` is what `ray.init` takes:
   `ray://host:10001` (Ray Client), `auto` (the cluster this machine belongs to) or `local` (start a local instance
   for this sweep). If this process is already connected to Ray, that connection is used and left open; otherwise the
@@ -176,18 +188,34 @@ def sweep_ray(jobs: list[tuple], address: str) -> list[GraphResult]:
   started = False
   if not ray.is_initialized():
     kw = {"include_dashboard": False} if address == "local" else {"runtime_env": {"py_modules": PACKAGE_DIRS}}
+    # ray.init fails in many ways (no ray[client] for ray://, a runtime-env hook that cannot pickle, no cluster): each
+    # is one line, not a traceback from deep inside ray
     try: ray.init(address=address, logging_level=logging.WARNING, **kw)
-    except ConnectionError as e: raise CallsatError(f"--ray {address}: cannot connect to a Ray cluster: {e}") from e
+    except ConnectionError as e: raise CallsatError(f"--ray {address}: cannot connect to a Ray cluster: {_line(e)}") from e
+    except Exception as e: raise CallsatError(f"--ray {address}: ray {getattr(ray, '__version__', '?')} failed to start: "
+                                              f"{type(e).__name__}: {_line(e)} ({RAY_INSTALL})") from e
     started = True
   try:
-    task = ray.remote(_job)
-    refs = [task.remote(j) for j in jobs]
-    try: return ray.get(refs)
+    try:
+      task = ray.remote(_job)
+      refs = [task.remote(j) for j in jobs]
+      if progress is not None:
+        left = list(refs)
+        while left:
+          done, left = ray.wait(left, num_returns=1)
+          progress(len(refs) - len(left), len(refs), ray.get(done[0]))
+      return ray.get(refs)
     except ray.exceptions.RayTaskError as e:
       if isinstance(e.cause, CallsatError): raise e.cause from None   # a bad corpus entry: the same error as locally
-      raise
+      raise CallsatError(f"--ray {address}: a task failed: {_line(e)}") from e
+    except CallsatError: raise
+    except Exception as e: raise CallsatError(f"--ray {address}: {type(e).__name__}: {_line(e)}") from e
   finally:
     if started: ray.shutdown()
+
+def _line(e: BaseException) -> str:
+  """The first line of an exception's message (ray's run to pages)."""
+  return (str(e).strip().splitlines() or [""])[0][:300]
 
 # ---- output ----------------------------------------------------------------------------------------------------------
 
@@ -228,8 +256,14 @@ def require_matplotlib():
   except ImportError as e:
     raise CallsatError("plotting needs matplotlib: pip install -e '.[plot]' (or pip install callsat[plot])") from e
 
-def plot(results: list[GraphResult], path: str) -> None:
-  """A PNG: per graph, each schedule's cost relative to the all-materialized baseline (random orders as dots)."""
+def plot_path(path: str) -> str:
+  """Where plot() writes `path`: matplotlib adds .png to a name without an extension, so the caller is told that name."""
+  return path if os.path.splitext(path)[1] else path + ".png"
+
+def plot(results: list[GraphResult], path: str) -> str:
+  """A PNG: per graph, each schedule's cost relative to the all-materialized baseline (random orders as dots). Returns
+  the path written (plot_path)."""
+  path = plot_path(path)
   plt = require_matplotlib()
   fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(results) + 2), 4.5))
   xs = range(len(results))
@@ -244,3 +278,4 @@ def plot(results: list[GraphResult], path: str) -> None:
   ax.set_ylabel("extracted cost / all-materialized baseline"); ax.set_title("callify: saturation vs rule orders")
   ax.axhline(1.0, color="k", lw=.5); ax.legend(fontsize=8); fig.tight_layout()
   fig.savefig(path, dpi=110); plt.close(fig)
+  return path
