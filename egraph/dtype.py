@@ -20,20 +20,16 @@ class DType:
   def is_float(self): return self.kind == 'f'
   def is_int(self): return self.kind in 'iu'
   def is_unsigned(self): return self.kind == 'u'
+  def bounds(self) -> tuple:
+    """(smallest, largest) value of an int or bool dtype."""
+    if self.kind == 'b': return False, True
+    if self.kind == 'u': return 0, (1 << self.bits) - 1
+    if self.kind == 'i': return -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
+    raise DTypeError(f"{self.name}: min and max are defined for ints and bool")
   @property
-  def min(self):
-    """The smallest value (ints and bool)."""
-    if self.kind == 'b': return False
-    if self.kind == 'u': return 0
-    if self.kind == 'i': return -(1 << (self.bits - 1))
-    raise DTypeError(f"{self.name}: min is defined for ints and bool")
+  def min(self): return self.bounds()[0]
   @property
-  def max(self):
-    """The largest value (ints and bool)."""
-    if self.kind == 'b': return True
-    if self.kind == 'u': return (1 << self.bits) - 1
-    if self.kind == 'i': return (1 << (self.bits - 1)) - 1
-    raise DTypeError(f"{self.name}: max is defined for ints and bool")
+  def max(self): return self.bounds()[1]
   def finfo(self) -> tuple[int, int]:
     """(exponent bits, mantissa bits) of a float dtype."""
     if (f := _FINFO.get(self.name)) is None: raise DTypeError(f"{self.name}: finfo is defined for floats")
