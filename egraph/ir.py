@@ -28,6 +28,8 @@ class Ops(Enum):
   SHL = auto(); SHR = auto(); FLOORDIV = auto(); FLOORMOD = auto(); POW = auto(); THREEFRY = auto()
   # reduce and movement
   REDUCE = auto(); RESHAPE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); PERMUTE = auto(); FLIP = auto()
+  # a host framework's op that callify carries without its arithmetic (executors refuse it by name)
+  OPAQUE = auto()
   # only inside e-graph list encodings
   def __repr__(self): return f"Ops.{self.name}"
 
@@ -65,6 +67,15 @@ class ParamArg:
   shard: bool = False     # on a tuple of devices: a per-device value (it replaced a BUFFER), not a logical one
 
 @dataclass(frozen=True)
+class OpaqueArg:
+  """An op of a host framework (tinygrad) carried through callify by shape, dtype and device only: `name` is the host's
+  op, `ident` tells apart host nodes that callify must not merge. No executor of callsat can compute it."""
+  name: str
+  shape: tuple | None
+  device: str | tuple | None
+  ident: int
+
+@dataclass(frozen=True)
 class CallInfo:
   name: str | None = None
   precompile: bool = False
@@ -80,9 +91,10 @@ def canonical_device(d: str | tuple | None) -> str | tuple | None:
   if isinstance(d, tuple): return tuple(canonical_device(x) for x in d)
   if not isinstance(d, str): raise DeviceError(f"device must be a string, got {d!r}")
   if d.upper().startswith("DISK:"): return "DISK:" + d[5:]
+  if d.upper().startswith("EXT:") and len(d) > 4: return "EXT:" + d[4:]   # a host framework's device (tinygrad NULL): never run here
   name, _, num = d.upper().partition(":")
   if name not in ("CPU", "PYTHON", "NPY", "CUDA") or (num and not num.isdigit()):
-    raise DeviceError(f"unknown device {d!r}; known: CPU, CPU:n, PYTHON, NPY, CUDA, DISK:/path")
+    raise DeviceError(f"unknown device {d!r}; known: CPU, CPU:n, PYTHON, NPY, CUDA, DISK:/path, EXT:name")
   return name if num in ("", "0") else f"{name}:{num}"
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -255,6 +267,9 @@ def _infer(op: Ops, dtype: DType, src: tuple[Node, ...], arg) -> tuple[tuple[int
     if not isinstance(arg, BufferArg) or arg.size < 0: raise ShapeError(f"BUFFER: bad arg {arg!r}")
     return (arg.size,), arg.device
   if op is Ops.PARAM: return tuple(arg.shape), arg.device
+  if op is Ops.OPAQUE:
+    if not isinstance(arg, OpaqueArg): raise ShapeError(f"OPAQUE: bad arg {arg!r}")
+    return arg.shape, arg.device
   if op is Ops.CONST:
     if dtype == dtypes.void: raise DTypeError("CONST: void dtype")
     return (), arg[1]

@@ -90,6 +90,9 @@ def _route(call: Node) -> str:
       raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
   python = multi = cuda = False
   for n in toposort([call]):   # one walk (bodies can be 100k nodes): devices checked, the backend chosen
+    if n.op is Ops.OPAQUE:
+      raise UnsupportedOpError(f"run_call: {n.arg.name} is a host framework's op that callify carried without its arithmetic "
+                               "(OPAQUE, from the tinygrad bridge); callsat's executors cannot compute it")
     check_device(n.device)
     if n.op is Ops.PARAM: check_device(n.arg.device)
     python = python or _on(n.device, "PYTHON") or (n.op is Ops.PARAM and _on(n.arg.device, "PYTHON"))

@@ -1,0 +1,121 @@
+"""callsat's callify inside tinygrad 0.14.0: `transform_to_call` with tinygrad's contract, decided by callsat's rules and
+extraction; `install()` swaps it in for tinygrad's own pass (strict: never fall back; otherwise a graph callsat cannot
+take runs tinygrad's pass and is counted with its reason). Also a pytest plugin: `python -m pytest -p egraph.tinygrad`
+installs it for the session (mode from CALLSAT_BRIDGE=strict|fallback) and prints a closing count."""
+from __future__ import annotations
+import contextlib, os, threading
+from collections import Counter
+from importlib.metadata import version, PackageNotFoundError
+from egraph.errors import CallsatError
+
+REQUIRED_TINYGRAD = "0.14.0"
+
+class BridgeVersionError(CallsatError, ImportError):
+  """The installed tinygrad is not the release the bridge keeps the contract of."""
+
+def tinygrad_version() -> str | None:
+  try: return version("tinygrad")
+  except PackageNotFoundError: return None
+
+def check_version() -> None:
+  if (v := tinygrad_version()) != REQUIRED_TINYGRAD:
+    raise BridgeVersionError(f"callsat's tinygrad bridge needs tinygrad=={REQUIRED_TINYGRAD} "
+                             f"({'not installed' if v is None else f'found {v}'}); pip install 'callsat[tinygrad]'")
+
+check_version()
+import tinygrad.tensor as _tg_tensor   # noqa: E402  (only once the version is known to be the right one)
+from tinygrad.uop.ops import UOp   # noqa: E402
+from egraph.tinygrad_convert import BridgeRefusal, to_callsat, to_tinygrad   # noqa: E402
+from egraph.driver import callify   # noqa: E402
+
+STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
+
+def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+  """tinygrad 0.14's `transform_to_call` by equality saturation: (CALL, buffer_map) over tinygrad UOps. Raises
+  BridgeRefusal (a CallsatError naming the op, dtype or form) for a graph callsat cannot take."""
+  cv, roots = to_callsat(big_sink)
+  res = callify(*roots, cache=False)   # tinygrad's schedule cache keys on the body; a callsat cache would only hold buffers
+  return to_tinygrad(cv, res.call, res.buffer_map)
+
+# ---- install, stats ---------------------------------------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_STATE = {"mode": None}   # None: not installed; "strict" | "fallback"
+_COUNTS: Counter = Counter()
+_REASONS: Counter = Counter()
+
+def _reason(e: BaseException) -> str:
+  if isinstance(e, BridgeRefusal): return e.reason
+  return f"error:{type(e).__name__}" if isinstance(e, CallsatError) else f"bug:{type(e).__name__}"
+
+def _count(kind: str, reason: str | None = None) -> None:
+  with _LOCK:
+    _COUNTS["calls"] += 1; _COUNTS[kind] += 1
+    if reason: _REASONS[reason] += 1
+
+def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+  """What tinygrad calls once installed."""
+  strict = _STATE["mode"] == "strict"
+  try: out = transform_to_call(big_sink)
+  except Exception as e:
+    _count("refused" if strict else "fallback", _reason(e))
+    if strict: raise
+    return STOCK_TRANSFORM(big_sink)
+  _count("bridged")
+  return out
+
+def install(strict: bool = False) -> None:
+  """Make tinygrad's realize, schedule and callify use callsat's pass (idempotent; a second call sets the mode)."""
+  check_version()
+  with _LOCK:
+    _STATE["mode"] = "strict" if strict else "fallback"
+    _tg_tensor.transform_to_call = _bridged_pass
+
+def uninstall() -> None:
+  """Give tinygrad its own pass back (idempotent)."""
+  with _LOCK:
+    _STATE["mode"] = None
+    _tg_tensor.transform_to_call = STOCK_TRANSFORM
+
+def is_installed() -> str | None:
+  """The installed mode ("strict" or "fallback"), or None."""
+  return _STATE["mode"]
+
+@contextlib.contextmanager
+def installed(strict: bool = False):
+  """install() for the `with` block, then the state before it."""
+  before = _STATE["mode"]
+  install(strict)
+  try: yield
+  finally:
+    if before is None: uninstall()
+    else: install(before == "strict")
+
+def stats() -> dict:
+  """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count)."""
+  with _LOCK:
+    return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
+            "refused": _COUNTS["refused"], "reasons": dict(_REASONS.most_common())}
+
+def reset_stats() -> None:
+  with _LOCK: _COUNTS.clear(); _REASONS.clear()
+
+def summary(top: int = 5) -> str:
+  s = stats()
+  line = f"callsat bridge: {s['calls']} calls, {s['bridged']} bridged, {s['fallback']} fell back"
+  if s["refused"]: line += f", {s['refused']} refused"
+  reasons = list(s["reasons"].items())[:top]
+  return line + "".join(f"\n  {n:6d}  {r}" for r, n in reasons)
+
+# ---- the pytest plugin: python -m pytest -p egraph.tinygrad -------------------------------------------------------------
+
+def pytest_configure(config) -> None:
+  mode = os.environ.get("CALLSAT_BRIDGE", "fallback")
+  if mode not in ("strict", "fallback"): raise CallsatError(f"CALLSAT_BRIDGE must be strict or fallback, got {mode!r}")
+  install(strict=mode == "strict")
+
+def pytest_terminal_summary(terminalreporter) -> None:
+  terminalreporter.write_line(summary())
+
+def pytest_unconfigure(config) -> None:
+  uninstall()

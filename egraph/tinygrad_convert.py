@@ -1,0 +1,188 @@
+"""tinygrad 0.14 UOps <-> callsat IR, for the bridge (`egraph.tinygrad`). Imported only by the bridge: tinygrad is never a
+requirement of callsat's own path.
+
+Into callsat, what callify decides on keeps its structure: BUFFER, CONTIGUOUS, AFTER, STORE, COPY, CAST, BITCAST, DETACH,
+CONTIGUOUS_BACKWARD and the movement ops (tinygrad's (offset, size) PAD/SHRINK and prefix EXPAND rewritten to callsat's
+forms). Every other op (ALU, REDUCE, THREEFRY, CALL/FUNCTION bodies, RANGE, UNSHARD...) travels as OPAQUE with its
+dtype, shape and device: callify never needs its arithmetic, and the way back rebuilds the original UOp over new sources.
+Back out, callsat's CALL is rebuilt as tinygrad UOps: OPAQUE from its original, storage from the buffers callsat chose
+(fresh ones become new tinygrad BUFFERs), views as SHRINK(BUFFER)[.BITCAST], PARAMs typed like their args."""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp
+from tinygrad.dtype import dtypes as tdt, AddrSpace
+from egraph.ir import Node, Ops, GroupOp, OpaqueArg, BufferArg, toposort
+from egraph.dtype import dtypes, DType
+from egraph.errors import CallsatError, UnsupportedOpError
+
+class BridgeRefusal(UnsupportedOpError):
+  """The bridge cannot take this tinygrad graph; `reason` names the op, dtype or form (`op:X`, `dtype:X`, `form:X`)."""
+  def __init__(self, reason: str, detail: str = ""):
+    super().__init__(f"callsat bridge cannot take this graph ({reason})" + (f": {detail}" if detail else ""))
+    self.reason = reason
+
+_DT = {tdt.bool: dtypes.bool, tdt.int8: dtypes.int8, tdt.uint8: dtypes.uint8, tdt.int16: dtypes.int16,
+       tdt.uint16: dtypes.uint16, tdt.int32: dtypes.int32, tdt.uint32: dtypes.uint32, tdt.int64: dtypes.int64,
+       tdt.uint64: dtypes.uint64, tdt.float16: dtypes.float16, tdt.bfloat16: dtypes.bfloat16,
+       tdt.float32: dtypes.float32, tdt.float64: dtypes.float64}
+_TDT = {v: k for k, v in _DT.items()}
+_WEAK = {tdt.weakint: dtypes.int64, tdt.weakfloat: dtypes.float32}   # never stored: tinygrad refuses to realize them
+_OWN_DEVICES = ("CPU", "PYTHON", "NPY", "CUDA", "DISK")
+_DIRECT = {TOps.CONTIGUOUS: Ops.CONTIGUOUS, TOps.CONTIGUOUS_BACKWARD: Ops.CONTIGUOUS_BACKWARD, TOps.DETACH: Ops.DETACH,
+           TOps.CAST: Ops.CAST, TOps.BITCAST: Ops.BITCAST, TOps.AFTER: Ops.AFTER, TOps.STORE: Ops.STORE}
+_MOVE = {TOps.RESHAPE, TOps.EXPAND, TOps.PAD, TOps.SHRINK, TOps.PERMUTE, TOps.FLIP}
+BUFFER_UID_BASE = 1 << 48   # tinygrad buffer numbers live apart from the uids callsat mints
+
+def to_dtype(dt, what: str = "") -> DType:
+  if (d := _DT.get(dt)) is not None: return d
+  if (d := _WEAK.get(dt)) is not None: return d
+  if dt == tdt.void: return dtypes.void
+  raise BridgeRefusal(f"dtype:{dt.name}", what)
+
+def to_device(d):
+  """tinygrad's device names: callsat's own where they mean the same, `EXT:<name>` (never run by callsat) otherwise."""
+  if d is None: return None
+  if isinstance(d, tuple): raise BridgeRefusal("form:multi-device", f"device {d}")
+  name = d.partition(":")[0].upper()
+  return d if name in _OWN_DEVICES else f"EXT:{d}"
+
+def from_device(d):
+  return d[4:] if isinstance(d, str) and d.startswith("EXT:") else d
+
+def _ints(shape, what: str) -> tuple[int, ...]:
+  if shape is None: return None
+  if not all(isinstance(s, int) for s in shape): raise BridgeRefusal("form:symbolic-shape", f"{what} has shape {shape}")
+  return tuple(shape)
+
+@dataclass
+class Conversion:
+  """One tinygrad graph in callsat IR: the images of its UOps and what the way back needs."""
+  image: dict = field(default_factory=dict)        # UOp -> Node
+  origins: dict = field(default_factory=dict)      # Node.id -> [UOp, ...] whose image it is
+  opaque: dict = field(default_factory=dict)       # OPAQUE ident -> (UOp, converted src positions)
+  buffers: dict = field(default_factory=dict)      # callsat BUFFER uid -> tinygrad BUFFER
+  keep: list = field(default_factory=list)         # Nodes alive for the conversion's life (hash-consing is weak)
+
+def _opaque(cv: Conversion, u: UOp, srcs: tuple[int, ...]) -> Node:
+  shape = _ints(u._shape, f"{u.op.name}") if u.dtype != tdt.void else None
+  dev = None if u.dtype in _WEAK else to_device(u.device)
+  arg = OpaqueArg(u.op.name, shape, dev, len(cv.opaque))
+  cv.opaque[arg.ident] = (u, srcs)
+  return Node(Ops.OPAQUE, to_dtype(u.dtype, u.op.name), tuple(cv.image[u.src[i]] for i in srcs), arg)
+
+def _movement(u: UOp, x: Node) -> Node:
+  shape = _ints(u.shape, u.op.name)
+  if u.op is TOps.RESHAPE: return Node(Ops.RESHAPE, x.dtype, (x,), shape)
+  if u.op is TOps.PERMUTE: return Node(Ops.PERMUTE, x.dtype, (x,), tuple(u.arg))
+  if u.op is TOps.FLIP: return Node(Ops.FLIP, x.dtype, (x,), tuple(bool(f) for f in u.arg))
+  if u.op is TOps.EXPAND:   # tinygrad prepends axes and broadcasts: RESHAPE to add them as size 1, then EXPAND
+    k = len(shape) - len(x.shape)
+    if k < 0: raise BridgeRefusal("form:expand", f"EXPAND {x.shape} -> {shape}")
+    return Node(Ops.EXPAND, x.dtype, (x.reshape((1,) * k + x.shape),), shape)
+  marg = tuple((_ints((o,), u.op.name)[0], _ints((s,), u.op.name)[0]) for o, s in u.marg)   # (offset, size) per axis
+  if u.op is TOps.SHRINK: return Node(Ops.SHRINK, x.dtype, (x,), tuple((o, o + s) for o, s in marg))
+  return Node(Ops.PAD, x.dtype, (x,), tuple((o, s - o - d) for (o, s), d in zip(marg, x.shape)))
+
+def _convert(cv: Conversion, u: UOp) -> Node:
+  op = u.op
+  if u.dtype in tdt.fp8s: raise BridgeRefusal(f"dtype:{u.dtype.name}", f"{op.name}")
+  if op is TOps.BUFFER and u.arg.addrspace is AddrSpace.GLOBAL and not u.is_variable:
+    size = _ints(u.shape, "BUFFER")[0]
+    if isinstance(u.device, tuple): raise BridgeRefusal("form:multi-device", "a BUFFER on several devices")
+    n = Node(Ops.BUFFER, to_dtype(u.dtype, "BUFFER"), (), BufferArg(BUFFER_UID_BASE + u.arg.slot, size, to_device(u.device)))
+    cv.buffers[n.arg.uid] = u
+    return n
+  if isinstance(u.device, tuple): raise BridgeRefusal("form:multi-device", f"{op.name} on {u.device}")
+  virtual = u.device is None or u.dtype in _WEAK
+  if op is TOps.AFTER and (u.is_bound_var or virtual): return _opaque(cv, u, ())     # a call input, never an assign
+  if op in _MOVE and not virtual: return _movement(u, cv.image[u.src[0]])
+  if op is TOps.COPY and not virtual:
+    if isinstance(u.arg, str) and u.arg.startswith(("DISK", "TINYFS")): raise BridgeRefusal("form:copy-to-disk", "COPY to a DISK device")
+    return Node(Ops.COPY, to_dtype(u.dtype), (cv.image[u.src[0]],), to_device(u.arg))
+  if op in _DIRECT and not virtual:
+    if op is TOps.CONTIGUOUS and (len(u.src) != 1 or u.arg is not None): raise BridgeRefusal("form:contiguous-with-options", str(u.arg))
+    srcs = tuple(cv.image[s] for s in u.src)
+    dt = dtypes.void if op is TOps.STORE else to_dtype(u.dtype, op.name)
+    try: return Node(_DIRECT[op], dt, srcs, None)
+    except CallsatError as e: raise BridgeRefusal(f"form:{op.name.lower()}", str(e)) from None
+  if op is TOps.FUNCTION and u.arg.precompile:
+    raise BridgeRefusal("form:precompiled-function", "FUNCTION(precompile=True)")
+  body = 1 if op in (TOps.CALL, TOps.FUNCTION) else 0   # a body is scoped to its call: it stays tinygrad's
+  return _opaque(cv, u, tuple(range(body, len(u.src))))
+
+def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
+  """The callsat image of big_sink's graph and the roots to callify."""
+  cv = Conversion()
+  for u in big_sink.toposort():
+    if u is big_sink: continue
+    n = cv.image[u] = _convert(cv, u)
+    cv.origins.setdefault(n.id, []).append(u)
+  cv.keep = list(cv.image.values())
+  # every source goes to callify, which realizes the same bases tinygrad does (virtual ones have no device here)
+  return cv, list(dict.fromkeys(cv.image[x] for x in big_sink.src))
+
+# ---- back to tinygrad ------------------------------------------------------------------------------------------------
+
+class _Back:
+  """callsat Nodes -> tinygrad UOps for one CALL and its buffer_map (fresh buffers shared between them)."""
+  def __init__(self, cv: Conversion):
+    self.cv, self.memo, self.fresh = cv, {}, {}
+
+  def buffer(self, n: Node) -> UOp:
+    if (u := self.cv.buffers.get(n.arg.uid)) is not None: return u
+    if (u := self.fresh.get(n.arg.uid)) is None:
+      u = self.fresh[n.arg.uid] = UOp.new_buffer(from_device(n.device), n.arg.size, _TDT[n.dtype])
+    return u
+
+  def __call__(self, root: Node, params: list[UOp] | None = None) -> UOp:
+    for n in toposort([root], enter_calls=False):
+      if n.id not in self.memo: self.memo[n.id] = self.one(n, [self.memo[s.id] for s in n.src], params)
+    return self.memo[root.id]
+
+  def one(self, n: Node, s: list[UOp], params) -> UOp:
+    op = n.op
+    if op is Ops.OPAQUE:
+      u, pos = self.cv.opaque[n.arg.ident]
+      new = list(u.src)
+      for i, k in enumerate(pos): new[k] = s[i]
+      return u if all(a is b for a, b in zip(new, u.src)) else u.replace(src=tuple(new))
+    if op is Ops.BUFFER: return self.buffer(n)
+    if op is Ops.PARAM:
+      a = params[n.arg.slot]
+      return UOp.param(n.arg.slot, a.dtype, a.shape, a.device, addrspace=AddrSpace.GLOBAL)
+    if op is Ops.SLICE:   # tinygrad's view: SHRINK(BUFFER) in the buffer's elements, retyped by BITCAST
+      off, count = n.arg
+      size = count * n.dtype.itemsize // n.src[0].dtype.itemsize
+      v = s[0].shrink(((off, off + size),))
+      return v if n.dtype == n.src[0].dtype else v.bitcast(_TDT[n.dtype])
+    if op is Ops.RESHAPE: return s[0].reshape(n.arg)
+    if op is Ops.EXPAND: return s[0].expand(n.arg)
+    if op is Ops.PERMUTE: return s[0].permute(n.arg)
+    if op is Ops.SHRINK: return s[0].shrink(n.arg)
+    if op is Ops.PAD: return s[0].pad(n.arg)
+    if op is Ops.FLIP: return s[0].flip(tuple(i for i, f in enumerate(n.arg) if f))
+    if op is Ops.CAST: return s[0].cast(_TDT[n.dtype])
+    if op is Ops.BITCAST: return s[0].bitcast(_TDT[n.dtype])
+    if op is Ops.COPY: return UOp(TOps.COPY, s[0].dtype, (s[0],), from_device(n.arg))
+    if op is Ops.STORE: return s[0].store(s[1])
+    if op is Ops.AFTER: return s[0].after(*s[1:])
+    if op is Ops.SINK: return UOp.sink(*s)
+    if op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD):
+      return UOp({Ops.CONTIGUOUS: TOps.CONTIGUOUS, Ops.DETACH: TOps.DETACH, Ops.CONTIGUOUS_BACKWARD: TOps.CONTIGUOUS_BACKWARD}[op], s[0].dtype, (s[0],))
+    raise BridgeRefusal(f"op:{op.name}", "callify produced an op the bridge cannot give back to tinygrad")
+
+def to_tinygrad(cv: Conversion, call: Node, buffer_map: dict) -> tuple[UOp, dict]:
+  """callsat's CALL and buffer_map as tinygrad's: bound variables join the args as ALU PARAMs (tinygrad's cache key)."""
+  back = _Back(cv)
+  args = [back(a) for a in call.src[1:]]
+  if any(a.op is Ops.BIND for a in call.src[1:]): raise BridgeRefusal("form:bind", "symbolic BIND arguments")
+  body = back(call.src[0], args)
+  bound = [u for u in body.toposort() if u.op is TOps.AFTER and u.is_bound_var]
+  if bound:
+    body = body.substitute({b: b.param_like(len(args) + i) for i, b in enumerate(bound)})
+    args += bound
+  out = {}
+  for k, v in buffer_map.items():
+    val = back(v)
+    for u in cv.origins.get(k.id, ()): out[u] = val if val.shape == u.shape else val.shrink_to(u.shape)
+  return body.call(*args), out
