@@ -74,6 +74,7 @@ class OpaqueArg:
   shape: tuple | None
   device: str | tuple | None
   ident: int
+  axis: int | None = None   # on a tuple of devices: the axis a logical value is split along (the host knows it)
 
 @dataclass(frozen=True)
 class CallInfo:
@@ -206,6 +207,7 @@ def shard_axes(roots: list[Node]) -> dict[int, int | None]:
   for n in toposort(roots, enter_calls=False):
     if not isinstance(n.device, tuple) or not n.src: ax[n.id] = None; continue
     if n.op is Ops.MULTI: ax[n.id] = n.arg; continue
+    if n.op is Ops.OPAQUE: ax[n.id] = n.arg.axis; continue
     if n.op in (Ops.CALL, Ops.FUNCTION): ax[n.id] = None; continue
     srcs = [ax[s.id] for s in n.src if isinstance(s.device, tuple) and s.shape is not None and s.shape == n.src[0].shape and ax[s.id] is not None]
     a = srcs[0] if srcs and not is_shard(n) else None

@@ -42,11 +42,12 @@ def to_dtype(dt, what: str = "") -> DType:
 def to_device(d):
   """tinygrad's device names: callsat's own where they mean the same, `EXT:<name>` (never run by callsat) otherwise."""
   if d is None: return None
-  if isinstance(d, tuple): raise BridgeRefusal("form:multi-device", f"device {d}")
+  if isinstance(d, tuple): return tuple(to_device(x) for x in d)
   name = d.partition(":")[0].upper()
   return d if name in _OWN_DEVICES else f"EXT:{d}"
 
 def from_device(d):
+  if isinstance(d, tuple): return tuple(from_device(x) for x in d)
   return d[4:] if isinstance(d, str) and d.startswith("EXT:") else d
 
 def _ints(shape, what: str) -> tuple[int, ...]:
@@ -62,13 +63,32 @@ class Conversion:
   opaque: dict = field(default_factory=dict)       # OPAQUE ident -> (UOp, converted src positions)
   buffers: dict = field(default_factory=dict)      # callsat BUFFER uid -> tinygrad BUFFER
   keep: list = field(default_factory=list)         # Nodes alive for the conversion's life (hash-consing is weak)
+  aliases: set = field(default_factory=set)        # UOps whose image is another UOp's (never buffer_map keys)
 
 def _opaque(cv: Conversion, u: UOp, srcs: tuple[int, ...]) -> Node:
   shape = _ints(u._shape, f"{u.op.name}") if u.dtype != tdt.void else None
   dev = None if u.dtype in _WEAK else to_device(u.device)
-  arg = OpaqueArg(u.op.name, shape, dev, len(cv.opaque))
+  axis = None
+  if isinstance(dev, tuple):
+    try: axis = u.axis
+    except Exception: axis = None   # tinygrad cannot say (several sharded axes): callify treats it as replicated
+  arg = OpaqueArg(u.op.name, shape, dev, len(cv.opaque), axis if isinstance(axis, int) else None)
   cv.opaque[arg.ident] = (u, srcs)
   return Node(Ops.OPAQUE, to_dtype(u.dtype, u.op.name), tuple(cv.image[u.src[i]] for i in srcs), arg)
+
+def _int_marg(u: UOp) -> bool:
+  try: return u.op in (TOps.PERMUTE, TOps.FLIP) or all(isinstance(v, int) for v in _flat(u.marg)) and all(isinstance(d, int) for d in u.shape)
+  except Exception: return False
+
+def _flat(x):
+  for a in x: yield from (_flat(a) if isinstance(a, tuple) else (a,))
+
+def _retype(cv: Conversion, x: Node, dtype: DType) -> Node:
+  """x as `dtype` for callsat's typing only: tinygrad stores a weak (or other) value into a typed target and converts it
+  itself; the way back drops this node."""
+  arg = OpaqueArg("RETYPE", x.shape, x.device, len(cv.opaque))
+  cv.opaque[arg.ident] = (None, (0,))
+  return Node(Ops.OPAQUE, dtype, (x,), arg)
 
 def _movement(u: UOp, x: Node) -> Node:
   shape = _ints(u.shape, u.op.name)
@@ -88,20 +108,32 @@ def _convert(cv: Conversion, u: UOp) -> Node:
   if u.dtype in tdt.fp8s: raise BridgeRefusal(f"dtype:{u.dtype.name}", f"{op.name}")
   if op is TOps.BUFFER and u.arg.addrspace is AddrSpace.GLOBAL and not u.is_variable:
     size = _ints(u.shape, "BUFFER")[0]
-    if isinstance(u.device, tuple): raise BridgeRefusal("form:multi-device", "a BUFFER on several devices")
     n = Node(Ops.BUFFER, to_dtype(u.dtype, "BUFFER"), (), BufferArg(BUFFER_UID_BASE + u.arg.slot, size, to_device(u.device)))
     cv.buffers[n.arg.uid] = u
     return n
-  if isinstance(u.device, tuple): raise BridgeRefusal("form:multi-device", f"{op.name} on {u.device}")
   virtual = u.device is None or u.dtype in _WEAK
-  if op is TOps.AFTER and (u.is_bound_var or virtual): return _opaque(cv, u, ())     # a call input, never an assign
-  if op in _MOVE and not virtual: return _movement(u, cv.image[u.src[0]])
+  if op is TOps.AFTER and u.is_bound_var: return _opaque(cv, u, ())     # a call input, never an assign
+  if op is TOps.AFTER and virtual:
+    # an assign with nowhere to store: tinygrad reads AFTER(t, STORE(t, v)) into a computed t as v (CONTIGUOUS of a
+    # virtual value is not realized); otherwise it stays what it is
+    st = u.src[1] if len(u.src) == 2 else None
+    if st is not None and st.op is TOps.STORE and st.src[0] is u.src[0] and not u.src[0].has_buffer_identity():
+      cv.aliases.add(u)
+      return cv.image[st.src[1]]
+    return _opaque(cv, u, tuple(range(len(u.src))))
+  if op in _MOVE and not virtual:
+    if isinstance(u.device, tuple) and not _int_marg(u): return _opaque(cv, u, tuple(range(len(u.src))))   # per-device select
+    return _movement(u, cv.image[u.src[0]])
+  if op is TOps.UNSHARD and not virtual and len(u.arg) == 1 and len(u.src) == 2 and u.src[1].op is TOps.RANGE:
+    x = cv.image[u.src[0]]   # per-device values -> one logical value split along the axis: callsat's MULTI
+    if isinstance(x.device, tuple): return Node(Ops.MULTI, x.dtype, (x,), u.arg[0])
   if op is TOps.COPY and not virtual:
     if isinstance(u.arg, str) and u.arg.startswith(("DISK", "TINYFS")): raise BridgeRefusal("form:copy-to-disk", "COPY to a DISK device")
     return Node(Ops.COPY, to_dtype(u.dtype), (cv.image[u.src[0]],), to_device(u.arg))
   if op in _DIRECT and not virtual:
     if op is TOps.CONTIGUOUS and (len(u.src) != 1 or u.arg is not None): raise BridgeRefusal("form:contiguous-with-options", str(u.arg))
     srcs = tuple(cv.image[s] for s in u.src)
+    if op is TOps.STORE and len(srcs) == 2 and srcs[1].dtype != srcs[0].dtype: srcs = (srcs[0], _retype(cv, srcs[1], srcs[0].dtype))
     dt = dtypes.void if op is TOps.STORE else to_dtype(u.dtype, op.name)
     try: return Node(_DIRECT[op], dt, srcs, None)
     except CallsatError as e: raise BridgeRefusal(f"form:{op.name.lower()}", str(e)) from None
@@ -116,7 +148,7 @@ def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
   for u in big_sink.toposort():
     if u is big_sink: continue
     n = cv.image[u] = _convert(cv, u)
-    cv.origins.setdefault(n.id, []).append(u)
+    if u not in cv.aliases: cv.origins.setdefault(n.id, []).append(u)
   cv.keep = list(cv.image.values())
   # every source goes to callify, which realizes the same bases tinygrad does (virtual ones have no device here)
   return cv, list(dict.fromkeys(cv.image[x] for x in big_sink.src))
@@ -143,10 +175,12 @@ class _Back:
     op = n.op
     if op is Ops.OPAQUE:
       u, pos = self.cv.opaque[n.arg.ident]
+      if u is None: return s[0]   # a RETYPE
       new = list(u.src)
       for i, k in enumerate(pos): new[k] = s[i]
       return u if all(a is b for a, b in zip(new, u.src)) else u.replace(src=tuple(new))
     if op is Ops.BUFFER: return self.buffer(n)
+    if op is Ops.MULTI: return s[0].unshard(n.arg)
     if op is Ops.PARAM:
       a = params[n.arg.slot]
       return UOp.param(n.arg.slot, a.dtype, a.shape, a.device, addrspace=AddrSpace.GLOBAL)
