@@ -36,7 +36,20 @@ class BoundVar(int):
   def __repr__(self): return f"{self.var.name}={int(self)}"
   def __reduce__(self): return (BoundVar, (self.var, int(self)))
 
-def is_symbolic(x) -> bool: return isinstance(x, (Variable, BoundVar))
+class HostDim(int):
+  """A symbolic dimension a host framework owns (a tinygrad expression such as v*4+1), worth its maximum and told apart
+  by `key`. callsat sizes storage for the maximum and shrinks it to the dimension; it never binds it (the host does)."""
+  def __new__(cls, vmax: int, key, label: str = "?"):
+    d = super().__new__(cls, vmax)
+    d.key, d.label = key, label
+    return d
+  def __hash__(self): return hash(("host", self.key))
+  def __eq__(self, o): return int(self) == o if not isinstance(o, (Variable, BoundVar, HostDim)) else (type(o) is HostDim and self.key == o.key)
+  def __ne__(self, o): return not self.__eq__(o)
+  def __repr__(self): return f"<{self.label}<={int(self)}>"
+  def __reduce__(self): return (HostDim, (int(self), self.key, self.label))
+
+def is_symbolic(x) -> bool: return isinstance(x, (Variable, BoundVar, HostDim))
 
 def max_value(d) -> int: return d.var.vmax if isinstance(d, BoundVar) else int(d)
 

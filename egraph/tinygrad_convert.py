@@ -8,12 +8,14 @@ dtype, shape and device: callify never needs its arithmetic, and the way back re
 Back out, callsat's CALL is rebuilt as tinygrad UOps: OPAQUE from its original, storage from the buffers callsat chose
 (fresh ones become new tinygrad BUFFERs), views as SHRINK(BUFFER)[.BITCAST], PARAMs typed like their args."""
 from __future__ import annotations
+import itertools
 from dataclasses import dataclass, field
 from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp
 from tinygrad.dtype import dtypes as tdt, AddrSpace
 from egraph.ir import Node, Ops, GroupOp, OpaqueArg, BufferArg, toposort
 from egraph.dtype import dtypes, DType
 from egraph.errors import CallsatError, UnsupportedOpError
+from egraph.symbolic import HostDim, is_symbolic
 
 class BridgeRefusal(UnsupportedOpError):
   """The bridge cannot take this tinygrad graph; `reason` names the op, dtype or form (`op:X`, `dtype:X`, `form:X`)."""
@@ -55,6 +57,8 @@ def _ints(shape, what: str) -> tuple[int, ...]:
   if not all(isinstance(s, int) for s in shape): raise BridgeRefusal("form:symbolic-shape", f"{what} has shape {shape}")
   return tuple(shape)
 
+_SERIAL = itertools.count()   # conversions alive at once (threads) never share a symbolic dimension's key
+
 @dataclass
 class Conversion:
   """One tinygrad graph in callsat IR: the images of its UOps and what the way back needs."""
@@ -64,9 +68,23 @@ class Conversion:
   buffers: dict = field(default_factory=dict)      # callsat BUFFER uid -> tinygrad BUFFER
   keep: list = field(default_factory=list)         # Nodes alive for the conversion's life (hash-consing is weak)
   aliases: set = field(default_factory=set)        # UOps whose image is another UOp's (never buffer_map keys)
+  dims: dict = field(default_factory=dict)         # tinygrad symbolic dimension (UOp) -> HostDim
+  dim_uops: dict = field(default_factory=dict)     # HostDim key -> tinygrad UOp
+  serial: int = field(default_factory=lambda: next(_SERIAL))
+
+  def dim(self, d):
+    """A tinygrad dimension as callsat's: ints stay, an expression becomes a HostDim worth its maximum."""
+    if isinstance(d, int): return d
+    if (h := self.dims.get(d)) is None:
+      h = self.dims[d] = HostDim(int(d.vmax), (self.serial, len(self.dims)), d.op.name)
+      self.dim_uops[h.key] = d
+    return h
+
+  def shape(self, shape):
+    return None if shape is None else tuple(self.dim(d) for d in shape)
 
 def _opaque(cv: Conversion, u: UOp, srcs: tuple[int, ...]) -> Node:
-  shape = _ints(u._shape, f"{u.op.name}") if u.dtype != tdt.void else None
+  shape = cv.shape(u._shape) if u.dtype != tdt.void else None
   dev = None if u.dtype in _WEAK else to_device(u.device)
   axis = None
   if isinstance(dev, tuple):
@@ -75,6 +93,11 @@ def _opaque(cv: Conversion, u: UOp, srcs: tuple[int, ...]) -> Node:
   arg = OpaqueArg(u.op.name, shape, dev, len(cv.opaque), axis if isinstance(axis, int) else None)
   cv.opaque[arg.ident] = (u, srcs)
   return Node(Ops.OPAQUE, to_dtype(u.dtype, u.op.name), tuple(cv.image[u.src[i]] for i in srcs), arg)
+
+def _views_storage(u: UOp) -> bool:
+  b = u.base
+  while b.op in (TOps.AFTER, TOps.BITCAST, TOps.UNSHARD): b = b.src[0].base
+  return b.op is TOps.BUFFER
 
 def _int_marg(u: UOp) -> bool:
   try: return u.op in (TOps.PERMUTE, TOps.FLIP) or all(isinstance(v, int) for v in _flat(u.marg)) and all(isinstance(d, int) for d in u.shape)
@@ -90,8 +113,8 @@ def _retype(cv: Conversion, x: Node, dtype: DType) -> Node:
   cv.opaque[arg.ident] = (None, (0,))
   return Node(Ops.OPAQUE, dtype, (x,), arg)
 
-def _movement(u: UOp, x: Node) -> Node:
-  shape = _ints(u.shape, u.op.name)
+def _movement(cv: Conversion, u: UOp, x: Node) -> Node:
+  shape = cv.shape(u.shape)
   if u.op is TOps.RESHAPE: return Node(Ops.RESHAPE, x.dtype, (x,), shape)
   if u.op is TOps.PERMUTE: return Node(Ops.PERMUTE, x.dtype, (x,), tuple(u.arg))
   if u.op is TOps.FLIP: return Node(Ops.FLIP, x.dtype, (x,), tuple(bool(f) for f in u.arg))
@@ -99,9 +122,16 @@ def _movement(u: UOp, x: Node) -> Node:
     k = len(shape) - len(x.shape)
     if k < 0: raise BridgeRefusal("form:expand", f"EXPAND {x.shape} -> {shape}")
     return Node(Ops.EXPAND, x.dtype, (x.reshape((1,) * k + x.shape),), shape)
-  marg = tuple((_ints((o,), u.op.name)[0], _ints((s,), u.op.name)[0]) for o, s in u.marg)   # (offset, size) per axis
-  if u.op is TOps.SHRINK: return Node(Ops.SHRINK, x.dtype, (x,), tuple((o, o + s) for o, s in marg))
-  return Node(Ops.PAD, x.dtype, (x,), tuple((o, s - o - d) for (o, s), d in zip(marg, x.shape)))
+  src_shape = u.src[0].shape
+  if u.op is TOps.SHRINK:   # (offset, size) -> (start, end); a symbolic end is tinygrad's own expression offset+size
+    arg = tuple((cv.dim(o), cv.dim(sz) if isinstance(o, int) and o == 0 else cv.dim(o + sz)) for o, sz in u.marg)
+    n = Node(Ops.SHRINK, x.dtype, (x,), arg)
+  else:                     # (offset, size) -> (before, after)
+    n = Node(Ops.PAD, x.dtype, (x,), tuple((cv.dim(o), cv.dim(sz - o - d)) for (o, sz), d in zip(u.marg, src_shape)))
+  if not _same_dims(n.shape, shape): raise BridgeRefusal("form:symbolic-movement", f"{u.op.name} {u.marg} -> {u.shape}")
+  return n
+
+def _same_dims(a, b) -> bool: return len(a) == len(b) and all(type(x) is type(y) and x == y for x, y in zip(a, b))
 
 def _convert(cv: Conversion, u: UOp) -> Node:
   op = u.op
@@ -123,7 +153,10 @@ def _convert(cv: Conversion, u: UOp) -> Node:
     return _opaque(cv, u, tuple(range(len(u.src))))
   if op in _MOVE and not virtual:
     if isinstance(u.device, tuple) and not _int_marg(u): return _opaque(cv, u, tuple(range(len(u.src))))   # per-device select
-    return _movement(u, cv.image[u.src[0]])
+    try: return _movement(cv, u, cv.image[u.src[0]])
+    except CallsatError as e:   # a symbolic form callsat's movement ops cannot say: carried opaque unless it views storage
+      if _views_storage(u): raise BridgeRefusal("form:symbolic-view", str(e)) from None
+      return _opaque(cv, u, tuple(range(len(u.src))))
   if op is TOps.UNSHARD and not virtual and len(u.arg) == 1 and len(u.src) == 2 and u.src[1].op is TOps.RANGE:
     x = cv.image[u.src[0]]   # per-device values -> one logical value split along the axis: callsat's MULTI
     if isinstance(x.device, tuple): return Node(Ops.MULTI, x.dtype, (x,), u.arg[0])
@@ -160,6 +193,11 @@ class _Back:
   def __init__(self, cv: Conversion):
     self.cv, self.memo, self.fresh = cv, {}, {}
 
+  def d(self, x):
+    """callsat dimensions (and nested tuples of them) as tinygrad's."""
+    if isinstance(x, tuple): return tuple(self.d(a) for a in x)
+    return self.cv.dim_uops[x.key] if isinstance(x, HostDim) else x
+
   def buffer(self, n: Node) -> UOp:
     if (u := self.cv.buffers.get(n.arg.uid)) is not None: return u
     if (u := self.fresh.get(n.arg.uid)) is None:
@@ -189,11 +227,11 @@ class _Back:
       size = count * n.dtype.itemsize // n.src[0].dtype.itemsize
       v = s[0].shrink(((off, off + size),))
       return v if n.dtype == n.src[0].dtype else v.bitcast(_TDT[n.dtype])
-    if op is Ops.RESHAPE: return s[0].reshape(n.arg)
-    if op is Ops.EXPAND: return s[0].expand(n.arg)
+    if op is Ops.RESHAPE: return s[0].reshape(self.d(n.arg))
+    if op is Ops.EXPAND: return s[0].expand(self.d(n.arg))
     if op is Ops.PERMUTE: return s[0].permute(n.arg)
-    if op is Ops.SHRINK: return s[0].shrink(n.arg)
-    if op is Ops.PAD: return s[0].pad(n.arg)
+    if op is Ops.SHRINK: return s[0].shrink(self.d(n.arg))
+    if op is Ops.PAD: return s[0].pad(self.d(n.arg))
     if op is Ops.FLIP: return s[0].flip(tuple(i for i, f in enumerate(n.arg) if f))
     if op is Ops.CAST: return s[0].cast(_TDT[n.dtype])
     if op is Ops.BITCAST: return s[0].bitcast(_TDT[n.dtype])
