@@ -18,8 +18,10 @@ pointers; every shape is a compile-time constant, every index is 64-bit (`long l
 
 Numerics follow lower/numeric.py (the reference's oracle) for all 13 dtypes; lower/cuda_ops.py spells every value, op,
 cast and bitcast and holds the prelude of helpers (wrapping ints, tinygrad's float -> int casts, float16/bfloat16 rounding,
-THREEFRY). MAX propagates NaN; bool is a byte in memory; float16/bfloat16 reduces accumulate in float. nvcc contracts
-a*b+c into FMAs (the default), so float results match numpy to rounding, not bit for bit.
+THREEFRY). MAX propagates NaN; bool is a byte in memory; float16/bfloat16 reduces accumulate in float. A float32 sum
+that runs more than SUM_BLOCK steps in one thread adds them in blocks of SUM_BLOCK and each block's partial into a double
+(as the LLVM renderer: lower/renderer.py's sum_blocks). nvcc contracts a*b+c into FMAs (the default), so float results
+match numpy to rounding, not bit for bit.
 
 `render(call_or_kernels) -> str` is a complete .cu translation unit; `plan(call) -> dict` adds the launch plan (grid,
 block, argument order, buffer sizes; see lower/cuda_driver.py for the format), which `execute` runs on the CPU emulator
@@ -54,6 +56,7 @@ TILE_M, TILE_N, TILE_K, MICRO = 64, 64, 16, 4
 class CUDARenderer(Renderer):
   """One CUDA function body: named consts, nested C blocks (open/close), grid- and block-strided loops."""
   VT, tmp = VT, "v"
+  SUM_BLOCK = 64   # a thread adds float32 values one by one: 64 per block, then the block into a double
   code_for_idx = {"div": lambda a, b: f"({a} / {b})", "mod": lambda a, b: f"({a} % {b})", "mul": lambda a, b: f"{a} * {b}",
                   "add": lambda a, b: f"{a} + {b}", "ge": lambda a, b: f"{a} >= {b}", "lt": lambda a, b: f"{a} < {b}",
                   "and": lambda a, b: f"{a} && {b}"}
@@ -89,11 +92,18 @@ class CUDARenderer(Renderer):
     name = self.t(prefix)
     self.emit(f"const {VT[dt.name]} {name} = {x};")
     return name
-  def range(self, v: Var, body):
+  def range(self, v: Var, body): self.loop(v, "0LL", f"{v.size}LL", body)
+  def loop(self, v: Var, lo: str, hi: str, body):
     name = self.t(v.name + "_")
-    self.open(f"for (long long {name} = 0; {name} < {v.size}LL; ++{name})")
+    self.open(f"for (long long {name} = {lo}; {name} < {hi}; ++{name})")
     self.vars[v] = name
     body()
+    self.close()
+  def blocks(self, name: str, lo: str, hi: str, step: int, body):
+    b, e = self.t(name), self.t(name + "e")
+    self.open(f"for (long long {b} = {lo}; {b} < {hi}; {b} += {step}LL)")
+    self.emit(f"const long long {e} = {b} + {step}LL < {hi} ? {b} + {step}LL : {hi};")
+    body(b, e)
     self.close()
   def read(self, pi: int, ix: str, ok: str | None) -> str:
     """Param pi at ix (the caller's ternary keeps a masked-off read from happening)."""
@@ -118,11 +128,24 @@ class CUDARenderer(Renderer):
     acc, sm, r = self.t("acc"), self.t("red"), self.t("r")
     self.smem.append(f"__shared__ {st} {sm}[32];")
     self.emit(f"{VT[dt.name]} {acc} = {red_init(rop, dt)};")
-    self.open(f"for (long long {r} = threadIdx.x; {r} < {size}LL; {r} += blockDim.x)")
+    if rop is Ops.ADD and dt == dtypes.float32 and size > 32 * self.SUM_BLOCK:   # blocks of SUM_BLOCK steps per thread
+      tot, rb, re = self.t("tot"), self.t("rb"), self.t("re")
+      self.emit(f"double {tot} = 0.0;")
+      self.open(f"for (long long {rb} = 0; {rb} < {size}LL; {rb} += (long long)blockDim.x * {self.SUM_BLOCK}LL)")
+      self.emit(f"const long long {re} = {rb} + (long long)blockDim.x * {self.SUM_BLOCK}LL < {size}LL ? "
+                f"{rb} + (long long)blockDim.x * {self.SUM_BLOCK}LL : {size}LL;")
+      self.emit(f"{acc} = 0.0f;")
+      lo, hi = f"{rb} + threadIdx.x", re
+    else: lo, hi = "threadIdx.x", f"{size}LL"
+    self.open(f"for (long long {r} = {lo}; {r} < {hi}; {r} += blockDim.x)")
     self.decompose(r, rvars)
     v = self.value(e.src[0])
     self.emit(f"{acc} = {red_combine(rop, dt, acc, v)};")
     self.close()
+    if lo != "threadIdx.x":
+      self.emit(f"{tot} += (double){acc};")
+      self.close()
+      self.emit(f"{acc} = (float){tot};")
     def warp():
       self.open("for (int off = 16; off > 0; off >>= 1)")
       self.emit(f"const {VT[dt.name]} other = ({VT[dt.name]})__shfl_down_sync(0xffffffffu, ({st}){acc}, off);")

@@ -11,9 +11,9 @@ LLVM's libm calls differ and for float32 exp2 and log2, which are callsat's own 
 `noalias` is claimed only for params the scheduler proved disjoint from every other param; alignment only as the
 element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", MR, NR) go to lower/matmul.py. A
 column reduce (one reduce whose loads run along the innermost output var with unit stride and along the reduce with a
-stride) accumulates COL_W columns per reduce step (_col_reduce); a transposing kernel walks TILE_T x TILE_T blocks
-(_transposing). Kernels
-marked `stream` get aligned non-temporal vector stores: straight from explicit vector IR of the value when it
+stride) accumulates COL_W columns per reduce step (_col_reduce; a float32 sum adds COL_SUM_BLOCK steps at a time into
+float64 totals); a transposing kernel walks TILE_T x TILE_T blocks (_transposing). A long float32 sum in the plain nest
+is blocked by the renderer base (lower/renderer.py sum_blocks). Kernels marked `stream` get aligned non-temporal vector stores: straight from explicit vector IR of the value when it
 vectorizes that way (VecRenderer: no auto-vectorizer, ~half the compile time), else through a stack
 block. Loops that hold hand-written vector code or scalar edges carry metadata that keeps the
 vectorizer and unroller off them (compile time).
@@ -23,12 +23,15 @@ the extra `err` out-param and returns; the runner raises BoundsError naming the 
 """
 from __future__ import annotations
 from egraph.dtype import dtypes
+from egraph.ir import Ops
 from lower.kernel import Kernel, Expr, Var
 from lower.llvm_fn import LLVMRenderer, reduce_init, signature
 from lower.llvm_isel import VT, MT
+from lower.renderer import sum_blocks
 from lower.llvm_stream import render_stream, streams
 from lower.matmul import render_matmul
 
+COL_SUM_BLOCK = 64   # reduce steps a float32 column sum adds into its float32 accumulators before the float64 totals
 COL_W = 4096   # output columns a column reduce accumulates at once (16 KiB of float accumulators): each row is read
                # contiguously across them (256 columns per step measured 6.2-7.6 ms for a 4096^2 column sum, 4096: 4.7-4.9)
 
@@ -62,12 +65,17 @@ def _store(f: LLVMRenderer, k: Kernel):
 
 def _col_block(f: LLVMRenderer, k: Kernel, R: Expr, j: Var, lo: str, hi: str):
   """Columns [lo, hi) of a column reduce, COL_W at a time: acc[c] = init; for the reduce vars: for c: acc[c] op=
-  body(j = jb + c); for c: store the value with the reduce read from acc[c]."""
+  body(j = jb + c); for c: store the value with the reduce read from acc[c]. A float32 sum of more than COL_SUM_BLOCK
+  steps adds each block of them into tot[c], a float64 (each column's adds are one by one: no vector lanes split them)."""
   rop, rvars = R.arg
   dt, ty = R.dtype, VT[R.dtype.name]
-  accs = f.t("accs")
+  accs, tots = f.t("accs"), f.t("tots")
   f.allocas.append(f"{accs} = alloca [{COL_W} x {ty}], align 64")
-  c = Var(f"{j.name}c", COL_W)
+  cut = sum_blocks(rop, dt, rvars, COL_SUM_BLOCK)
+  if cut: f.allocas.append(f"{tots} = alloca [{COL_W} x double], align 64")
+  c, f64 = Var(f"{j.name}c", COL_W), dtypes.float64
+  def tot():
+    g = f.t("tot"); f.emit(f"{g} = getelementptr inbounds [{COL_W} x double], ptr {tots}, i64 0, i64 {f.vars[c]}"); return g
   def block(jb, jend):
     n = f.t("n"); f.emit(f"{n} = sub i64 {jend}, {jb}")
     def cols(inner):
@@ -78,17 +86,32 @@ def _col_block(f: LLVMRenderer, k: Kernel, R: Expr, j: Var, lo: str, hi: str):
         f.emit(f"{slot} = getelementptr inbounds [{COL_W} x {ty}], ptr {accs}, i64 0, i64 {f.vars[c]}")
         inner(slot)
       f.loop(c, "0", n, b)
-    cols(lambda slot: f.emit(f"store {ty} {reduce_init(rop, dt)}, ptr {slot}"))
+    def init(slot):
+      f.emit(f"store {ty} {reduce_init(rop, dt)}, ptr {slot}")
+      if cut: f.emit(f"store double 0.0, ptr {tot()}")
+    cols(init)
     def step(slot):
       v, a = f.value(R.src[0]), f.t()
       f.emit(f"{a} = load {ty}, ptr {slot}")
       f.emit(f"store {ty} {f.alu(rop, dt, (dt, dt), [a, v])}, ptr {slot}")
+    def flush(slot):   # tot[c] += acc[c]; acc[c] = 0
+      a, t, g = f.t(), f.t(), tot()
+      f.emit(f"{a} = load {ty}, ptr {slot}"); f.emit(f"{t} = load double, ptr {g}")
+      f.emit(f"store double {f.alu(Ops.ADD, f64, (f64, f64), [t, f.alu(Ops.CAST, f64, (dt,), [a])])}, ptr {g}")
+      f.emit(f"store {ty} {reduce_init(rop, dt)}, ptr {slot}")
     def nest(d):
       if d == len(rvars): cols(step); return
-      f.loop(rvars[d], "0", str(rvars[d].size), lambda: nest(d + 1))
+      v = rvars[d]
+      if cut and d == cut[0]:
+        def blk(b, e): f.loop(v, b, e, lambda: nest(d + 1)); cols(flush)
+        f.blocks(v.name + "b", "0", str(v.size), cut[1], blk)
+      else: f.loop(v, "0", str(v.size), lambda: nest(d + 1))
     nest(0)
     def out(slot):
-      r = f.t("red"); f.emit(f"{r} = load {ty}, ptr {slot}")
+      r = f.t("red")
+      if cut:
+        t = f.t(); f.emit(f"{t} = load double, ptr {tot()}"); r = f.alu(Ops.CAST, dt, (f64,), [t])
+      else: f.emit(f"{r} = load {ty}, ptr {slot}")
       f.put(id(R), r)
       _store(f, k)
     cols(out)
