@@ -9,14 +9,16 @@ PACKAGES = ("egraph", "rules", "lower")
 
 # floor -> (name, modules). A module may import only from its own floor or below. `lower.*` is floor 4 as a whole.
 FLOORS = {
-  1: ("IR", ["egraph.face", "egraph.errors", "egraph.dtype", "egraph.symbolic", "egraph.ir", "egraph.view", "egraph.storage"]),
+  1: ("IR", ["egraph.face", "egraph.errors", "egraph.dtype", "egraph.symbolic", "egraph.ir", "egraph.view", "egraph.storage",
+             "egraph.corpus"]),
   2: ("rule data", ["rules.registry", "rules.callify"]),
   3: ("engine", ["egraph.encode", "egraph.language", "egraph.runner", "egraph.extract", "egraph.cost", "egraph.report",
                  "egraph.driver"]),
   4: ("lowering", ["lower.*"]),
   5: ("research kit", ["rules.checker", "rules.soundness", "rules.strategies"]),
   6: ("front ends and tools", ["egraph.indexing", "egraph.rng", "egraph.tensor", "egraph.tracing", "egraph.models", "egraph.cli", "egraph.__main__",
-                               "egraph.ordering", "egraph.explain", "egraph.export", "egraph.tinygrad_convert", "egraph.tinygrad"]),
+                               "egraph.ordering", "egraph.explain", "egraph.export", "egraph.tinygrad_convert", "egraph.tinygrad",
+                               "egraph.capture"]),
 }
 FACES = PACKAGES   # the package __init__s: lazy re-exports through egraph.face only
 
