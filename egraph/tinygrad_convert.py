@@ -29,6 +29,7 @@ _DT = {tdt.bool: dtypes.bool, tdt.int8: dtypes.int8, tdt.uint8: dtypes.uint8, td
        tdt.float32: dtypes.float32, tdt.float64: dtypes.float64}
 _TDT = {v: k for k, v in _DT.items()}
 _WEAK = {tdt.weakint: dtypes.int64, tdt.weakfloat: dtypes.float32}   # never stored: tinygrad refuses to realize them
+_FP8 = {getattr(tdt, n): n for n in ("fp8e4m3", "fp8e5m2", "fp8e4m3fnuz", "fp8e5m2fnuz")}
 _OWN_DEVICES = ("CPU", "PYTHON", "NPY", "CUDA", "DISK")
 _DIRECT = {TOps.CONTIGUOUS: Ops.CONTIGUOUS, TOps.CONTIGUOUS_BACKWARD: Ops.CONTIGUOUS_BACKWARD, TOps.DETACH: Ops.DETACH,
            TOps.CAST: Ops.CAST, TOps.BITCAST: Ops.BITCAST, TOps.AFTER: Ops.AFTER, TOps.STORE: Ops.STORE}
@@ -135,7 +136,7 @@ def _same_dims(a, b) -> bool: return len(a) == len(b) and all(type(x) is type(y)
 
 def _convert(cv: Conversion, u: UOp) -> Node:
   op = u.op
-  if u.dtype in tdt.fp8s: raise BridgeRefusal(f"dtype:{u.dtype.name}", f"{op.name}")
+  if u.dtype in tdt.fp8s: raise BridgeRefusal(f"dtype:{_FP8[u.dtype]}", f"{op.name} of {u.dtype.name}")
   if op is TOps.BUFFER and u.arg.addrspace is AddrSpace.GLOBAL and not u.is_variable:
     size = _ints(u.shape, "BUFFER")[0]
     n = Node(Ops.BUFFER, to_dtype(u.dtype, "BUFFER"), (), BufferArg(BUFFER_UID_BASE + u.arg.slot, size, to_device(u.device)))
@@ -161,7 +162,6 @@ def _convert(cv: Conversion, u: UOp) -> Node:
     x = cv.image[u.src[0]]   # per-device values -> one logical value split along the axis: callsat's MULTI
     if isinstance(x.device, tuple): return Node(Ops.MULTI, x.dtype, (x,), u.arg[0])
   if op is TOps.COPY and not virtual:
-    if isinstance(u.arg, str) and u.arg.startswith(("DISK", "TINYFS")): raise BridgeRefusal("form:copy-to-disk", "COPY to a DISK device")
     return Node(Ops.COPY, to_dtype(u.dtype), (cv.image[u.src[0]],), to_device(u.arg))
   if op in _DIRECT and not virtual:
     if op is TOps.CONTIGUOUS and (len(u.src) != 1 or u.arg is not None): raise BridgeRefusal("form:contiguous-with-options", str(u.arg))

@@ -1,0 +1,184 @@
+"""The tinygrad bridge on tinygrad programs: each program is realized with tinygrad's own pass and with callsat's
+(strict: no fallback), and the two must agree in values (tinygrad's PYTHON device, no compiler needed) and in kernel
+counts (its NULL device). Shapes stay tiny: PYTHON interprets every kernel."""
+import os
+import numpy as np
+import pytest
+
+tinygrad = pytest.importorskip("tinygrad")
+from tinygrad import Tensor, Device, GlobalCounters, TinyJit, Context, dtypes, Variable, nn   # noqa: E402
+from tinygrad.function import function   # noqa: E402
+from egraph import tinygrad as bridge   # noqa: E402
+from egraph.tinygrad_convert import BridgeRefusal   # noqa: E402
+from egraph.errors import CallsatError   # noqa: E402
+
+def _mlp():
+  l1, l2 = nn.Linear(6, 5), nn.Linear(5, 3)
+  x = Tensor.rand(4, 6)
+  return [l2(l1(x).relu()).softmax()]
+
+def _attention():
+  q, k, v = Tensor.rand(1, 2, 4, 3), Tensor.rand(1, 2, 4, 3), Tensor.rand(1, 2, 4, 3)
+  return [q.scaled_dot_product_attention(k, v, is_causal=True)]
+
+def _layernorm():
+  ln = nn.LayerNorm(5)
+  return [ln(Tensor.rand(3, 5) * 4 - 2)]
+
+def _conv2d():
+  c = nn.Conv2d(2, 3, 3, padding=1)
+  return [c(Tensor.rand(1, 2, 5, 5)).relu()]
+
+def _cat(): return [Tensor.rand(2, 3).cat(Tensor.rand(1, 3), Tensor.rand(2, 3) * 2, dim=0)]
+
+def _gather():
+  x = Tensor.rand(4, 5)
+  idx = Tensor([[0, 1], [2, 3], [4, 0], [1, 1]])
+  return [x.gather(1, idx), x[Tensor([3, 0, 2])], x[:, Tensor([1, 4])] + 1]
+
+def _arange(): return [Tensor.arange(10).reshape(2, 5).float() * 0.5, Tensor.arange(3, 15, 4)]
+def _cumsum(): return [Tensor.rand(3, 6).cumsum(1)]
+def _rand(): return [Tensor.rand(3, 4), Tensor.randint(5, low=0, high=9), Tensor.randn(2, 3)]
+
+def _pools():
+  x = Tensor.rand(1, 1, 6, 6)
+  return [x.max_pool2d(2), x.avg_pool2d(3, stride=1)]
+
+def _sgd():
+  l = nn.Linear(4, 2)
+  opt = nn.optim.SGD(nn.state.get_parameters(l), lr=0.1)
+  with Context(TRAINING=1):
+    x = Tensor.rand(3, 4)
+    loss = l(x).square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+  return [l.weight, l.bias, loss]
+
+def _assign_slices():
+  a = Tensor.zeros(6, 4).contiguous().realize()
+  a[1:3].assign(Tensor.ones(2, 4) * 3)
+  a[:, ::2].assign(Tensor.full((6, 2), 7.0))
+  b = Tensor.arange(8).float().contiguous().realize()
+  b[::3].assign(Tensor([-1.0, -2.0, -3.0]))
+  return [a, b]
+
+def _bitcast():
+  a = Tensor([1.0, 2.0, -3.5, 4.25]).realize()
+  return [a.bitcast(dtypes.uint32) + 1, a[1:3].bitcast(dtypes.int32)]
+
+def _symbolic():
+  v = Variable("v", 1, 6).bind(4)
+  x = Tensor.rand(6, 3).contiguous().realize()
+  return [(x[:v] * 2).sum(0), (x[:v] + 1).max(), x.shrink(((0, v), None)).contiguous().sum(1).max()]
+
+def _function():
+  @function
+  def f(a: Tensor, b: Tensor) -> Tensor: return (a * b + 1).relu()
+  return [f(Tensor.rand(3, 3), Tensor.rand(3, 3))]
+
+def _precompile():
+  @function(precompile=True)
+  def f(a: Tensor, b: Tensor) -> Tensor: return (a @ b).contiguous()
+  return [f(Tensor.rand(3, 3), Tensor.rand(3, 3)) + 1]
+
+def _jit():
+  @TinyJit
+  def step(x: Tensor) -> Tensor: return (x * 2 + 1).sum(0).realize()
+  return [step(Tensor.rand(3, 4).realize()) for _ in range(3)][-1:]
+
+def _sharded():
+  devs = (Device.DEFAULT, f"{Device.DEFAULT}:1")
+  x = Tensor.rand(4, 3).realize()
+  lazy = x.shard(devs, axis=0)
+  real = Tensor.rand(4, 3).shard(devs, axis=0).realize()
+  return [(lazy * 2 + real).sum(1), (lazy + 1).to(Device.DEFAULT)]
+
+PROGRAMS = {f.__name__[1:]: f for f in [_mlp, _attention, _layernorm, _conv2d, _cat, _gather, _arange, _cumsum, _rand, _pools,
+                                         _sgd, _assign_slices, _bitcast, _symbolic, _function, _precompile, _jit, _sharded]}
+
+def _run(build, device: str, bridged: bool):
+  """(values, kernel count) of one program built on `device`, with or without the bridge (strict)."""
+  with Context(DEV=device):
+    Tensor.manual_seed(1234)
+    GlobalCounters.reset()
+    ctx = bridge.installed(strict=True) if bridged else _Stock()
+    with ctx:
+      outs = build()
+      Tensor.realize(*outs)
+      kernels = GlobalCounters.kernel_count
+      vals = [o.numpy() for o in outs] if device != "NULL" else []
+    return vals, kernels
+
+class _Stock:
+  def __enter__(self): bridge.uninstall()
+  def __exit__(self, *a): return False
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_values_match_stock(name):
+  stock, _ = _run(PROGRAMS[name], "PYTHON", bridged=False)
+  calls0 = bridge.stats()["bridged"]
+  ours, _ = _run(PROGRAMS[name], "PYTHON", bridged=True)
+  assert bridge.stats()["bridged"] > calls0, "the bridge never ran"
+  assert len(ours) == len(stock)
+  for a, b in zip(ours, stock):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_kernel_counts_match_stock(name):
+  _, stock = _run(PROGRAMS[name], "NULL", bridged=False)
+  _, ours = _run(PROGRAMS[name], "NULL", bridged=True)
+  assert ours == stock
+
+def test_disk_roundtrip(tmp_path):
+  path = str(tmp_path / "t.bin")
+  for bridged in (False, True):
+    ctx = bridge.installed(strict=True) if bridged else _Stock()
+    with ctx:
+      t = Tensor.empty(6, device=f"disk:{path}", dtype=dtypes.float32)
+      t.assign(Tensor([1.0, 2, 3, 4, 5, 6], device="PYTHON").to(t.device)).realize()
+      got = t.to("PYTHON").numpy()
+      np.testing.assert_array_equal(got, [1, 2, 3, 4, 5, 6])
+      np.testing.assert_array_equal(t[2:4].to("PYTHON").numpy(), [3, 4])
+
+def test_strict_refuses_by_name_and_fallback_counts():
+  bridge.reset_stats()
+  fp8 = lambda: Tensor([1.0, 2.0], device="PYTHON").cast(dtypes.fp8e4m3).contiguous().realize()
+  with bridge.installed(strict=True):
+    with pytest.raises(BridgeRefusal, match=r"dtype:fp8e4m3"): fp8()
+  with bridge.installed(strict=False): fp8()
+  s = bridge.stats()
+  assert s["refused"] == 1 and s["fallback"] == 1 and s["reasons"] == {"dtype:fp8e4m3": 2}
+  assert "1 fell back" in bridge.summary() and "dtype:fp8e4m3" in bridge.summary()
+
+def test_install_idempotent_and_context_restores():
+  import tinygrad.tensor as tt
+  bridge.uninstall(); bridge.uninstall()
+  assert tt.transform_to_call is bridge.STOCK_TRANSFORM and bridge.is_installed() is None
+  bridge.install(); bridge.install()
+  assert tt.transform_to_call is not bridge.STOCK_TRANSFORM and bridge.is_installed() == "fallback"
+  with bridge.installed(strict=True): assert bridge.is_installed() == "strict"
+  assert bridge.is_installed() == "fallback"
+  bridge.uninstall()
+  with bridge.installed(): pass
+  assert tt.transform_to_call is bridge.STOCK_TRANSFORM
+
+def test_opaque_ops_refused_by_callsat_executors():
+  """callsat carries tinygrad's arithmetic opaque: its own executors must refuse it by name, never compute it."""
+  from tinygrad.uop.ops import UOp
+  from egraph.tinygrad_convert import to_callsat
+  from egraph.driver import callify
+  from lower.runtime import run_call
+  x = Tensor.rand(3, device="PYTHON")
+  cv, roots = to_callsat(UOp.sink(x.uop))
+  res = callify(*roots, cache=False)
+  with pytest.raises(CallsatError, match="host framework's op"): run_call(res.call)
+
+def test_body_is_deterministic():
+  """The CALL body is tinygrad's schedule-cache key: the same graph gives the same body in every process."""
+  import subprocess, sys
+  code = ("from tinygrad import Tensor, nn\nfrom tinygrad.uop.ops import UOp\nfrom egraph.tinygrad import transform_to_call\n"
+          "Tensor.manual_seed(0)\nl=nn.Linear(4,3)\nx=Tensor.empty(2,4, device='NULL')\n"
+          "c,_=transform_to_call(UOp.sink((l(x).relu()+x[:, :3]).contiguous().uop))\nprint(c.src[0].key.hex())")
+  env = {**os.environ, "DEV": "NULL", "PYTHONHASHSEED": "random"}
+  keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout for _ in range(2)}
+  assert len(keys) == 1
