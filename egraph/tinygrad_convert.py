@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp
 from tinygrad.dtype import dtypes as tdt, AddrSpace
-from egraph.ir import Node, Ops, GroupOp, OpaqueArg, BufferArg, toposort
+from egraph.ir import Node, Ops, GroupOp, OpaqueArg, BufferArg, ParamArg, CallInfo, toposort
 from egraph.dtype import dtypes, DType
 from egraph.errors import CallsatError, UnsupportedOpError
 from egraph.symbolic import HostDim, is_symbolic
@@ -69,6 +69,8 @@ class Conversion:
   buffers: dict = field(default_factory=dict)      # callsat BUFFER uid -> tinygrad BUFFER
   keep: list = field(default_factory=list)         # Nodes alive for the conversion's life (hash-consing is weak)
   aliases: set = field(default_factory=set)        # UOps whose image is another UOp's (never buffer_map keys)
+  params: dict = field(default_factory=dict)       # callsat PARAM Node.id -> tinygrad PARAM (function bodies)
+  calls: dict = field(default_factory=dict)        # callsat CallInfo name -> tinygrad FUNCTION arg
   dims: dict = field(default_factory=dict)         # tinygrad symbolic dimension (UOp) -> HostDim
   dim_uops: dict = field(default_factory=dict)     # HostDim key -> tinygrad UOp
   serial: int = field(default_factory=lambda: next(_SERIAL))
@@ -170,8 +172,20 @@ def _convert(cv: Conversion, u: UOp) -> Node:
     dt = dtypes.void if op is TOps.STORE else to_dtype(u.dtype, op.name)
     try: return Node(_DIRECT[op], dt, srcs, None)
     except CallsatError as e: raise BridgeRefusal(f"form:{op.name.lower()}", str(e)) from None
-  if op is TOps.FUNCTION and u.arg.precompile:
-    raise BridgeRefusal("form:precompiled-function", "FUNCTION(precompile=True)")
+  if op is TOps.PARAM and u.arg.addrspace is AddrSpace.GLOBAL and not virtual:   # an argument inside a function body
+    n = Node(Ops.PARAM, to_dtype(u.dtype, "PARAM"), (), ParamArg(u.arg.slot, cv.shape(u.shape), to_device(u.device),
+                                                                 shard=isinstance(u.device, tuple)))
+    cv.params[n.id] = u
+    return n
+  if op is TOps.TUPLE: return Node(Ops.TUPLE, dtypes.void, tuple(cv.image[s] for s in u.src))
+  if op is TOps.FUNCTION and u.arg.precompile:   # callsat's precompile_call decides how its inputs and outputs are stored
+    if u.src[0].op is not TOps.TUPLE: raise BridgeRefusal("form:precompiled-function", f"body is {u.src[0].op.name}, not TUPLE")
+    if any(isinstance(x.device, tuple) for x in u.src[0].src):   # callify's output buffers know no shard axis yet
+      raise BridgeRefusal("form:precompiled-multi-device", "a precompiled FUNCTION with sharded outputs")
+    info = CallInfo(f"tg{cv.serial}.{len(cv.calls)}", precompile=True)
+    cv.calls[info.name] = u.arg
+    return Node(Ops.FUNCTION, dtypes.void, tuple(cv.image[s] for s in u.src), info)
+  if op is TOps.GETTUPLE and cv.image[u.src[0]].op is Ops.FUNCTION: return Node(Ops.GETTUPLE, None, (cv.image[u.src[0]],), u.arg)
   body = 1 if op in (TOps.CALL, TOps.FUNCTION) else 0   # a body is scoped to its call: it stays tinygrad's
   return _opaque(cv, u, tuple(range(body, len(u.src))))
 
@@ -204,10 +218,21 @@ class _Back:
       u = self.fresh[n.arg.uid] = UOp.new_buffer(from_device(n.device), n.arg.size, _TDT[n.dtype])
     return u
 
-  def __call__(self, root: Node, params: list[UOp] | None = None) -> UOp:
+  def __call__(self, root: Node, params: list[UOp] | None = None, memo: dict | None = None) -> UOp:
+    memo = self.memo if memo is None else memo   # a CALL/FUNCTION body is its own scope (its PARAMs are its args)
     for n in toposort([root], enter_calls=False):
-      if n.id not in self.memo: self.memo[n.id] = self.one(n, [self.memo[s.id] for s in n.src], params)
-    return self.memo[root.id]
+      if n.id in memo: continue
+      kids = [memo[s.id] for s in (n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src)]
+      memo[n.id] = self.one(n, kids, params)
+    return memo[root.id]
+
+  def call(self, n: Node, args: list[UOp]) -> UOp:
+    """A nested CALL (a precompiled function's, built by callify) or a FUNCTION, its body in its own scope."""
+    tg_arg = self.cv.calls.get(n.arg.name)
+    if tg_arg is None: raise BridgeRefusal(f"op:{n.op.name}", "a call the bridge did not convert")
+    body = self(n.src[0], args, {})
+    if n.op is Ops.FUNCTION: return UOp(TOps.FUNCTION, tdt.void, (body, *args), tg_arg)
+    return UOp(TOps.CALL, tdt.void, (body, *args), tg_arg)
 
   def one(self, n: Node, s: list[UOp], params) -> UOp:
     op = n.op
@@ -219,7 +244,13 @@ class _Back:
       return u if all(a is b for a, b in zip(new, u.src)) else u.replace(src=tuple(new))
     if op is Ops.BUFFER: return self.buffer(n)
     if op is Ops.MULTI: return s[0].unshard(n.arg)
+    if op in (Ops.CALL, Ops.FUNCTION): return self.call(n, s)
+    if op is Ops.TUPLE: return UOp(TOps.TUPLE, tdt.void, tuple(s))
+    if op is Ops.GETTUPLE: return s[0].gettuple(n.arg)
     if op is Ops.PARAM:
+      if (orig := self.cv.params.get(n.id)) is not None: return orig   # a function body's own argument
+      if params is None or not 0 <= n.arg.slot < len(params):   # an output slot callify added to a precompiled call
+        return UOp.param(n.arg.slot, _TDT[n.dtype], self.d(n.arg.shape), from_device(n.device), addrspace=AddrSpace.GLOBAL)
       a = params[n.arg.slot]
       return UOp.param(n.arg.slot, a.dtype, a.shape, a.device, addrspace=AddrSpace.GLOBAL)
     if op is Ops.SLICE:   # tinygrad's view: SHRINK(BUFFER) in the buffer's elements, retyped by BITCAST
