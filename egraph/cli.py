@@ -1,8 +1,10 @@
 """`callsat` command line: `callsat demo [--model NAME]`, `callsat order` (saturation vs rule orders over a corpus),
 `callsat explain` (why a realized tensor became a view, a fresh buffer or an alias), `callsat export` (.egg / JSON),
-`callsat cuda [--model NAME] [--out FILE] [--emulate]` (the model's CALL as a CUDA translation unit + launch plan)."""
+`callsat cuda [--model NAME] [--out FILE] [--emulate]` (the model's CALL as a CUDA translation unit + launch plan),
+`callsat capture --script PROG --out FILE` (a tinygrad program's graphs as a corpus; order/explain/export read it with
+`--corpus FILE`)."""
 from __future__ import annotations
-import argparse, json, os, runpy, sys, time
+import argparse, importlib.util, json, os, runpy, subprocess, sys, time
 import numpy as np
 from egraph.errors import CallsatError
 from egraph.ir import substitute
@@ -12,9 +14,11 @@ from egraph.driver import callify
 from egraph.models import MODELS
 from egraph.explain import explain as run_explain
 from egraph.export import export as run_export, require_graphviz
-from egraph import ordering
+from egraph import ordering, corpus
 from lower import cuda as C
 from lower.runtime import read
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout holding this egraph package
 
 def demo(args) -> int:
   out, ref = MODELS[args.model]()
@@ -42,16 +46,20 @@ def at_least(name: str, v: int, lo: int) -> None:
 
 def order(args) -> int:
   at_least("--orders/-k", args.orders, 0); at_least("--workers", args.workers, 1); at_least("--generated", args.generated, 0)
-  names = [ordering.check_name(g) for g in args.graphs] if args.graphs else ordering.corpus_names(args.generated)
+  if args.corpus: names = [n for n, _ in corpus.pick(args.corpus, args.graphs)] if args.graphs else corpus.names(args.corpus)
+  else: names = [ordering.check_name(g) for g in args.graphs] if args.graphs else ordering.corpus_names(args.generated)
   outputs(args.csv, args.json, args.plot and ordering.plot_path(args.plot))
   if args.plot: ordering.require_matplotlib()      # say what to install before running anything
   if args.ray is not None:
     ordering.require_ray()                         # say what to install before running anything
     if args.workers > 1: raise CallsatError("--workers and --ray exclude each other: with --ray the cluster's CPUs run the sweep")
   def progress(i: int, n: int, r) -> None:        # long sweeps: one line per graph as it finishes, on stderr
+    if isinstance(r, ordering.Failure): print(f"[{i}/{n}] {r.graph}: FAILED {r.error}", file=sys.stderr, flush=True); return
     print(f"[{i}/{n}] {r.graph}: saturated {r.saturated.cost}, orders {min((o.cost for o in r.orders), default='-')}.."
           f"{max((o.cost for o in r.orders), default='-')}", file=sys.stderr, flush=True)
-  results = ordering.sweep(names, k=args.orders, seed=args.seed, workers=args.workers, ray=args.ray, progress=progress)
+  failures = [] if args.keep_going else None
+  results = ordering.sweep(names, k=args.orders, seed=args.seed, workers=args.workers, ray=args.ray, progress=progress,
+                           corpus=args.corpus, failures=failures)
   print(ordering.table(results))
   dep = sum(r.order_dependent for r in results)
   print(f"\n{dep}/{len(results)} graphs depend on the rule order; saturation is never worse than an order on "
@@ -61,11 +69,29 @@ def order(args) -> int:
   if args.json:
     with open(args.json, "w") as f: f.write(ordering.to_json(results))
   if args.plot: print(f"plot written to {ordering.plot(results, args.plot)}")
+  if failures:
+    print(f"\n{len(failures)} graph(s) failed and are not in the table:\n" + "\n".join(f"  {f.graph}: {f.error}" for f in failures))
+    return 1
   return 0
 
+def corpus_graph(path: str, name: str | None) -> corpus.Graph:
+  """Graph `name` of a corpus file; without a name, the corpus must hold exactly one graph."""
+  if name is None:
+    have = corpus.names(path)
+    if len(have) != 1: raise CallsatError(f"--corpus {path}: give --graph NAME (it has {len(have)} graphs: {', '.join(have[:5])}"
+                                          f"{', ...' if len(have) > 5 else ''})")
+    name = have[0]
+  return corpus.get(path, name)
+
 def load_tensors(args) -> tuple[list, list[str]]:
-  """(output tensors, labels) from `--model NAME` (its output, labelled "out") or `--script PATH --entry FN`: FN() may
-  return a Tensor, a list/tuple of Tensors (labelled out0, out1, ...) or a dict {label: Tensor}."""
+  """(output tensors, labels) from `--model NAME` (its output, labelled "out"), `--corpus FILE --graph NAME` (the graph's
+  roots as Nodes, labelled out0, out1, ...) or `--script PATH --entry FN`: FN() may return a Tensor, a list/tuple of
+  Tensors (labelled out0, out1, ...) or a dict {label: Tensor}."""
+  if args.corpus is not None:
+    if args.script is not None: raise CallsatError("--corpus and --script exclude each other")
+    g = corpus_graph(args.corpus, args.graph)
+    return list(g.roots), [f"out{i}" for i in range(len(g.roots))]
+  if args.graph is not None: raise CallsatError("--graph names a graph of --corpus FILE; give --corpus too")
   if args.script is None:
     if args.model not in MODELS: raise CallsatError(f"unknown model {args.model!r}; choose one of {sorted(MODELS)}")
     out, _ = MODELS[args.model]()
@@ -109,6 +135,8 @@ def _source_args(p) -> None:
   p.add_argument("--model", default="views", help=f"a demo model: {', '.join(sorted(MODELS))} (default views)")
   p.add_argument("--script", metavar="PATH", help="a Python file defining a function that returns output Tensors")
   p.add_argument("--entry", default="build", help="the function in --script (default build)")
+  p.add_argument("--corpus", metavar="FILE", help="a graph corpus (callsat capture, notes/corpus.md); pick one with --graph")
+  p.add_argument("--graph", metavar="NAME", help="the graph of --corpus to use (optional if it holds one graph)")
   p.add_argument("--cost", default="bytes", help="cost model preset: bytes, kernels, buffers, nodes")
   p.add_argument("--schedule", default="saturate", help="schedule preset")
 
@@ -131,6 +159,20 @@ def cuda(args) -> int:
     return 0 if ok else 1
   return 0
 
+def capture(args) -> int:
+  """Runs `python -m egraph.capture` in a child process: tinygrad (and whatever the program does to it) stays out of
+  this one, and DEV is set before tinygrad is imported, as `DEV=NULL python prog.py` would."""
+  outputs(args.out)
+  if not os.path.isfile(args.script): raise CallsatError(f"script {args.script!r} not found")
+  if importlib.util.find_spec("tinygrad") is None:
+    raise CallsatError("capture needs tinygrad 0.14.0: pip install -e '.[tinygrad]' (or pip install tinygrad==0.14.0)")
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])}   # this egraph
+  argv = ["--script", args.script, "--out", args.out] + (["--unique"] if args.unique else [])
+  for k in ("entry", "name", "device"):
+    if getattr(args, k): argv += [f"--{k}", getattr(args, k)]
+  if args.device: env["DEV"] = args.device
+  return subprocess.run([sys.executable, "-m", "egraph.capture", *argv], env=env).returncode
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="callsat", description="Schedule tensor graphs by equality saturation.")
   sub = p.add_subparsers(dest="cmd", required=True)
@@ -141,7 +183,12 @@ def main(argv=None) -> int:
   o = sub.add_parser("order", help="run a corpus under saturation and under K random rule orders (ordered, destructive mode)")
   o.add_argument("--orders", "-k", type=int, default=8, help="random orders per graph")
   o.add_argument("--generated", type=int, default=8, help="generated graphs in the corpus (besides the demo models)")
-  o.add_argument("--graph", dest="graphs", action="append", help="corpus entry model:NAME or gen:SEED (repeatable)")
+  o.add_argument("--graph", dest="graphs", action="append", help="corpus entry model:NAME or gen:SEED, or a graph name of "
+                                                                   "--corpus (repeatable)")
+  o.add_argument("--corpus", metavar="FILE", help="sweep the graphs of a corpus file (callsat capture) instead of the "
+                                                  "built-in corpus; cost-only, nothing is executed")
+  o.add_argument("--keep-going", action="store_true", help="a graph that fails is listed after the table (exit 1) "
+                                                               "instead of stopping the sweep")
   o.add_argument("--seed", type=int, default=0)
   o.add_argument("--workers", type=int, default=1, help="processes")
   o.add_argument("--ray", metavar="ADDRESS", help="run the sweep as Ray tasks, one per graph: ray://HOST:10001, auto, or "
@@ -163,7 +210,15 @@ def main(argv=None) -> int:
   c.add_argument("--model", choices=sorted(MODELS), default="mlp")
   c.add_argument("--out", metavar="FILE", help="write the .cu here (default: stdout)")
   c.add_argument("--emulate", action="store_true", help="also run it on the CPU emulator and check it against numpy")
+  t = sub.add_parser("capture", help="run a tinygrad program and save every graph it callifies as a corpus (needs tinygrad)")
+  t.add_argument("--script", required=True, metavar="PATH", help="the tinygrad program (run as __main__)")
+  t.add_argument("--entry", metavar="FN", help="call FN() after the script ran and realize the Tensors it returns "
+                                               "(default: build, if the script defines it)")
+  t.add_argument("--out", required=True, metavar="FILE", help="the corpus to write: .jsonl, or .jsonl.gz")
+  t.add_argument("--name", metavar="PREFIX", help="records are named PREFIX/0, PREFIX/1, ... (default: the script's name)")
+  t.add_argument("--device", metavar="DEV", help="tinygrad's default device, e.g. NULL (graphs only, no compute)")
+  t.add_argument("--unique", action="store_true", help="skip a graph equal to one already captured")
   args = p.parse_args(argv)
-  try: return {"demo": demo, "order": order, "explain": explain, "export": export, "cuda": cuda}[args.cmd](args)
+  try: return {"demo": demo, "order": order, "explain": explain, "export": export, "cuda": cuda, "capture": capture}[args.cmd](args)
   except CallsatError as e:
     print(f"callsat: error: {e}", file=sys.stderr); return 2

@@ -3,7 +3,9 @@ order, materialize-first, and K random orders, each in the ordered destructive m
 per graph the extracted cost, e-graph size, time, and whether the result depends on the order.
 
 `callsat order` is the command line for this module. Sweeps scale out over processes with `workers`, or over a Ray
-cluster with `ray` (an address; needs `pip install -e '.[ray]'`)."""
+cluster with `ray` (an address; needs `pip install -e '.[ray]'`). The corpus is built in (demo models, generated
+graphs) or a corpus file (egraph/corpus.py, e.g. graphs captured from tinygrad). Only costs are compared: no graph is
+executed, so graphs with OPAQUE host ops (which no executor runs) sweep like any other."""
 from __future__ import annotations
 import csv, io, json, logging, math, multiprocessing, os, time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -16,6 +18,7 @@ from egraph.storage import Storage
 from egraph.runner import SCHEDULE_PRESETS, ordered_schedule
 from egraph.driver import callify
 from egraph.models import MODELS
+from egraph import corpus as corpus_file
 from rules.registry import RULES
 
 ORDERABLE_PHASES = ("materialize", "optimize")
@@ -138,33 +141,59 @@ def _run(roots, schedule) -> tuple[Run, object]:
   rep = res.report
   return Run(rep.schedule, rep.cost, rep.e_nodes, time.perf_counter() - t0, rep.stores, rep.views, rep.iterations), rep
 
-def run_graph(name: str, k: int = 8, seed: int = 0) -> GraphResult:
-  """`name` (a corpus entry) under saturation, the reference order, materialize-first and `k` random orders."""
-  roots, _ = build(name)
-  sat, rep = _run(roots, "saturate")
-  ref, _ = _run(roots, SCHEDULE_PRESETS["reference"])
-  mf, _ = _run(roots, SCHEDULE_PRESETS["materialize_first"])
-  orders = [_run(roots, ordered_schedule(o, name=f"random{i}"))[0] for i, o in enumerate(random_orders(k, seed))]
+def run_graph(name: str, k: int = 8, seed: int = 0, record: str | None = None) -> GraphResult:
+  """`name` (a corpus entry, or the graph of a corpus-file `record`) under saturation, the reference order,
+  materialize-first and `k` random orders."""
+  roots = corpus_file.loads(record).roots if record is not None else build(name)[0]
+  schedule = "saturate"
+  try:   # an engine error names the graph and the schedule: in a sweep of hundreds it is otherwise anonymous
+    sat, rep = _run(roots, schedule)
+    ref, _ = _run(roots, schedule := SCHEDULE_PRESETS["reference"])
+    mf, _ = _run(roots, schedule := SCHEDULE_PRESETS["materialize_first"])
+    orders = [_run(roots, schedule := ordered_schedule(o, name=f"random{i}"))[0] for i, o in enumerate(random_orders(k, seed))]
+  except CallsatError as e:
+    raise CallsatError(f"graph {name!r}, schedule {getattr(schedule, 'name', schedule)}: {type(e).__name__}: {_line(e)}") from e
   return GraphResult(name, len(toposort(roots, enter_calls=False)), rep.baseline_cost, sat, ref, mf, orders)
 
-def _job(args): return run_graph(*args)
+@dataclass
+class Failure:
+  """A graph whose run raised a CallsatError, in a sweep told to go on (`failures`)."""
+  graph: str
+  error: str
 
-def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: str | None = None, progress=None) -> list[GraphResult]:
-  """Every corpus entry; with workers > 1 the entries run in separate processes, with `ray` (an address) as tasks on a
-  Ray cluster. Either way a job is a corpus name: each worker builds its own graph (egglog objects do not pickle) and
-  sends back a GraphResult. Results come back in the order of `names`; `progress(done, total, result)` is called as each
-  graph finishes (in finishing order for workers), so long sweeps show life."""
-  for n in names: check_name(n)      # a bad entry fails before hours of work, not after
-  jobs, note = [(n, k, seed) for n in names], progress or (lambda i, n, r: None)
-  if ray is not None: return sweep_ray(jobs, ray, note)
-  if workers <= 1:
+def _job(args):
+  keep, *job = args
+  try: return run_graph(*job)
+  except CallsatError as e:
+    if keep: return Failure(job[0], _line(e))
+    raise
+
+def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: str | None = None, progress=None,
+          corpus: str | None = None, failures: list | None = None) -> list[GraphResult]:
+  """Every corpus entry (with `corpus`, a file: graph names in it); with workers > 1 the entries run in separate
+  processes, with `ray` (an address) as tasks on a Ray cluster. Either way a job is a corpus name, or a corpus file's
+  record text: each worker builds its own graph (egglog objects do not pickle) and sends back a GraphResult. Results
+  come back in the order of `names`; `progress(done, total, result)` is called as each graph finishes (in finishing
+  order for workers), so long sweeps show life. The first graph that raises stops the sweep, unless `failures` is a
+  list: then each such graph is appended to it as a Failure (also passed to `progress`) and left out of the results."""
+  keep = failures is not None
+  if corpus is not None:
+    jobs = [(keep, n, k, seed, line) for n, line in corpus_file.pick(corpus, names)]   # an unknown name: one line, before any work
+  else:
+    for n in names: check_name(n)      # a bad entry fails before hours of work, not after
+    jobs = [(keep, n, k, seed) for n in names]
+  note = progress or (lambda i, n, r: None)
+  if ray is not None: out = sweep_ray(jobs, ray, note)
+  elif workers <= 1:
     out = []
-    for j in jobs: out.append(run_graph(*j)); note(len(out), len(jobs), out[-1])
-    return out
-  with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-    futs = [ex.submit(_job, j) for j in jobs]
-    for i, f in enumerate(as_completed(futs)): note(i + 1, len(jobs), f.result())
-    return [f.result() for f in futs]
+    for j in jobs: out.append(_job(j)); note(len(out), len(jobs), out[-1])
+  else:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+      futs = [ex.submit(_job, j) for j in jobs]
+      for i, f in enumerate(as_completed(futs)): note(i + 1, len(jobs), f.result())
+      out = [f.result() for f in futs]
+  if keep: failures.extend(r for r in out if isinstance(r, Failure))
+  return [r for r in out if not isinstance(r, Failure)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_DIRS = [os.path.join(ROOT, p) for p in ("egraph", "rules", "lower")]   # shipped to a Ray cluster's workers
