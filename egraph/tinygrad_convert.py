@@ -88,7 +88,7 @@ class Conversion:
 
 def _opaque(cv: Conversion, u: UOp, srcs: tuple[int, ...]) -> Node:
   shape = cv.shape(u._shape) if u.dtype != tdt.void else None
-  dev = None if u.dtype in _WEAK else to_device(u.device)
+  dev = to_device(u.device)   # weak values keep their device (tinygrad's); they are never realize points here
   axis = None
   if isinstance(dev, tuple):
     try: axis = u.axis
@@ -197,8 +197,8 @@ def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
     n = cv.image[u] = _convert(cv, u)
     if u not in cv.aliases: cv.origins.setdefault(n.id, []).append(u)
   cv.keep = list(cv.image.values())
-  # every source goes to callify, which realizes the same bases tinygrad does (virtual ones have no device here)
-  return cv, list(dict.fromkeys(cv.image[x] for x in big_sink.src))
+  # callify realizes the bases of these as tinygrad does; a virtual base (no device, weak dtype) has nowhere to go
+  return cv, list(dict.fromkeys(cv.image[x] for x in big_sink.src if not x.base.is_virtual))
 
 # ---- back to tinygrad ------------------------------------------------------------------------------------------------
 
