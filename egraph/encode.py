@@ -46,14 +46,15 @@ def writable_chain(x: Node) -> bool:
   idx = view_index(x)
   return bool((idx >= 0).all()) and np.unique(idx).size == idx.size
 
-def assigns_into_computed(n: Node) -> bool:
-  """An AFTER whose written target is not a buffer view: callify gives it a fresh buffer (spec rule 8)."""
+def assigns_into_computed(n: Node, realized: frozenset = frozenset()) -> bool:
+  """An AFTER whose written target is not a buffer view: callify gives it a fresh buffer (spec rule 8). With `realized`
+  (Node ids of realize points: tinygrad 0.14's reading), a view of a realize point is the storage that point gets."""
   t = n
   while t.op in (Ops.AFTER, Ops.BITCAST, Ops.MULTI):
     t = t.src[0]
     if not writable_chain(t): return True    # not a writable view: the written value needs its own buffer
     t = t.base
-  return t.op not in GroupOp.Storage
+  return t.op not in GroupOp.Storage and t.id not in realized
 
 def realize_points(roots: list[Node], topo: list[Node]) -> list[Node]:
   """Original nodes that get storage (spec §4.1): bases of the roots, every CONTIGUOUS and AFTER, host COPYs."""
@@ -143,11 +144,17 @@ class Encoding:
     self.fresh[realize_id] = self.emit_tree(f)
     self.row("fresh_row", realize_id, self.fresh[realize_id])
 
-def encode(roots: list[Node]) -> Encoding:
-  """Insert the graph under `roots`: consumers of a realize point see CONTIGUOUS(point), as tinygrad's rule 6 does."""
+ASSIGNS = ("fresh", "realized")
+
+def encode(roots: list[Node], assigns: str = "fresh") -> Encoding:
+  """Insert the graph under `roots`: consumers of a realize point see CONTIGUOUS(point), as tinygrad's rule 6 does.
+  `assigns`: an assign into a view of a computed realize point gets a fresh buffer ("fresh", spec rule 8) or writes
+  that point's own storage after it is stored ("realized", tinygrad 0.14's callify)."""
+  if assigns not in ASSIGNS: raise UnsupportedOpError(f"callify: assigns must be one of {ASSIGNS}, got {assigns!r}")
   enc = Encoding(list(roots))
   topo = toposort(roots, enter_calls=False)
   enc.keys = realize_points(roots, topo)
+  realized = frozenset(k.id for k in enc.keys) if assigns == "realized" else frozenset()
   if any(isinstance(n.device, tuple) for n in topo): enc.axes = shard_axes(roots)
   is_key = {k.id for k in enc.keys}
   wrapped: dict[int, int] = {}   # Node.id -> id that consumers reference
@@ -168,7 +175,7 @@ def encode(roots: list[Node]) -> Encoding:
       wrapped[n.id] = wrapped[n.src[0].id]; enc.ids[n.id] = wrapped[n.id]; continue
     kids = n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src
     child_ids = [enc.ids[s.id] if n.op is Ops.CONTIGUOUS and s.contiguous() is n else wrapped[s.id] for s in kids]
-    computed = n.op is Ops.AFTER and assigns_into_computed(n)
+    computed = n.op is Ops.AFTER and assigns_into_computed(n, realized)
     if computed and not (len(n.src) == 2 and n.src[1].op is Ops.STORE):
       raise UnsupportedOpError(f"callify: AFTER into a computed {n.src[0].op.name} must have exactly one STORE dependency")
     i = enc.emit(n, child_ids, enc.arg_id(n.dtype, COMPUTED_TARGET, "AFTER") if computed else None)
