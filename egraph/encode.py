@@ -208,7 +208,8 @@ def encode(roots: list[Node], assigns: str = "fresh") -> Encoding:
 
 def precompiled_call(enc: Encoding, f: Node) -> tuple[list[Node], Node]:
   """A precompiled FUNCTION as an opaque CALL writing fresh output buffers (spec §4.2.1): (output views, CALL).
-  Inputs are read from storage; an output that is a CONTIGUOUS is materialized straight into its output buffer."""
+  Inputs are read from storage; an output that is a CONTIGUOUS is materialized straight into its output buffer, and one
+  that is storage of the body (with what it waits for: a custom kernel writing it) becomes the output buffer itself."""
   if (hit := enc.calls.get(f.id)) is not None: return hit
   body, n_in = f.src[0], len(f.src) - 1
   inputs = [x if x.has_buffer_identity() or x.op is Ops.AFTER or x.device is None else x.contiguous() for x in f.src[1:]]
@@ -217,8 +218,12 @@ def precompiled_call(enc: Encoding, f: Node) -> tuple[list[Node], Node]:
   items, subs = [], {}
   for j, s in enumerate(body.src):
     t = Node(Ops.PARAM, s.dtype, (), ParamArg(n_in + j, s.shape, s.device, shard=isinstance(s.device, tuple)))   # writes every device
-    if s.op is Ops.CONTIGUOUS and s not in subs: subs[s] = t.after(t.store(s.src[0])); items.append(s)
-    else: items.append(t.after(t.store(s)))
+    deps: list[Node] = []
+    while s.op is Ops.AFTER: deps.extend(s.src[1:]); s = s.src[0]   # what the output waits for travels with it
+    if s.op is Ops.CONTIGUOUS and s not in subs: subs[s] = t.after(t.store(s.src[0])); items.append(s.after(*deps))
+    elif s.op in (Ops.BUFFER, Ops.MULTI) and s.has_buffer_identity() and s not in subs:   # the body's own buffer (not an
+      subs[s] = t; items.append(s.after(*deps))                                              # input PARAM) IS the output
+    else: items.append(t.after(t.store(s.after(*deps))))
   sink = Node(Ops.SINK, dtypes.void, tuple(substitute(items, subs)))
   hit = enc.calls[f.id] = (outs, Node(Ops.CALL, dtypes.void, (sink, *inputs, *outs), f.arg))
   return hit
