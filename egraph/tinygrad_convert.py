@@ -287,5 +287,8 @@ def to_tinygrad(cv: Conversion, call: Node, buffer_map: dict) -> tuple[UOp, dict
   out = {}
   for k, v in buffer_map.items():
     val = back(v)
-    for u in cv.origins.get(k.id, ()): out[u] = val if val.shape == u.shape else val.shrink_to(u.shape)
+    for u in cv.origins.get(k.id, ()):
+      if u.op is TOps.GETTUPLE and u.src[0].op is TOps.FUNCTION and u.src[0].arg.precompile:
+        continue   # tinygrad keeps a precompiled function's outputs lazy (its backward runs through them)
+      out[u] = val if val.shape == u.shape else val.shrink_to(u.shape)
   return body.call(*args), out
