@@ -94,13 +94,14 @@ def dumps(g: Graph) -> str:
   try: return json.dumps(rec, separators=(",", ":"), allow_nan=False)
   except (TypeError, ValueError) as e: raise CorpusError(f"graph {g.name!r}: meta is not plain JSON: {e}") from None
 
-def loads(line: str, where: str = "record") -> Graph:
-  """One record back to a Graph with equal Nodes (fresh BUFFER uids). `where` prefixes error messages."""
+def loads(line: str, where: str = "") -> Graph:
+  """One record back to a Graph with equal Nodes (fresh BUFFER uids). `where` (a file) prefixes error messages."""
+  at = lambda name=None: " ".join(x for x in (where, f"graph {name!r}" if name is not None else "" if where else "record") if x)
   try: rec = json.loads(line)
-  except json.JSONDecodeError as e: raise CorpusError(f"{where}: not JSON ({e})") from None
-  if not isinstance(rec, dict) or "version" not in rec: raise CorpusError(f"{where}: not a callsat corpus record (no version field)")
+  except json.JSONDecodeError as e: raise CorpusError(f"{at()}: not JSON ({e})") from None
+  if not isinstance(rec, dict) or "version" not in rec: raise CorpusError(f"{at()}: not a callsat corpus record (no version field)")
   if rec["version"] != VERSION:
-    raise CorpusError(f"{where}: corpus format version {rec['version']!r} is not supported (this callsat reads version {VERSION})")
+    raise CorpusError(f"{at()}: corpus format version {rec['version']!r} is not supported (this callsat reads version {VERSION})")
   name = rec.get("name")
   try:
     dec, built = _Decode(), []
@@ -108,11 +109,11 @@ def loads(line: str, where: str = "record") -> Graph:
       op, dt, src = Ops[row[0]], DTYPES[row[1]], tuple(built[j] for j in row[2])
       arg = dec(row[3]) if len(row) > 3 else None
       try: built.append(Node(op, dt, src, arg))
-      except CallsatError as e: raise CorpusError(f"{where} ({name!r}): node {i} ({row[0]}): {e}") from None
+      except CallsatError as e: raise CorpusError(f"{at(name)}: node {i} ({row[0]}): {e}") from None
     return Graph(str(name), [built[r] for r in rec["roots"]], dict(rec.get("meta") or {}))
   except CorpusError: raise
   except (KeyError, IndexError, TypeError, ValueError) as e:
-    raise CorpusError(f"{where} ({name!r}): malformed record: {type(e).__name__}: {e}") from None
+    raise CorpusError(f"{at(name)}: malformed record: {type(e).__name__}: {e}") from None
 
 # ---- files -----------------------------------------------------------------------------------------------------------
 
@@ -164,7 +165,7 @@ def pick(path: str, wanted) -> list[tuple[str, str]]:
       raise CorpusError(f"corpus {path!r} has no graph named {name!r}; it has {', '.join(have[:8]) or 'no graphs'}{more}")
   return [(name, by[name]) for name in wanted]
 
-def get(path: str, name: str) -> Graph: return loads(pick(path, [name])[0][1], f"{path} graph {name!r}")
+def get(path: str, name: str) -> Graph: return loads(pick(path, [name])[0][1], path)
 
 def load(path: str) -> list[Graph]:
-  return [loads(line, f"{path} graph {n!r}") for n, line in lines(path)]
+  return [loads(line, path) for _, line in lines(path)]
