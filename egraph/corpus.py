@@ -96,7 +96,7 @@ def dumps(g: Graph) -> str:
 
 def loads(line: str, where: str = "") -> Graph:
   """One record back to a Graph with equal Nodes (fresh BUFFER uids). `where` (a file) prefixes error messages."""
-  at = lambda name=None: " ".join(x for x in (where, f"graph {name!r}" if name is not None else "" if where else "record") if x)
+  at = lambda name=None: " ".join(filter(None, (where, None if name is None else f"graph {name!r}"))) or "record"
   try: rec = json.loads(line)
   except json.JSONDecodeError as e: raise CorpusError(f"{at()}: not JSON ({e})") from None
   if not isinstance(rec, dict) or "version" not in rec: raise CorpusError(f"{at()}: not a callsat corpus record (no version field)")
