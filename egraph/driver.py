@@ -1,8 +1,11 @@
-"""The callify driver: encode -> saturate -> extract -> decode -> number PARAMs -> buffer_map -> CallifyResult.
+"""The callify driver: encode -> saturate -> extract -> build the CALL (PARAMs numbered) and buffer_map -> CallifyResult.
 
 `saturate` (encode -> Runner -> load, materialize, optimize) and `extract_call` (freeze -> EGraphView -> costs ->
-extract -> decode) are the pipeline's two halves; explain, export and the soundness checker call them too, so every
-tool sees the e-graph and the extraction callify sees.
+extract; `.terms` decodes) are the pipeline's two halves; explain, export and the soundness checker call them too, so
+every tool sees the e-graph and the extraction callify sees. `build_call` turns the chosen e-classes into the CALL in
+one rebuild (what `parameterize` of the decoded terms gives). Under Limits callify plans its time (`Budget`): when the
+e-graph will not fit, or runs out of time, it builds the all-materialized CALL straight from the encoding
+(`materialized_call`), the form the e-graph would give with no optimize rule.
 E-class identity replaces tinygrad's tags: each realize point (an original node) names the e-class of its realized
 form, so after extraction its storage is read straight off the chosen term."""
 from __future__ import annotations
@@ -10,14 +13,16 @@ import dataclasses, gc, time
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable, Protocol
 from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer, map_args, const_key
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError, EngineError, ShapeError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode, Encoding
-from egraph.runner import Runner, Limits, Schedule, StepHook, StopReason, LIMIT_PRESETS, SCHEDULE_PRESETS, resolve
+from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
+                           resolve, checkpoint)
 from egraph.cost import CostModel, COST_PRESETS
-from egraph.extract import EGraphView, extract, decode, baseline_cost
+from egraph.extract import EGraphView, ChosenIds, Unextractable, extract, decode, baseline_cost, TICK, INF
 from egraph.report import CallifyReport
 
 @dataclass
@@ -33,10 +38,14 @@ def storage_view(n: Node) -> Node:
     if n.op is Ops.AFTER: n = n.src[0]; continue
     if n.op not in GroupOp.Movement and n.op not in (Ops.SLICE, Ops.MULTI):
       raise EngineError(f"extraction chose a non-storage form {n.op.name} for a realized value")
-    chain.append(n); n = n.src[0]
-  for m in reversed(chain):
-    if m.op is Ops.RESHAPE: n = n.src[0].reshape(m.arg) if n.op is Ops.RESHAPE else n.reshape(m.arg)
-    else: n = Node(m.op, m.dtype, (n,), m.arg)
+    chain.append((n.op, n.dtype, n.arg)); n = n.src[0]
+  return view_over(n, chain)
+
+def view_over(n: Node, chain: list[tuple]) -> Node:
+  """A view chain, (op, dtype, arg) outermost first, rebuilt over storage n with reshapes collapsed."""
+  for op, dtype, arg in reversed(chain):
+    if op is Ops.RESHAPE: n = n.src[0].reshape(arg) if n.op is Ops.RESHAPE else n.reshape(arg)
+    else: n = Node(op, dtype, (n,), arg)
   return n
 
 def parameterize(body: Node) -> tuple[Node, list[Node]]:
@@ -51,7 +60,11 @@ def parameterize(body: Node) -> tuple[Node, list[Node]]:
       slots[n] = Node(Ops.PARAM, n.dtype, (), ParamArg(len(args), n.shape, n.device, shard=isinstance(n.device, tuple)))
       args.append(n); continue
     stack.extend(reversed(n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))
-  body = substitute([body], slots)[0]
+  return bind_dims(substitute([body], slots)[0], args)
+
+def bind_dims(body: Node, args: list[Node]) -> tuple[Node, list[Node]]:
+  """The parameterized body with its bound symbolic dimensions replaced by their variables, their values appended to
+  `args` as BIND nodes."""
   bound: dict = {}
   for n in toposort([body], enter_calls=False):
     for d in dims_in(_dims_arg(n)):
@@ -84,6 +97,146 @@ def roots_of(xs) -> list[Node]:
     if n.op is Ops.SINK: out.extend(n.src)
     else: out.append(n)
   return out
+
+# ---- a CALL built over ids: the extracted e-classes, or the Encoding's own ids (the all-materialized fallback) ------
+
+@dataclass
+class BuiltCall:
+  """A CALL with its buffer_map, and the report's counts."""
+  call: Node
+  buffer_map: dict[Node, Node]
+  stores: int
+  buffers: int
+  views: int
+
+class IdDag(Protocol):
+  """A CALL body as a DAG of int ids: each id's children, op name, and node (over its built children)."""
+  def kids(self, v: int) -> list[int]: ...
+  def op(self, v: int) -> str: ...
+  def template(self, v: int) -> tuple:
+    """(Ops, dtype or None, arg) of a view op (what `view_over` rebuilds)."""
+  def make(self, v: int, src: tuple[Node, ...]) -> Node: ...
+
+def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: set[int], bound_dims: bool = True,
+               abort_at: float = INF) -> BuiltCall:
+  """The CALL over the DAG under `roots` (the realize points' forms, in `keys` order), built once with its PARAMs in
+  place: the ids are ordered as `toposort` orders the decoded terms, the SINK holds their AFTERs, PARAMs are numbered
+  in `parameterize`'s pre-order walk, so the CALL is node for node `parameterize(SINK(...))` of the decoded terms,
+  without building them first. Each realize point's storage is its view chain rebuilt over its buffer (`storage_view`).
+  Past `abort_at` a loop raises OutOfBudget."""
+  K: dict[int, list[int]] = {}   # children
+  O: dict[int, str] = {}         # op names
+  kids, op = ids.kids, ids.op
+  order, stack = [], [(r, False) for r in reversed(roots)]
+  while stack:
+    v, done = stack.pop()
+    if done: order.append(v); continue
+    if v in K: continue
+    ks = K[v] = kids(v)
+    O[v] = op(v)
+    if not len(K) % TICK: checkpoint(abort_at, "ordering the CALL body")
+    stack.append((v, True))
+    stack.extend([(s, False) for s in reversed(ks) if s not in K])
+  sink = [v for v in order if O[v] == "AFTER"]
+  args: list[Node] = []
+  slot_of: dict[Node, int] = {}
+  built: dict[int, Node] = {}
+  walked, stack, steps = set(), list(reversed(sink)), 0
+  while stack:
+    v = stack.pop()
+    if v in walked: continue
+    walked.add(v)
+    steps += 1
+    if not steps % TICK: checkpoint(abort_at, "numbering the CALL's PARAMs")
+    o = O[v]
+    if o == "BUFFER": n = ids.make(v, ())
+    elif o == "SLICE" and O[K[v][0]] == "BUFFER": n = ids.make(v, (ids.make(K[v][0], ()),))   # a whole SLICE(BUFFER): one arg
+    else: stack.extend(reversed(K[v])); continue
+    if n not in slot_of: slot_of[n] = len(args); args.append(n)
+    built[v] = Node(Ops.PARAM, n.dtype, (), ParamArg(slot_of[n], n.shape, n.device, shard=isinstance(n.device, tuple)))
+  for j, v in enumerate(order):
+    if not j % TICK: checkpoint(abort_at, "building the CALL body")
+    if v not in built: built[v] = ids.make(v, tuple([built[k] for k in K[v]]))
+  body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
+  body, args = bind_dims(body, args) if bound_dims else (body, args)
+  buffer_map, views = {}, 0
+  for k, r in zip(keys, roots):
+    chain, v = [], r
+    while (o := O[v]) != "BUFFER" and o != "PARAM":
+      if o != "AFTER":
+        if o not in _VIEW_OPS: raise EngineError(f"extraction chose a non-storage form {o} for a realized value")
+        chain.append(ids.template(v))
+      v = K[v][0]
+    buffer_map[k] = view_over(ids.make(v, ()), chain)
+    views += O[r] != "AFTER" and any(t[0] is Ops.SLICE for t in chain)
+  stores = len({built[v].id for v in walked if O[v] == "STORE"})
+  buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in fresh_buffers)
+  return BuiltCall(Node(Ops.CALL, dtypes.void, (body, *args), CallInfo()), buffer_map, stores, buffers, views)
+
+_VIEW_OPS = frozenset({o.name for o in GroupOp.Movement} | {"SLICE", "MULTI"})
+
+def has_bound_dims(enc: Encoding) -> bool:
+  """Does any interned arg hold a bound symbolic dimension? (Only then does a CALL body need `bind_dims`.)"""
+  return any(isinstance(d, BoundVar) for _, a in enc.args for d in dims_in(a.shape if isinstance(a, ParamArg) else a))
+
+class MaterializedIds:
+  """The e-graph's unoptimized form over the Encoding's ids, without the e-graph: each realize point stored into its
+  fresh buffer (a zero-size one only allocated), an assign into a computed value stored into its fresh buffer, a
+  CONTIGUOUS without a fresh buffer is its source (storage, or a realized value a precompiled call reads), a
+  precompiled call's output is its CALL: what the materialize phase adds and extraction picks with no optimize rule
+  (`baseline_cost` prices it). ~(2i) and ~(2i+1) are the AFTER and the STORE into realize point i's fresh buffer."""
+  def __init__(self, enc: Encoding):
+    self.enc, self.nodes, self.orig, fresh = enc, enc.nodes, enc.original, enc.fresh
+    zero = {r[0] for r in enc.rows.get("zero_row", ())}
+    pre = {g: r for g, r in enc.rows.get("precompiled_row", ())}
+    self.cons = {c: (h, t) for c, h, t in enc.rows.get("cons_row", ())}
+    special = {i: o for i, (o, a, _) in self.orig.items()
+               if o == "CONTIGUOUS" or (o == "AFTER" and a in enc.computed_args) or (o == "GETTUPLE" and i in pre)}
+    def resolve(i: int) -> int:
+      while (o := special.get(i)) is not None:
+        if o == "CONTIGUOUS":
+          if i not in fresh: i = self.orig[i][2][0]; continue   # contiguous_of_storage, contiguous_idempotent
+          if i in zero: i = fresh[i]; continue                  # zero_size
+          return ~(2 * i)                                       # materialize_contiguous
+        if o == "AFTER": return ~(2 * i)                        # materialize_assign
+        i = pre[i]                                              # precompile_call
+      return i
+    self.redirect = {i: r for i in special if (r := resolve(i)) != i}
+    self.roots = [self.to(enc.key_ids[k.id]) for k in enc.keys]
+
+  def to(self, i: int) -> int: return self.redirect.get(i, i)
+
+  def listed(self, ks: tuple) -> tuple | list:
+    """An original e-node's child ids, a Cons list flattened."""
+    if len(ks) != 1 or self.nodes[ks[0]] is not None: return ks
+    out, c = [], ks[0]
+    while c in self.cons: h, c = self.cons[c]; out.append(h)
+    return out
+
+  def kids(self, v: int) -> list[int]:
+    rget = self.redirect.get
+    if v >= 0: return [rget(k, k) for k in self.listed(self.orig[v][2])]
+    i, is_store = divmod(~v, 2)
+    op, _, ks = self.orig[i]
+    f = self.to(self.enc.fresh[i])
+    if not is_store: return [f, ~(2 * i + 1)]
+    return [f, self.to(ks[0] if op == "CONTIGUOUS" else self.listed(self.orig[ks[1]][2])[1])]   # AFTER(t, STORE(t, v))
+
+  def op(self, v: int) -> str: return self.orig[v][0] if v >= 0 else "STORE" if ~v & 1 else "AFTER"
+
+  def template(self, v: int) -> tuple: n = self.nodes[v]; return n.op, n.dtype, n.arg
+
+  def make(self, v: int, src: tuple[Node, ...]) -> Node:
+    if v < 0: return Node(Ops.STORE, dtypes.void, src) if ~v & 1 else Node(Ops.AFTER, src[0].dtype, src)
+    n = self.nodes[v]
+    if n.op is Ops.CALL or n.op is Ops.FUNCTION: src = (n.src[0], *src)
+    return n if src == n.src else Node(n.op, n.dtype, src, n.arg)
+
+def materialized_call(enc: Encoding) -> BuiltCall:
+  """The all-materialized CALL straight from the Encoding (no e-graph), linear in the graph: callify's fallback when
+  its limits leave no time to saturate and extract."""
+  ids = MaterializedIds(enc)
+  return build_call(ids, ids.roots, enc.keys, enc.fresh_buffers, has_bound_dims(enc))
 
 # ---- the result cache: the same graph over other buffers reuses the saturated result ---------------------------------
 
@@ -147,7 +300,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   try: res = _callify(roots, model, sched, lim, t0)
   finally:
     if was: gc.enable()
-  if cache:
+  if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
     _CACHE[key] = _Entry(topo, res, res.report.fresh_uids)
     while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
   return res
@@ -160,36 +313,82 @@ class Saturation:
   enc: Encoding
   runner: Runner
   @cached_property
-  def graph(self) -> EGraphView: return EGraphView(self.runner.freeze(), self.runner.egraph, self.enc)
+  def graph(self) -> EGraphView: return EGraphView(self.runner.freeze(), self.runner.egraph, self.enc, self.runner.abort_at)
 
 def saturate(enc: Encoding, schedule: str | Schedule = "saturate", limits: str | Limits | None = None,
-             hook: StepHook | None = None) -> Saturation:
+             hook: StepHook | None = None, abort_at: float = INF, reserve: Callable[[int], float] | None = None,
+             clock: float | None = None) -> Saturation:
   """Load `enc` into a fresh e-graph and run the load, materialize and optimize phases of `schedule` under `limits`.
-  With a `hook` the rules apply one at a time and the hook sees every step (the same fixpoint)."""
-  runner = Runner(resolve(schedule, SCHEDULE_PRESETS, "schedule"), hook)
-  runner.load(enc.rows, encoding=enc)
-  runner.materialize()
-  runner.optimize(resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits"))
+  With a `hook` the rules apply one at a time and the hook sees every step (the same fixpoint). Past `abort_at` a step
+  boundary (and reading the e-graph) raises OutOfBudget; `reserve(e-nodes)` is the time kept for extraction; the time
+  limit counts from `clock` (default: the Runner's creation)."""
+  runner = Runner(resolve(schedule, SCHEDULE_PRESETS, "schedule"), hook, abort_at, reserve, clock)
+  try:
+    runner.load(enc.rows, encoding=enc)
+    runner.materialize()
+    runner.optimize(resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits"))
+  except OutOfBudget as e: e.stats = runner.stats; raise
   return Saturation(enc, runner)
 
 @dataclass
 class Extraction:
-  """What extraction chose: per e-node local costs, the realize classes, one e-node per class, the DAG cost, and the
-  decoded term of every class reachable from the realize classes."""
+  """What extraction chose: per e-node local costs, the realize classes, one e-node per class, the DAG cost; `terms`
+  decodes every class reachable from the realize classes (on first use)."""
+  graph: EGraphView
   costs: list[int | None]
   root_classes: list[int]
   choice: list[int]
   cost: int
-  terms: dict[int, Node]
+  @cached_property
+  def terms(self) -> dict[int, Node]: return decode(self.graph, self.choice, self.root_classes)
 
-def extract_call(sat: Saturation, model: CostModel, deadline: float = float("inf")) -> Extraction:
+def extract_call(sat: Saturation, model: CostModel, deadline: float = INF) -> Extraction:
   """Extract the CALL form callify uses: pinned (storage-form) extraction with sharing-aware refinement (skipped past
-  `deadline`)."""
-  g = sat.graph
-  costs = g.local_costs(model)
+  `deadline`); past the Runner's `abort_at` it raises OutOfBudget."""
+  g, abort_at = sat.graph, sat.runner.abort_at
+  costs = g.local_costs(model, abort_at)
   root_classes = [g.class_of_id[sat.enc.key_ids[k.id]] for k in sat.enc.keys]
-  choice, cost = extract(g, costs, root_classes, g.pinned_allowed(), deadline=deadline)
-  return Extraction(costs, root_classes, choice, cost, decode(g, choice, root_classes))
+  choice, cost = extract(g, costs, root_classes, g.pinned_allowed(), deadline=deadline, abort_at=abort_at)
+  return Extraction(g, costs, root_classes, choice, cost)
+
+# ---- callify under its limits: the e-graph when it fits, else the all-materialized CALL built directly -----------------
+
+@dataclass
+class Budget:
+  """Callify's plan under Limits: its time runs from the end of encoding, and the time each step will take is
+  predicted from how long encoding took per row (the same machine, the same moment), in multiples measured on chain
+  and DAG graphs of 10k-200k nodes (bench/callify_limits.py) with headroom. Saturation, extraction and the CALL must
+  end by `start + seconds`; the promise kept is `start + 1.5 * seconds + 0.3`, so the e-graph path gives up at
+  `abort_at`, when there is just time left to build the all-materialized CALL instead."""
+  start: float
+  seconds: float
+  per_row: float     # seconds encoding took per row
+  rows: int
+  # multiples of the encode time per row (EXTRACT: per e-node) measured 0.45-0.74 to load, 1.8-2.9 to extract and
+  # build the CALL, 1.1-1.9 to build the CALL directly; FIXED: a Runner's declarations and temp files
+  LOAD, EXTRACT, FALLBACK, FIXED = 0.8, 3.0, 2.0, 0.02
+
+  @classmethod
+  def plan(cls, enc: Encoding, seconds: float, encode_s: float) -> Budget:
+    rows = sum(len(r) for r in enc.rows.values())
+    return cls(time.perf_counter(), seconds, encode_s / max(rows, 1), rows)
+
+  def extract_s(self, e_nodes: int) -> float: return self.EXTRACT * self.per_row * e_nodes
+  def fallback_s(self) -> float: return self.FALLBACK * self.per_row * self.rows
+  @property
+  def abort_at(self) -> float: return self.start + 1.5 * self.seconds + 0.3 - self.fallback_s()
+
+  def too_slow(self, e_nodes: int) -> str | None:
+    """Why the e-graph path should not start (predicted past the budget), or None."""
+    need = self.FIXED + self.LOAD * self.per_row * self.rows + self.extract_s(e_nodes)
+    left = self.start + self.seconds - time.perf_counter()
+    return f"predicted {need:.2f}s to saturate and extract, {max(left, 0):.2f}s left" if need > left else None
+
+def loaded_size(enc: Encoding) -> int:
+  """E-nodes the e-graph holds after loading and materializing `enc`: one per term row, an AFTER and a STORE per
+  realize point stored (a little more than egglog counts where rows coincide)."""
+  terms = sum(len(enc.rows.get(r, ())) for r in ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row"))
+  return terms + 2 * len(enc.fresh)
 
 def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float) -> CallifyResult:
   enc = encode(roots)
@@ -198,35 +397,46 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   report.seconds["encode"] = time.perf_counter() - t0
   if not enc.keys:
     return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)
-  sat = saturate(enc, sched, lim)
-  st = sat.runner.stats
-  report.iterations, report.matches, report.stop_reason = st.iterations, dict(st.matches), st.stop_reason
-  report.seconds.update(st.seconds)
-
-  t1 = time.perf_counter()
-  ex = extract_call(sat, model, deadline=sat.runner.clock + lim.seconds)
-  report.cost, root_classes, terms = ex.cost, ex.root_classes, ex.terms
-  report.e_nodes, report.e_classes = sat.graph.n_enodes, sat.graph.n_classes
+  budget = Budget.plan(enc, lim.seconds, report.seconds["encode"])
   report.baseline_cost = baseline_cost(enc, model)
-  report.seconds["extract"] = time.perf_counter() - t1
-
-  t2 = time.perf_counter()
-  realized = [terms[c] for c in root_classes]
-  buffer_map = {k: storage_view(t) for k, t in zip(enc.keys, realized)}
-  assigns = [n for n in toposort(realized, enter_calls=False) if n.op is Ops.AFTER]
-  body, args = parameterize(Node(Ops.SINK, dtypes.void, tuple(assigns)))
-  call = Node(Ops.CALL, dtypes.void, (body, *args), CallInfo())
-  report.stores = sum(1 for n in toposort([body], enter_calls=False) if n.op is Ops.STORE)
-  report.buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in enc.fresh_buffers)
-  report.views = sum(1 for t in realized if t.op is not Ops.AFTER and any(m.op is Ops.SLICE for m in _chain(t)))
-  report.seconds["decode"] = time.perf_counter() - t2
   report.fresh_uids = set(enc.fresh_buffers)
-  if time.perf_counter() - sat.runner.clock > lim.seconds and report.stop_reason is StopReason.SATURATED:
+  size = loaded_size(enc)
+  if size > lim.nodes:
+    return _direct(enc, report, StopReason.NODE_LIMIT, f"node limit: loading makes ~{size} e-nodes > {lim.nodes}")
+  if (why := budget.too_slow(size)) is not None: return _direct(enc, report, StopReason.TIME_LIMIT, "time limit: " + why)
+  try:
+    sat = saturate(enc, sched, lim, abort_at=budget.abort_at, reserve=budget.extract_s, clock=budget.start)
+    st = sat.runner.stats
+    report.iterations, report.matches, report.stop_reason = st.iterations, dict(st.matches), st.stop_reason
+    report.stop_nodes = st.size
+    report.seconds.update(st.seconds)
+    t1 = time.perf_counter()
+    report.e_nodes, report.e_classes = sat.graph.n_enodes, sat.graph.n_classes
+    ex = extract_call(sat, model, deadline=budget.start + lim.seconds)
+    report.cost = ex.cost
+    report.seconds["extract"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    b = build_call(ChosenIds(sat.graph, ex.choice), ex.root_classes, enc.keys, enc.fresh_buffers, has_bound_dims(enc),
+                   budget.abort_at)
+    report.seconds["decode"] = time.perf_counter() - t2
+  except OutOfBudget as e:
+    if (st := e.stats) is not None:   # saturation stopped: what it did is reported
+      report.iterations, report.matches, report.stop_nodes = st.iterations, dict(st.matches), st.size
+      report.seconds.update(st.seconds)
+    return _direct(enc, report, StopReason.TIME_LIMIT, f"time limit: out of time {e.where}")
+  except Unextractable as e:
+    if report.stop_reason is StopReason.SATURATED: raise
+    return _direct(enc, report, report.stop_reason, f"{report.stop_reason}: stopped before every value had a form ({e})")
+  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
+  if time.perf_counter() - budget.start > lim.seconds and report.stop_reason is StopReason.SATURATED:
     report.stop_reason = StopReason.TIME_LIMIT   # saturated in time, but extraction and decoding ran past the budget
-  return CallifyResult(call, buffer_map, report)
+  return CallifyResult(b.call, b.buffer_map, report)
 
-def _chain(n: Node):
-  while True:
-    yield n
-    if not n.src or (n.op not in GroupOp.Movement and n.op not in (Ops.SLICE, Ops.MULTI)): return
-    n = n.src[0]
+def _direct(enc: Encoding, report: CallifyReport, reason: StopReason, why: str) -> CallifyResult:
+  """The fallback: the all-materialized CALL built from the Encoding, reported with why."""
+  t = time.perf_counter()
+  b = materialized_call(enc)
+  report.seconds["direct"] = time.perf_counter() - t
+  report.stop_reason, report.fallback, report.cost = reason, why, report.baseline_cost
+  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
+  return CallifyResult(b.call, b.buffer_map, report)

@@ -1,19 +1,27 @@
 """Extraction in Python over `EGraph.freeze()`: a bottom-up Knuth/Dijkstra pass picks one e-node per e-class by tree
 cost (exact, Python ints, cycles are fine), then the chosen DAG is costed with every shared e-node counted once.
-egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is not used."""
+egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is not used. Given an `abort_at` time
+(time.perf_counter()), the loops check it every TICK steps and raise OutOfBudget once it has passed."""
 from __future__ import annotations
 import functools, heapq, time
 from egraph.ir import Node, Ops
 from egraph.encode import Encoding, COMPUTED_TARGET
 from egraph.cost import CostModel
 from egraph.errors import EngineError
+from egraph.runner import OutOfBudget, checkpoint
+
+TICK = 4096   # loop steps between deadline checks (~1 ms of work)
+INF = float("inf")
+
+class Unextractable(EngineError):
+  """An e-class needed for the CALL has no extractable e-node (a run stopped before the rule that gives it one)."""
 
 _CTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
 _STORAGE_FORMS = frozenset({"AFTER", "SLICE", "BUFFER", "PARAM", "RESHAPE", "SHRINK", "PERMUTE", "FLIP", "MULTI"})
 
 class EGraphView:
   """The frozen e-graph as flat Python lists: e-nodes (class, op, arg id, child classes) and class facts."""
-  def __init__(self, frozen, egraph, enc: Encoding):
+  def __init__(self, frozen, egraph, enc: Encoding, abort_at: float = INF):
     self.enc, cls, strs = enc, {}, {}
     def c(v):
       if (i := cls.get(v)) is None: i = cls[v] = len(cls)
@@ -26,7 +34,8 @@ class EGraphView:
     fns = frozen.functions
     for name in _CTORS:
       if name not in fns: continue
-      for r in fns[name].rows:
+      for j, r in enumerate(fns[name].rows):
+        if not j % TICK: checkpoint(abort_at, "reading the e-graph")
         if r.subsumed: continue
         ins = r.inputs
         self.cls.append(c(r.output))
@@ -63,10 +72,11 @@ class EGraphView:
     kids = n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src
     return (kids,) if n.op in (Ops.CALL, Ops.FUNCTION, Ops.SINK, Ops.TUPLE) or (n.op is Ops.AFTER and len(kids) != 2) or len(kids) > 3 else kids
 
-  def local_costs(self, model: CostModel) -> list[int | None]:
+  def local_costs(self, model: CostModel, abort_at: float = INF) -> list[int | None]:
     out = []
     fresh = self.enc.fresh_buffers
     for e in range(self.n_enodes):
+      if not e % TICK: checkpoint(abort_at, "costing e-nodes")
       op = self.op[e]
       if op == "CONTIGUOUS" or (op == "AFTER" and self.arg[e] in self.forbidden_args): out.append(None); continue
       if op in ("Cons", "Nil"): out.append(0); continue
@@ -97,14 +107,17 @@ class EGraphView:
     return out
 
 
-def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = None) -> tuple[list[int], list[int]]:
+def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = None,
+          abort_at: float = INF) -> tuple[list[int], list[int]]:
   """Minimum tree cost per class (Knuth's generalisation of Dijkstra). Returns (best cost, chosen e-node) per class."""
-  INF = float("inf")
   best, choice, done = [INF] * g.n_classes, [-1] * g.n_classes, [False] * g.n_classes
   pending = [len(set(k)) for k in g.kids]
   heap = [(costs[e], e) for e in range(g.n_enodes) if pending[e] == 0 and costs[e] is not None and (allowed is None or allowed[e])]
   heapq.heapify(heap)
+  steps = 0
   while heap:
+    steps += 1
+    if not steps % TICK: checkpoint(abort_at, "extracting (Knuth)")
     c, e = heapq.heappop(heap)
     k = g.cls[e]
     if done[k]: continue
@@ -133,12 +146,13 @@ def baseline_cost(enc: Encoding, model: CostModel) -> int:
   return total
 
 def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: list[bool] | None = None,
-            refine_below: int = 20_000, rounds: int = 3, deadline: float = float("inf")) -> tuple[list[int], int]:
+            refine_below: int = 20_000, rounds: int = 3, deadline: float = INF, abort_at: float = INF) -> tuple[list[int], int]:
   """(choice, DAG cost). Knuth picks by tree cost; on e-graphs under `refine_below` classes, a few sharing-aware
   rounds follow: e-nodes the current DAG already pays for cost nothing, Knuth runs again, and the new choice is kept
   if its DAG cost is lower (tree cost counts a shared subterm once per use, which can hide the cheaper DAG). No
-  refinement round starts after `deadline` (a time.perf_counter() value): the Knuth choice is already valid."""
-  _, choice = knuth(g, costs, allowed)
+  refinement round runs past `deadline` (a time.perf_counter() value): the Knuth choice is already valid. Past
+  `abort_at` the first Knuth pass raises OutOfBudget."""
+  _, choice = knuth(g, costs, allowed, abort_at)
   best = dag_cost(g, costs, choice, roots)
   if g.n_classes >= refine_below: return choice, best
   for _ in range(rounds):
@@ -149,7 +163,8 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
       k = stack.pop()
       if k in seen: continue
       seen.add(k); paid.add(choice[k]); stack.extend(g.kids[choice[k]])
-    _, cand = knuth(g, [0 if e in paid and c is not None else c for e, c in enumerate(costs)], allowed)
+    try: _, cand = knuth(g, [0 if e in paid and c is not None else c for e, c in enumerate(costs)], allowed, min(deadline, abort_at))
+    except OutOfBudget: break
     c = dag_cost(g, costs, cand, roots)
     if c >= best: break
     choice, best = cand, c
@@ -163,10 +178,38 @@ def dag_cost(g: EGraphView, costs: list[int | None], choice: list[int], roots: l
     if k in seen: continue
     seen.add(k)
     e = choice[k]
-    if e < 0: raise EngineError(f"extraction: e-class {k} has no extractable e-node")
+    if e < 0: raise Unextractable(f"extraction: e-class {k} has no extractable e-node")
     total += costs[e]
     stack.extend(g.cost_kids[e])
   return total
+
+class ChosenIds:
+  """The extracted DAG for `driver.build_call`: e-class ids, each standing for its chosen e-node (Cons lists flattened)."""
+  def __init__(self, g: EGraphView, choice: list[int]): self.g, self.choice = g, choice
+
+  def _enode(self, k: int) -> int:
+    if (e := self.choice[k]) < 0: raise Unextractable(f"extraction: e-class {k} has no extractable e-node")
+    return e
+
+  def kids(self, k: int) -> list[int]:
+    g, ch = self.g, self.choice
+    ks = g.kids[self._enode(k)]
+    if len(ks) != 1 or g.op[ch[ks[0]]] not in ("Cons", "Nil"): return list(ks)
+    out, c = [], ks[0]
+    while g.op[e := self._enode(c)] == "Cons": h, c = g.kids[e]; out.append(h)
+    return out
+
+  def op(self, k: int) -> str: return self.g.op[self.choice[k]]
+
+  def template(self, k: int) -> tuple:
+    e = self.choice[k]
+    dtype, arg = self.g.enc.args[self.g.arg[e]]
+    return Ops[self.g.op[e]], dtype if self.g.arg[e] else None, arg
+
+  def make(self, k: int, src: tuple) -> Node:
+    o, dtype, arg = self.template(k)
+    if o is Ops.CALL or o is Ops.FUNCTION: arg, body = arg; src = (body, *src)
+    return Node(o, dtype, src, arg)
 
 def decode(g: EGraphView, choice: list[int], roots: list[int]) -> dict[int, Node]:
   """Chosen e-nodes -> IR Nodes, children first, without recursion. Cons lists become tuples of Nodes."""
@@ -176,7 +219,7 @@ def decode(g: EGraphView, choice: list[int], roots: list[int]) -> dict[int, Node
     k, ready = stack.pop()
     if k in out: continue
     e = choice[k]
-    if e < 0: raise EngineError(f"extraction: e-class {k} has no extractable e-node")
+    if e < 0: raise Unextractable(f"extraction: e-class {k} has no extractable e-node")
     if not ready:
       stack.append((k, True)); stack.extend((x, False) for x in g.kids[e] if x not in out); continue
     op, kids = g.op[e], [out[x] for x in g.kids[e]]

@@ -10,6 +10,8 @@ class CallifyReport:
   iterations: int = 0
   matches: dict[str, int] = field(default_factory=dict)
   stop_reason: StopReason = StopReason.SATURATED
+  stop_nodes: int = 0       # e-nodes when the e-graph stopped growing (what the node limit compares); 0: never built
+  fallback: str | None = None   # why the CALL was built straight from the encoding, all-materialized (no e-graph)
   cost: int = 0
   baseline_cost: int = 0
   cost_model: str = "bytes"
@@ -32,7 +34,9 @@ class CallifyReport:
     times = " ".join(f"{k}={v*1e3:.1f}ms" for k, v in self.seconds.items())
     return "\n".join([
       f"callify: {self.graph_nodes} graph nodes, {self.realize_points} realize points" + (" (cache hit: reused)" if self.cache_hit else ""),
-      f"  e-graph   {self.e_nodes} e-nodes, {self.e_classes} e-classes, {self.iterations} iterations, stop: {self.stop_reason}",
+      f"  e-graph   {self.e_nodes} e-nodes, {self.e_classes} e-classes, {self.iterations} iterations, stop: {self.stop_reason}"
+      + (f" at {self.stop_nodes} e-nodes" if self.stop_reason is StopReason.NODE_LIMIT and self.stop_nodes else ""),
+      *([f"  fallback  all-materialized CALL built without the e-graph ({self.fallback})"] if self.fallback else []),
       f"  rules     {rules}",
       f"  cost      {self.cost} ({self.cost_model}) vs {self.baseline_cost} all-materialized baseline ({saved:.0%} saved)",
       f"  CALL      {self.buffers} fresh buffers, {self.stores} stores, {self.views} zero-copy views",

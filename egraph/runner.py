@@ -1,8 +1,11 @@
 """Running the e-graph: an egglog EGraph wrapped with phases, limits checked between bounded steps, and stop reasons.
 
 egglog runs cannot be interrupted, so the optimize phase runs one iteration per step and the limits are checked
-between steps. The load and materialize phases are not limited: they take a fixed number of iterations whatever the
-graph, and they leave a valid (all-materialized) CALL behind for extraction.
+between steps (`check_limits`, which also records the size reached). The load and materialize phases take a fixed
+number of iterations whatever the graph and leave a valid (all-materialized) CALL behind for extraction; they are not
+limited, but a Runner given an `abort_at` time raises OutOfBudget between them, and between optimize steps, once it
+has passed (callify then builds the all-materialized CALL without the e-graph). A `reserve` keeps time for what
+follows the run: the time limit stops optimizing `reserve(size)` seconds early.
 
 Two modes share the rule definitions:
 - saturation (the default): pure unions, materialize then optimize; the result does not depend on rule order;
@@ -24,11 +27,21 @@ from __future__ import annotations
 import os, shutil, tempfile, time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import Callable, Protocol
 import egglog.bindings as eb
 from egraph.errors import EngineError, CallsatError
 from egraph.language import program, CONSTRUCTORS
 from rules.registry import RULES
+
+class OutOfBudget(Exception):
+  """Raised between bounded steps (saturation, extraction, building the CALL) past the caller's `abort_at` time."""
+  def __init__(self, where: str):
+    super().__init__(f"out of time budget {where}")
+    self.where, self.stats = where, None   # stats: the RunStats of the saturation it stopped, if it stopped one
+
+def checkpoint(abort_at: float, where: str) -> None:
+  """Raise OutOfBudget if time.perf_counter() is past `abort_at`."""
+  if time.perf_counter() > abort_at: raise OutOfBudget(where)
 
 class StopReason(str, Enum):
   """Why the optimize phase stopped (egg's StopReason); compares equal to its value string."""
@@ -109,6 +122,7 @@ class RunStats:
   seconds: dict[str, float] = field(default_factory=dict)
   trace: list[tuple[int, str, int]] = field(default_factory=list)   # (step, rule, matches): one entry per rule that fired per step
   canary_checks: int = 0
+  size: int = 0      # e-nodes at the last limit check: where the run stopped
 
 # ordered mode: the CONTIGUOUS/AFTER each realize point starts from, captured before any destructive rule runs, and the
 # fallback that adds its all-materialized form at the end
@@ -157,10 +171,15 @@ class StepHook(Protocol):
 
 class Runner:
   """One egglog e-graph holding an encoded graph; runs the phases under limits (one `check_limits()` decides stops)."""
-  def __init__(self, schedule: Schedule, hook: StepHook | None = None):
-    """With a `hook` the run is stepwise: one rule at a time, the hook told of every step."""
+  def __init__(self, schedule: Schedule, hook: StepHook | None = None, abort_at: float = float("inf"),
+               reserve: Callable[[int], float] | None = None, clock: float | None = None):
+    """With a `hook` the run is stepwise: one rule at a time, the hook told of every step. Past `abort_at` (a
+    time.perf_counter() value) the next step boundary raises OutOfBudget; `reserve(e-nodes)` is the time kept for
+    what follows the run (the time limit stops optimizing that much earlier). The time limit counts from `clock`
+    (default: now)."""
     self.schedule, self.stats, self.hook, stepwise = schedule, RunStats(), hook, hook is not None
-    self.clock = time.perf_counter()       # the time budget (Limits.seconds) runs from here: load and materialize count
+    self.clock = time.perf_counter() if clock is None else clock   # the time budget runs from here: load and materialize count
+    self.abort_at, self.reserve = abort_at, reserve
     self.stepwise = stepwise
     self.encoding = None                   # the Encoding loaded (gives the canary shapes and dtypes); see load()
     self.canary = canary_enabled(schedule)
@@ -201,16 +220,20 @@ class Runner:
       if cmds: self.command(" ".join(cmds), "reading the inserted rows")
     finally: shutil.rmtree(tmp, ignore_errors=True)
     self.stats.seconds["insert"] = time.perf_counter() - t0
+    checkpoint(self.abort_at, "after inserting the rows")
     self._phase("load", "(run-schedule (saturate (run load)))")
+    checkpoint(self.abort_at, "after the load phase")
     if self.hook is not None: self.hook.loaded(self)
 
   def materialize(self) -> None:
     """The all-stored baseline. In ordered mode the materialize rules run inside the sequence instead; this only
     records each realize point's starting form for the fallback."""
-    if self.ordered: self._phase("materialize", "(run-schedule (saturate (run capture)))"); return
-    if self.stepwise: self._stepwise("materialize", None); return
-    self._phase("materialize", "(run-schedule (saturate (run materialize)))")
-    self.check_canary("the materialize phase")
+    if self.ordered: self._phase("materialize", "(run-schedule (saturate (run capture)))")
+    elif self.stepwise: self._stepwise("materialize", None)
+    else:
+      self._phase("materialize", "(run-schedule (saturate (run materialize)))")
+      self.check_canary("the materialize phase")
+    checkpoint(self.abort_at, "after the materialize phase")
 
   def _phase(self, name: str, text: str) -> None:
     t0 = time.perf_counter()
@@ -235,16 +258,19 @@ class Runner:
     return limits.iterations if self.schedule.max_iterations is None else min(limits.iterations, self.schedule.max_iterations)
 
   def check_limits(self, limits: Limits, t0: float, rounds: int) -> StopReason | None:
-    """The one place a run decides to stop early: the limit hit (nodes, iterations, seconds since t0), or None."""
-    if self.size() > limits.nodes: return StopReason.NODE_LIMIT
+    """The one place a run decides to stop early: the limit hit (nodes, iterations, seconds since t0 with the
+    reserve kept), or None. Records the size reached; past `abort_at` it raises OutOfBudget instead."""
+    checkpoint(self.abort_at, f"after {rounds} optimize step(s)")
+    size = self.stats.size = self.size()
+    if size > limits.nodes: return StopReason.NODE_LIMIT
     if rounds >= self._cap(limits): return StopReason.ITERATION_LIMIT
-    if time.perf_counter() - t0 > limits.seconds: return StopReason.TIME_LIMIT
+    if time.perf_counter() + (self.reserve(size) if self.reserve else 0.0) - t0 > limits.seconds: return StopReason.TIME_LIMIT
     return None
 
   def optimize(self, limits: Limits) -> None:
     """Run the optimize rules one iteration at a time until saturated or a limit is hit. Ordered mode: one round is
     every rule of the sequence run to saturation in turn; rounds repeat until a round changes nothing. The time limit
-    counts from the Runner's creation, so loading and the materialize phase spend the same budget."""
+    counts from the Runner's clock (its creation by default): loading and the materialize phase spend the same budget."""
     t0, start = self.clock, time.perf_counter()
     if self.ordered: reason = self._optimize_ordered(limits, t0)
     elif self.stepwise: reason = self._stepwise("optimize", limits, t0)
@@ -256,7 +282,7 @@ class Runner:
         self.stats.iterations += 1
         self.check_canary(f"optimize iteration {self.stats.iterations}")
         if not changed: break
-    self.stats.stop_reason = reason
+    self.stats.stop_reason, self.stats.size = reason, self.size()
     self.stats.seconds["optimize"] = time.perf_counter() - start
 
   def _optimize_ordered(self, limits: Limits, t0: float) -> StopReason:
