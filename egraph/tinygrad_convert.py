@@ -189,10 +189,43 @@ def _convert(cv: Conversion, u: UOp) -> Node:
   body = 1 if op in (TOps.CALL, TOps.FUNCTION) else 0   # a body is scoped to its call: it stays tinygrad's
   return _opaque(cv, u, tuple(range(body, len(u.src))))
 
+def _on_disk(u: UOp) -> bool: return isinstance(u.device, str) and u.device.startswith(("DISK", "TINYFS"))
+
+def _check_disk(topo) -> None:
+  """tinygrad 0.14 gives DISK tensors rules of their own (copies pushed past movement ops, DISK COPY items, its own
+  'non-contiguous view' errors). The bridge takes the forms it reproduces: reads of a RESHAPE/SHRINK/BITCAST chain by a
+  COPY off the disk, and whole-buffer writes AFTER(buf, STORE(buf, COPY onto the disk)); anything else is refused."""
+  for u in topo:
+    if not _on_disk(u) or u.op in (TOps.BUFFER, TOps.SINK): continue
+    if u.op in (TOps.RESHAPE, TOps.SHRINK, TOps.BITCAST): continue   # checked where it is read
+    if u.op is TOps.CONTIGUOUS and _disk_view(u.src[0]): continue    # a view of the file, read where it is copied
+    if u.op is TOps.CONTIGUOUS and u.src[0].op is TOps.COPY and not _on_disk(u.src[0].src[0]): continue   # a file written
+    if u.op is TOps.COPY and not _on_disk(u.src[0]): continue       # checked where it is stored
+    if u.op in (TOps.AFTER, TOps.STORE):
+      st = u.src[1] if u.op is TOps.AFTER and len(u.src) == 2 else u
+      if st.op is TOps.STORE and st.src[0].base.op is TOps.BUFFER and st.src[0].shape == st.src[0].base.shape or \
+         st.op is TOps.STORE and st.src[0].op is TOps.RESHAPE and st.src[0].src[0].op is TOps.BUFFER:
+        if st.src[1].op is TOps.COPY: continue
+    raise BridgeRefusal("form:disk", f"{u.op.name} on {u.device}")
+  for u in topo:
+    if u.op is TOps.COPY and _on_disk(u.src[0]) and not _on_disk(u):
+      x = u.src[0].src[0] if u.src[0].op is TOps.CONTIGUOUS else u.src[0]
+      if not _disk_view(x): raise BridgeRefusal("form:disk", f"a copy off {u.src[0].device} of a {u.src[0].op.name} chain")
+
+def _disk_view(x: UOp) -> bool:
+  """A RESHAPE/SHRINK chain over a DISK buffer (a BITCAST only right on the buffer) that is one contiguous range of it:
+  what callsat's view analysis turns into one SLICE of the file, as tinygrad does."""
+  y = x
+  while y.op in (TOps.RESHAPE, TOps.SHRINK): y = y.src[0]
+  if y.op is TOps.BITCAST: y = y.src[0]
+  return y.op is TOps.BUFFER and (x is y or x.contiguous_view() is not None)
+
 def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
   """The callsat image of big_sink's graph and the roots to callify."""
   cv = Conversion()
-  for u in big_sink.toposort():
+  topo = big_sink.toposort()
+  _check_disk(topo)
+  for u in topo:
     if u is big_sink: continue
     n = cv.image[u] = _convert(cv, u)
     if u not in cv.aliases: cv.origins.setdefault(n.id, []).append(u)
