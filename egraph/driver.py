@@ -392,8 +392,7 @@ def loaded_size(enc: Encoding) -> int:
 
 def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float) -> CallifyResult:
   enc = encode(roots)
-  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(toposort(roots, enter_calls=False)),
-                         realize_points=len(enc.keys))
+  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=enc.graph_nodes, realize_points=len(enc.keys))
   report.seconds["encode"] = time.perf_counter() - t0
   if not enc.keys:
     return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)

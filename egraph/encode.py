@@ -90,6 +90,7 @@ class Encoding:
   calls: dict[int, tuple] = field(default_factory=dict)      # precompiled FUNCTION Node.id -> (outputs, CALL)
   axes: dict[int, int | None] = field(default_factory=dict)  # Node.id -> shard axis of multi-device values
   nil: int = -1
+  graph_nodes: int = 0                                       # original nodes under the roots (CALL bodies not entered)
 
   def arg_id(self, dtype, arg, op: str = "") -> int:
     k = (op, dtype, const_key(arg) if op == "CONST" else arg)   # True == 1 and -0.0 == 0.0: the op and bits tell them apart
@@ -153,7 +154,7 @@ def encode(roots: list[Node], assigns: str = "fresh") -> Encoding:
   if assigns not in ASSIGNS: raise UnsupportedOpError(f"callify: assigns must be one of {ASSIGNS}, got {assigns!r}")
   enc = Encoding(list(roots))
   topo = toposort(roots, enter_calls=False)
-  enc.keys = realize_points(roots, topo)
+  enc.graph_nodes, enc.keys = len(topo), realize_points(roots, topo)
   realized = frozenset(k.id for k in enc.keys) if assigns == "realized" else frozenset()
   if any(isinstance(n.device, tuple) for n in topo): enc.axes = shard_axes(roots)
   is_key = {k.id for k in enc.keys}
