@@ -102,6 +102,12 @@ def _views_storage(u: UOp) -> bool:
   while b.op in (TOps.AFTER, TOps.BITCAST, TOps.UNSHARD): b = b.src[0].base
   return b.op is TOps.BUFFER
 
+def _image_views_storage(n: Node) -> bool:
+  """Does callsat see the target of an assign as storage (else it would write a fresh buffer, not tinygrad's)?"""
+  while True:
+    while n.op in GroupOp.Movement or n.op in (Ops.DETACH, Ops.AFTER, Ops.BITCAST, Ops.MULTI): n = n.src[0]
+    return n.op in GroupOp.Storage
+
 def _int_marg(u: UOp) -> bool:
   try: return u.op in (TOps.PERMUTE, TOps.FLIP) or all(isinstance(v, int) for v in _flat(u.marg)) and all(isinstance(d, int) for d in u.shape)
   except Exception: return False
@@ -155,7 +161,9 @@ def _convert(cv: Conversion, u: UOp) -> Node:
       return cv.image[st.src[1]]
     return _opaque(cv, u, tuple(range(len(u.src))))
   if op in _MOVE and not virtual:
-    if isinstance(u.device, tuple) and not _int_marg(u): return _opaque(cv, u, tuple(range(len(u.src))))   # per-device select
+    if isinstance(u.device, tuple) and not _int_marg(u):   # a per-device select of a lazy shard; never a view of storage
+      if _views_storage(u): raise BridgeRefusal("form:symbolic-view", f"{u.op.name} {u.marg} of sharded storage")
+      return _opaque(cv, u, tuple(range(len(u.src))))
     try: return _movement(cv, u, cv.image[u.src[0]])
     except CallsatError as e:   # a symbolic form callsat's movement ops cannot say: carried opaque unless it views storage
       if _views_storage(u): raise BridgeRefusal("form:symbolic-view", str(e)) from None
@@ -229,6 +237,8 @@ def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
     if u is big_sink: continue
     n = cv.image[u] = _convert(cv, u)
     if u not in cv.aliases: cv.origins.setdefault(n.id, []).append(u)
+    if n.op is Ops.AFTER and _views_storage(u.src[0]) and not _image_views_storage(n.src[0]):
+      raise BridgeRefusal("form:assign-target", f"an assign into {u.src[0].op.name} of storage that callsat cannot follow")
   cv.keep = list(cv.image.values())
   # callify realizes the bases of these as tinygrad does; a virtual base (no device, weak dtype) has nowhere to go
   return cv, list(dict.fromkeys(cv.image[x] for x in big_sink.src if not x.base.is_virtual))
