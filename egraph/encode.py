@@ -281,7 +281,8 @@ def _slice_view(enc: Encoding, x: Node, out: Node) -> Node | None:
   of storage: a buffer, a SLICE, a PARAM, or a value realized in this CALL (its CONTIGUOUS wrapper)."""
   b = x.base
   if b.op is Ops.MULTI and b is not x and b.src[0].has_buffer_identity(): return _shard_view(x, b, out)
-  if b.device is None or isinstance(b.device, tuple) or (b is x and x.dtype == out.dtype): return None
+  if b.device is None or (b is x and x.dtype == out.dtype): return None
+  if isinstance(b.device, tuple) and b.op is not Ops.BUFFER: return None   # a per-device buffer: each device's own range
   if any(map(is_symbolic, x.shape + out.shape)): return None   # a SLICE has a fixed size: no views of symbolic shapes
   if b.op in GroupOp.Storage: stor = b
   elif b.op is Ops.CONTIGUOUS or (b.op is Ops.AFTER and b.src[0].has_buffer_identity()): stor = b
