@@ -21,7 +21,7 @@ class BridgeRefusal(UnsupportedOpError):
   """The bridge cannot take this tinygrad graph; `reason` names the op, dtype or form (`op:X`, `dtype:X`, `form:X`)."""
   def __init__(self, reason: str, detail: str = ""):
     super().__init__(f"callsat bridge cannot take this graph ({reason})" + (f": {detail}" if detail else ""))
-    self.reason = reason
+    self.reason, self.detail = reason, detail
 
 _DT = {tdt.bool: dtypes.bool, tdt.int8: dtypes.int8, tdt.uint8: dtypes.uint8, tdt.int16: dtypes.int16,
        tdt.uint16: dtypes.uint16, tdt.int32: dtypes.int32, tdt.uint32: dtypes.uint32, tdt.int64: dtypes.int64,
@@ -166,7 +166,7 @@ def _convert(cv: Conversion, u: UOp) -> Node:
       return _opaque(cv, u, tuple(range(len(u.src))))
     try: return _movement(cv, u, cv.image[u.src[0]])
     except CallsatError as e:   # a symbolic form callsat's movement ops cannot say: carried opaque unless it views storage
-      if _views_storage(u): raise BridgeRefusal("form:symbolic-view", str(e)) from None
+      if _views_storage(u): raise BridgeRefusal("form:symbolic-view", getattr(e, "detail", str(e))) from None
       return _opaque(cv, u, tuple(range(len(u.src))))
   if op is TOps.UNSHARD and not virtual and len(u.arg) == 1 and len(u.src) == 2 and u.src[1].op is TOps.RANGE:
     x = cv.image[u.src[0]]   # per-device values -> one logical value split along the axis: callsat's MULTI
