@@ -34,7 +34,9 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """tinygrad 0.14's `transform_to_call` by equality saturation: (CALL, buffer_map) over tinygrad UOps. Raises
   BridgeRefusal (a CallsatError naming the op, dtype or form) for a graph callsat cannot take."""
   cv, roots = to_callsat(big_sink)
-  res = callify(*roots, cache=False)   # tinygrad's schedule cache keys on the body; a callsat cache would only hold buffers
+  # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an
+  # assign into a realize point as a write into that point's storage
+  res = callify(*roots, cache=False, assigns="realized")
   return to_tinygrad(cv, res.call, res.buffer_map)
 
 # ---- install, stats ---------------------------------------------------------------------------------------------------

@@ -161,9 +161,8 @@ def _convert(cv: Conversion, u: UOp) -> Node:
       return cv.image[st.src[1]]
     return _opaque(cv, u, tuple(range(len(u.src))))
   if op in _MOVE and not virtual:
-    if isinstance(u.device, tuple) and not _int_marg(u):   # a per-device select of a lazy shard; never a view of storage
-      if _views_storage(u): raise BridgeRefusal("form:symbolic-view", f"{u.op.name} {u.marg} of sharded storage")
-      return _opaque(cv, u, tuple(range(len(u.src))))
+    if isinstance(u.device, tuple) and not _int_marg(u):   # a per-device select of a lazy shard, or a symbolic read:
+      return _opaque(cv, u, tuple(range(len(u.src))))       # carried (an assign through it is refused below)
     try: return _movement(cv, u, cv.image[u.src[0]])
     except CallsatError as e:   # a symbolic form callsat's movement ops cannot say: carried opaque unless it views storage
       if _views_storage(u): raise BridgeRefusal("form:symbolic-view", getattr(e, "detail", str(e))) from None
