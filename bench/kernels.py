@@ -6,11 +6,14 @@
                                          (a = b + s*c, our kernel) measured in the same run; both as scheduled
                                          (non-temporal stores: Kernel.stream) and, for reference, the same kernels
                                          forced to plain stores
-  row sum of 4096x4096                   vs numpy x.sum(axis=1)
+  row sum of 4096x4096                   vs numpy x.sum(axis=1); column sum (axis=0) and the sum of all 16M elements of
+                                         a float32 vector, vs numpy (both blocked float32 sums, notes/semantics.md)
   matmul 512^3                           vs numpy A@B (OpenBLAS; both at the same thread count, checked with threadpoolctl)
   compile latency per kernel (cold: the kernel cache cleared) and on a cache hit (compiles: 0)
   tinygrad's CPU device on the same three kernels, when tinygrad and clang are installed (--no-tinygrad leaves it out)
   load average before and after (the machine is shared: read the ratios, which come from the same rounds)
+  --accuracy: instead, the relative error of big float32 sums against the exact value (2e8 copies of 0.1, callsat vs
+  numpy; constant tensors of 1e10-1e12 elements; sum, row/column sums of 4096x4096 uniform values), and their times
 
 Each contender is called once untimed immediately before its timed call. Without that, a contender's time depended on
 what ran before it: OpenBLAS's matmul ran right after our 1-thread matmul had pulled A and B into cache, while ours ran
@@ -19,12 +22,13 @@ the same kernel that takes 1.1-1.3 ms warm.
 
 Run (OpenBLAS's CORETYPE override slows a current numpy; unset it for this command only, see the env notes):
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/kernels.py --rounds 15 --out notes/benchmarks.md
+  python bench/kernels.py --accuracy      (the accuracy table alone; needs ~2 GB for the 2e8-element sum)
 """
 from __future__ import annotations
 import argparse, datetime, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
-from egraph import callify
+from egraph import callify, Tensor
 from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, new_buffer, const
 from egraph.storage import Storage
@@ -71,13 +75,37 @@ def tinygrad_contenders(a_np, b_np, x_np, A_np, B_np, threads: int) -> tuple[dic
   ver = version("tinygrad")
   return {f"{k} tinygrad": (lambda k=k: run(k)) for k in jits}, f"tinygrad {ver} DEV=CPU (clang), NUM_CPU_THREADS={threads}, TinyJit replay"
 
+def accuracy() -> str:
+  """A markdown table: relative errors of big float32 sums (callsat CPU, numpy) against the exact float64 value."""
+  rows = ["| sum | callsat rel. error | numpy rel. error | callsat realize, ms |", "|---|---|---|---|"]
+  def row(name, x, t, exact, axis=None):
+    t.sum(axis=axis).numpy()   # compile and warm
+    t0 = time.perf_counter(); got = t.sum(axis=axis).numpy(); ms = (time.perf_counter() - t0) * 1e3
+    err = lambda v: f"{float(np.max(np.abs(np.asarray(v, np.float64) - exact) / np.abs(exact))):.1e}"
+    rows.append(f"| {name} | {err(got)} | {err(x.sum(axis=axis)) if x is not None else 'not run (np.broadcast_to sums ~1e9 elements/s)'} | {ms:.1f} |")
+  x = np.full(2 * 10 ** 8, 0.1, np.float32)
+  row("2e8 x 0.1 (800 MB)", x, Tensor(x).realize(), float(np.float32(0.1)) * x.size)
+  del x
+  for n in (10 ** 10, 10 ** 11, 10 ** 12):
+    shape = (n // 10 ** 6, 10 ** 6)
+    row(f"Tensor.full({shape}, 0.1), {n:.0e} elements", np.broadcast_to(np.float32(0.1), shape) if n <= 10 ** 10 else None,
+        Tensor.full(shape, 0.1), float(np.float32(0.1)) * n)
+  u = np.random.default_rng(0).random((4096, 4096), dtype=np.float32)
+  t = Tensor(u).realize()
+  row("4096x4096 uniform, all", u, t, u.astype(np.float64).sum())
+  row("4096x4096 uniform, rows (axis=1)", u, t, u.astype(np.float64).sum(axis=1), 1)
+  row("4096x4096 uniform, columns (axis=0)", u, t, u.astype(np.float64).sum(axis=0), 0)
+  return "\n".join(rows)
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--rounds", type=int, default=15)
   ap.add_argument("--out", default=None)
   ap.add_argument("--n", type=int, default=16 * 1024 * 1024)
   ap.add_argument("--no-tinygrad", action="store_true", help="leave tinygrad's CPU device out")
+  ap.add_argument("--accuracy", action="store_true", help="only the accuracy table of big float32 sums")
   args = ap.parse_args()
+  if args.accuracy: print(accuracy()); return
   load0 = os.getloadavg()
   rng = np.random.default_rng(0)
   S = Storage()
@@ -98,6 +126,8 @@ def main():
   x_np = rng.standard_normal((R, R), dtype=np.float32)
   x = buf(S, x_np).reshape((R, R))
   rs = callify(Node(Ops.REDUCE, None, (x,), (Ops.ADD, (1,))))
+  cs = callify(Node(Ops.REDUCE, None, (x,), (Ops.ADD, (0,))))
+  fs = callify(Node(Ops.REDUCE, None, (a,), (Ops.ADD, (0,))))
   M = 512
   A_np, B_np = rng.standard_normal((M, M), dtype=np.float32), rng.standard_normal((M, M), dtype=np.float32)
   A, B = buf(S, A_np).reshape((M, M)), buf(S, B_np).reshape((M, M))
@@ -118,7 +148,7 @@ def main():
     cold[name] = (statistics.median(ts[1:]), len(ks))
   cold["matmul helpers (packing, edge: once per process)"] = (matmul.mm_helpers()[1], 4)   # paid by the first matmul compile
   CACHE.clear()
-  for res in (ew, triad, rs, mm, ew64, idiv): run_call(res.call, S)        # warm: schedule + compile once
+  for res in (ew, triad, rs, cs, fs, mm, ew64, idiv): run_call(res.call, S)        # warm: schedule + compile once
   c0 = CACHE.compiled
   hit = statistics.median([timeit(lambda: CACHE.get([s.kernel for s in kernelize(ew.call.src[0], _arg_binding(ew.call)[0]).steps]))
                            for _ in range(5)])
@@ -152,6 +182,8 @@ def main():
     "ew64 numpy expr": lambda: (a64_np + b64_np) * a64_np - 1,
     "idiv llvm": lambda: run_call(idiv.call, S), "idiv numpy": lambda: (xi_np // yi_np, xi_np % yi_np),
     "rowsum llvm": lambda: run_call(rs.call, S), "rowsum numpy": lambda: x_np.sum(axis=1),
+    "colsum llvm": lambda: run_call(cs.call, S), "colsum numpy": lambda: x_np.sum(axis=0),
+    "sum llvm": lambda: run_call(fs.call, S), "sum numpy": lambda: a_np.sum(),
     "matmul llvm": lambda: run_call(mm.call, S), "matmul llvm 1t": lambda: one_thread(mm.call), "matmul numpy": blas,
   }
   tg, tg_note = ({}, "tinygrad column skipped (--no-tinygrad)") if args.no_tinygrad else tinygrad_contenders(a_np, b_np, x_np, A_np, B_np, native.THREADS)
@@ -166,6 +198,8 @@ def main():
   # correctness of what was timed
   np.testing.assert_allclose(S[ew.buffer_map[next(iter(ew.buffer_map))].base if False else ew.call.src[1]], (a_np + b_np) * a_np - 1, rtol=1e-6)
   np.testing.assert_allclose(S[rs.call.src[1]], x_np.sum(axis=1), rtol=1e-3, atol=1e-3)
+  np.testing.assert_allclose(S[cs.call.src[1]], x_np.sum(axis=0), rtol=1e-3, atol=1e-3)
+  np.testing.assert_allclose(S[fs.call.src[1]], a_np.astype(np.float64).sum(), rtol=0, atol=1e-7 * float(np.abs(a_np).sum()))
   np.testing.assert_array_equal(S[ew64.call.src[1]], (a64_np + b64_np) * a64_np - 1)
   outs = {S[x].tobytes() for x in idiv.call.src[1:]}
   assert {(xi_np // yi_np).tobytes(), (xi_np % yi_np).tobytes()} <= outs, "floor // and % differ from numpy"
@@ -198,6 +232,10 @@ def main():
            f"| STREAM triad, plain stores | {med['triad llvm plain']:.2f} ({triad_plain_bw:.1f} GB/s) | | | |",
            f"| row sum 4096x4096 f32 | {med['rowsum llvm']:.2f} ({gbs(4 * R * R, med['rowsum llvm']):.1f} GB/s) | numpy: {med['rowsum numpy']:.2f} | "
            f"{med['rowsum numpy'] / med['rowsum llvm']:.2f}x | |",
+           f"| column sum 4096x4096 f32 | {med['colsum llvm']:.2f} ({gbs(4 * R * R, med['colsum llvm']):.1f} GB/s) | numpy: "
+           f"{med['colsum numpy']:.2f} | {med['colsum numpy'] / med['colsum llvm']:.2f}x | |",
+           f"| sum of 16M f32 | {med['sum llvm']:.2f} ({gbs(4 * N, med['sum llvm']):.1f} GB/s) | numpy: {med['sum numpy']:.2f} | "
+           f"{med['sum numpy'] / med['sum llvm']:.2f}x | partial sums, then one |",
            f"| matmul 512^3 f32 | {med['matmul llvm']:.2f} ({gfl(med['matmul llvm']):.0f} GFLOPS) | numpy: {med['matmul numpy']:.2f} "
            f"({gfl(med['matmul numpy']):.0f} GFLOPS) | {med['matmul numpy'] / med['matmul llvm']:.2f}x | 1 thread {med['matmul llvm 1t']:.2f} "
            f"({gfl(med['matmul llvm 1t']):.0f} GFLOPS) |", ""]
