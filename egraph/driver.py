@@ -32,11 +32,12 @@ class CallifyResult:
   report: CallifyReport
 
 def storage_view(n: Node) -> Node:
-  """The storage a realized term lives in: AFTERs stripped from the view chain, reshapes collapsed."""
+  """The storage a realized term lives in: AFTERs and value markers (DETACH, CONTIGUOUS_BACKWARD: unoptimized forms
+  keep them) stripped from the view chain, reshapes collapsed."""
   chain = []
   while n.op is not Ops.BUFFER and n.op is not Ops.PARAM:
-    if n.op is Ops.AFTER: n = n.src[0]; continue
-    if n.op not in GroupOp.Movement and n.op not in (Ops.SLICE, Ops.MULTI):
+    if n.op is Ops.AFTER or n.op is Ops.DETACH or n.op is Ops.CONTIGUOUS_BACKWARD: n = n.src[0]; continue
+    if n.op not in GroupOp.Movement and n.op not in (Ops.SLICE, Ops.MULTI, Ops.BITCAST):   # BITCAST: a retyped assign target
       raise EngineError(f"extraction chose a non-storage form {n.op.name} for a realized value")
     chain.append((n.op, n.dtype, n.arg)); n = n.src[0]
   return view_over(n, chain)
@@ -163,7 +164,7 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
   for k, r in zip(keys, roots):
     chain, v = [], r
     while (o := O[v]) != "BUFFER" and o != "PARAM":
-      if o != "AFTER":
+      if o not in _SKIP_OPS:
         if o not in _VIEW_OPS: raise EngineError(f"extraction chose a non-storage form {o} for a realized value")
         chain.append(ids.template(v))
       v = K[v][0]
@@ -173,7 +174,8 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
   buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in fresh_buffers)
   return BuiltCall(Node(Ops.CALL, dtypes.void, (body, *args), CallInfo()), buffer_map, stores, buffers, views)
 
-_VIEW_OPS = frozenset({o.name for o in GroupOp.Movement} | {"SLICE", "MULTI"})
+_VIEW_OPS = frozenset({o.name for o in GroupOp.Movement} | {"SLICE", "MULTI", "BITCAST"})   # BITCAST: a retyped assign target
+_SKIP_OPS = frozenset({"AFTER", "DETACH", "CONTIGUOUS_BACKWARD"})   # what storage_view strips
 
 def has_bound_dims(enc: Encoding) -> bool:
   """Does any interned arg hold a bound symbolic dimension? (Only then does a CALL body need `bind_dims`.)"""
@@ -192,16 +194,32 @@ class MaterializedIds:
     self.cons = {c: (h, t) for c, h, t in enc.rows.get("cons_row", ())}
     special = {i: o for i, (o, a, _) in self.orig.items()
                if o == "CONTIGUOUS" or (o == "AFTER" and a in enc.computed_args) or (o == "GETTUPLE" and i in pre)}
-    def resolve(i: int) -> int:
+    memo: dict[int, int] = {}
+    def storage(r: int) -> bool:
+      """Is r's e-class storage once materialized: a buffer (view) that some inserted node is, up to what the
+      CONTIGUOUS below its reshapes became (congruence gives the class that node's storage fact)?"""
+      if r < 0: return False
+      if self.nodes[r].has_buffer_identity(): return True
+      chain = []
+      while r >= 0 and self.orig[r][0] in ("RESHAPE", "MULTI"): chain.append(self.nodes[r]); r = memo.get(k := self.orig[r][2][0], k)
+      if not chain or r < 0 or not (n := self.nodes[r]).has_buffer_identity(): return False
+      for m in reversed(chain): n = Node(m.op, m.dtype, (n,), m.arg)
+      return n.id in enc.ids
+    def resolve(i: int) -> int:   # specials are resolved in id order: a CONTIGUOUS's source is memoized already
       while (o := special.get(i)) is not None:
+        if (r := memo.get(i)) is not None: return r
         if o == "CONTIGUOUS":
-          if i not in fresh: i = self.orig[i][2][0]; continue   # contiguous_of_storage, contiguous_idempotent
+          r = resolve(self.orig[i][2][0])
+          # a source that is storage once materialized (a buffer, a view of one, a zero-size value's empty buffer): the
+          # CONTIGUOUS joins its class (contiguous_of_storage) and extraction keeps the source's storage
+          if i not in fresh or storage(r): return r
           if i in zero: i = fresh[i]; continue                  # zero_size
           return ~(2 * i)                                       # materialize_contiguous
         if o == "AFTER": return ~(2 * i)                        # materialize_assign
         i = pre[i]                                              # precompile_call
       return i
-    self.redirect = {i: r for i in special if (r := resolve(i)) != i}
+    for i in special: memo[i] = resolve(i)
+    self.redirect = {i: r for i, r in memo.items() if r != i}
     self.roots = [self.to(enc.key_ids[k.id]) for k in enc.keys]
 
   def to(self, i: int) -> int: return self.redirect.get(i, i)
@@ -281,9 +299,10 @@ def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
                        {topo[pos[k.id]]: v for k, v in zip(old.buffer_map, values)}, report)
 
 def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
-            limits: str | Limits | None = None, cache: bool = True) -> CallifyResult:
+            limits: str | Limits | None = None, cache: bool = True, assigns: str = "fresh") -> CallifyResult:
   """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed.
-  With `cache`, a graph equal to an earlier one up to its input buffers reuses that result without saturating."""
+  With `cache`, a graph equal to an earlier one up to its input buffers reuses that result without saturating.
+  `assigns="realized"` reads an assign into a view of a realize point as tinygrad 0.14 does (see encode)."""
   t0 = time.perf_counter()
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")
   sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
@@ -291,13 +310,13 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   roots = roots_of(tensors)
   if cache:
     gkey, topo = graph_key(roots)
-    key = (gkey, model, sched, lim)
+    key = (gkey, model, sched, lim, assigns)
     if (hit := _CACHE.get(key)) is not None:
       _CACHE.move_to_end(key)
       return _reuse(hit, topo, t0)
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
-  try: res = _callify(roots, model, sched, lim, t0)
+  try: res = _callify(roots, model, sched, lim, t0, assigns)
   finally:
     if was: gc.enable()
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
@@ -390,8 +409,8 @@ def loaded_size(enc: Encoding) -> int:
   terms = sum(len(enc.rows.get(r, ())) for r in ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row"))
   return terms + 2 * len(enc.fresh)
 
-def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float) -> CallifyResult:
-  enc = encode(roots)
+def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float, assigns: str = "fresh") -> CallifyResult:
+  enc = encode(roots, assigns)
   report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=enc.graph_nodes, realize_points=len(enc.keys))
   report.seconds["encode"] = time.perf_counter() - t0
   if not enc.keys:

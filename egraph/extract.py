@@ -99,10 +99,13 @@ class EGraphView:
     e-class is a storage form (a write, a view, a buffer), never the computation it holds the value of."""
     pin = {self.class_of_id[a]: self.class_of_id[t] for a, t in self.enc.pins.items()}
     realized = {self.class_of_id[i] for i in self.enc.key_ids.values()}
+    heads = {self.cls[e]: self.kids[e][0] for e in range(self.n_enodes) if self.op[e] == "Cons"}   # list class -> head
     out = []
     for e in range(self.n_enodes):
       k, op = self.cls[e], self.op[e]
-      if k in pin: out.append(op == "AFTER" and self.kids[e][:1] == (pin[k],))
+      if k in pin:   # an AFTER with several writes lists its target first: AFTER(Cons(target, ...))
+        ks = self.kids[e]
+        out.append(op == "AFTER" and bool(ks) and pin[k] in (ks[0], heads.get(ks[0]) if len(ks) == 1 else None))
       else: out.append(k not in realized or op in _STORAGE_FORMS)
     return out
 

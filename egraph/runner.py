@@ -57,7 +57,9 @@ OPTIMIZE_STEP = "(seq (run optimize) (run materialize))"
 
 @dataclass(frozen=True)
 class Limits:
-  """Bounds on the optimize phase: e-nodes in the graph, iterations, wall-clock seconds."""
+  """Bounds on a run: e-nodes in the graph, optimize iterations, wall-clock seconds. callify spends `seconds` after
+  encoding on saturating, extracting and building the CALL, and builds the all-materialized CALL straight from the
+  encoding when that will not fit (or when loading alone would pass `nodes`)."""
   nodes: int = 2_000_000
   iterations: int = 1_000
   seconds: float = 60.0
