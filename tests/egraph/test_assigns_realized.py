@@ -1,0 +1,51 @@
+"""callify(assigns="realized"): tinygrad 0.14 reads an assign into a view of a realize point as a write into that
+point's storage (the bridge's mode); the default gives it a fresh buffer (spec rule 8). The assign's value is the same;
+in 0.14's reading the point's storage then holds what was written (tinygrad's tensor is the assign from then on)."""
+import numpy as np
+import pytest
+from egraph.tensor import Tensor
+from egraph.driver import callify
+from egraph.encode import encode
+from egraph.errors import CallsatError
+from egraph.ir import Ops
+from lower.runtime import run_call, read
+from egraph.storage import STORAGE
+
+def _base(v):
+  while v.op is not Ops.BUFFER: v = v.src[0]
+  return v
+
+def _program(device="CPU"):
+  """c = (a*2).contiguous(); then an assign of -1 into c[1:4] (tinygrad's c[1:4].assign(...), as IR)."""
+  c = (Tensor(np.arange(6, dtype=np.float32), device=device) * 2).contiguous().node
+  v = c.shrink(((1, 4),))
+  asg = v.after(v.store(Tensor(np.full(3, -1.0, dtype=np.float32), device=device).node))
+  return c, asg
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_the_assign_writes_the_points_storage(device):
+  c, asg = _program(device)
+  fresh, realized = callify(asg, c, cache=False), callify(asg, c, cache=False, assigns="realized")
+  vals = {}
+  for name, res in (("fresh", fresh), ("realized", realized)):
+    st = STORAGE.copy()
+    run_call(res.call, st)
+    vals[name] = (read(res.buffer_map[asg], st), read(res.buffer_map[c], st))
+  for name in vals: np.testing.assert_array_equal(vals[name][0], [-1, -1, -1])   # the assign's value: the same
+  np.testing.assert_array_equal(vals["fresh"][1], [0, 2, 4, 6, 8, 10])            # rule 8: c keeps its value
+  np.testing.assert_array_equal(vals["realized"][1], [0, -1, -1, -1, 8, 10])      # 0.14: c's storage was written
+  assert _base(realized.buffer_map[asg]) is _base(realized.buffer_map[c])
+  assert _base(fresh.buffer_map[asg]) is not _base(fresh.buffer_map[c])
+  assert realized.report.buffers < fresh.report.buffers
+
+def test_realized_is_part_of_the_cache_key():
+  c, asg = _program()
+  assert callify(asg, c, assigns="realized").report.buffers < callify(asg, c).report.buffers
+
+def test_unknown_assigns_mode_is_refused():
+  c, asg = _program()
+  with pytest.raises(CallsatError, match="assigns must be one of"): encode([asg], "inplace")
+
+def test_pins_follow_the_mode():
+  c, asg = _program()
+  assert not encode([asg, c]).pins and encode([asg, c], "realized").pins
