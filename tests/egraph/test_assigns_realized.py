@@ -49,3 +49,16 @@ def test_unknown_assigns_mode_is_refused():
 def test_pins_follow_the_mode():
   c, asg = _program()
   assert not encode([asg, c]).pins and encode([asg, c], "realized").pins
+
+def test_contiguous_range_of_a_per_device_buffer_is_a_view():
+  """A replicated (tuple-device) BUFFER: a contiguous slice of it is each device's own SLICE, no copy (as tinygrad)."""
+  from egraph.ir import new_buffer
+  from egraph.dtype import dtypes
+  b = new_buffer(12, dtypes.float32, ("PYTHON", "PYTHON:1"))
+  v = b.reshape((4, 3)).shrink(((1, 3), (0, 3))).contiguous()
+  res = callify(v, cache=False)
+  assert res.report.views == 1 and res.report.buffers == 0 and res.report.stores == 0
+  st = STORAGE.copy()
+  st.set_data(b, np.concatenate([np.arange(12), np.arange(12)]).astype(np.float32))   # each device's copy
+  run_call(res.call, st)
+  np.testing.assert_array_equal(read(res.buffer_map[v], st), np.arange(3, 9, dtype=np.float32).reshape(2, 3))
