@@ -184,9 +184,11 @@ def has_bound_dims(enc: Encoding) -> bool:
 class MaterializedIds:
   """The e-graph's unoptimized form over the Encoding's ids, without the e-graph: each realize point stored into its
   fresh buffer (a zero-size one only allocated), an assign into a computed value stored into its fresh buffer, a
-  CONTIGUOUS without a fresh buffer is its source (storage, or a realized value a precompiled call reads), a
-  precompiled call's output is its CALL: what the materialize phase adds and extraction picks with no optimize rule
-  (`baseline_cost` prices it). ~(2i) and ~(2i+1) are the AFTER and the STORE into realize point i's fresh buffer."""
+  CONTIGUOUS of what is storage once materialized is that storage (and one without a fresh buffer its source: a
+  realized value a precompiled call reads), a precompiled call's output is its CALL: what the materialize phase adds
+  and extraction picks with no optimize rule (`baseline_cost` prices it; like it, views and aliases are not taken, so
+  a contiguous view or a CONTIGUOUS of an assign is a copy). ~(2i) and ~(2i+1) are the AFTER and the STORE into
+  realize point i's fresh buffer."""
   def __init__(self, enc: Encoding):
     self.enc, self.nodes, self.orig, fresh = enc, enc.nodes, enc.original, enc.fresh
     zero = {r[0] for r in enc.rows.get("zero_row", ())}
@@ -201,7 +203,8 @@ class MaterializedIds:
       if r < 0: return False
       if self.nodes[r].has_buffer_identity(): return True
       chain = []
-      while r >= 0 and self.orig[r][0] in ("RESHAPE", "MULTI"): chain.append(self.nodes[r]); r = memo.get(k := self.orig[r][2][0], k)
+      while r >= 0 and self.orig[r][0] in ("RESHAPE", "MULTI"):
+        chain.append(self.nodes[r]); r = memo.get(k := self.orig[r][2][0], k)
       if not chain or r < 0 or not (n := self.nodes[r]).has_buffer_identity(): return False
       for m in reversed(chain): n = Node(m.op, m.dtype, (n,), m.arg)
       return n.id in enc.ids

@@ -1,6 +1,7 @@
 """Limits bound callify (issue 15 item 6): the node limit is checked before the e-graph is built and between steps and
 reports the size reached; past the time budget callify builds the all-materialized CALL straight from the encoding
-(`materialized_call`), which must equal the e-graph's unoptimized form and realize the same values. No timings are
+(`materialized_call`), which must equal the e-graph's unoptimized form and realize the same values (like the baseline
+schedule it copies where the optimized CALL aliases, so the aliasing invariant 12 is not asked of it). No timings are
 asserted: stop reasons, paths taken and values only."""
 import math
 import numpy as np
