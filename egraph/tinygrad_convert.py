@@ -247,7 +247,7 @@ def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
 class _Back:
   """callsat Nodes -> tinygrad UOps for one CALL and its buffer_map (fresh buffers shared between them)."""
   def __init__(self, cv: Conversion):
-    self.cv, self.memo, self.fresh = cv, {}, {}
+    self.cv, self.memo, self.fresh, self.moves = cv, {}, {}, {}
 
   def d(self, x):
     """callsat dimensions (and nested tuples of them) as tinygrad's."""
@@ -276,6 +276,24 @@ class _Back:
     if n.op is Ops.FUNCTION: return UOp(TOps.FUNCTION, tdt.void, (body, *args), tg_arg)
     return UOp(TOps.CALL, tdt.void, (body, *args), tg_arg)
 
+  def movement(self, n: Node, s: list[UOp]) -> UOp:
+    """tinygrad's movement methods check through the shape of the freshly rebuilt source (a recursive shape pass over the
+    new body) and simplify their shape args: each (op, arg, source shape) goes through them once, later ones reuse what
+    they built when that was one op over the source."""
+    op, x = n.op, s[0]
+    if repr(n.shape) == repr(n.src[0].shape) and (op is not Ops.PERMUTE or n.arg == tuple(range(len(n.shape)))) and \
+       (op is not Ops.FLIP or not any(n.arg)): return x   # a no-op: tinygrad's methods return the source
+    key = (op, n.arg, n.src[0].shape)
+    if m := self.moves.get(key): return UOp(m[0], x.dtype, (x,) + m[1], m[2])
+    if op is Ops.RESHAPE: r = x.reshape(self.d(n.arg))
+    elif op is Ops.EXPAND: r = x.expand(self.d(n.arg))
+    elif op is Ops.PERMUTE: r = x.permute(n.arg)
+    elif op is Ops.SHRINK: r = x.shrink(self.d(n.arg))
+    elif op is Ops.PAD: r = x.pad(self.d(n.arg))
+    else: r = x.flip(tuple(i for i, f in enumerate(n.arg) if f))
+    if key not in self.moves: self.moves[key] = (r.op, r.src[1:], r.arg) if r.src[:1] == (x,) and r.dtype == x.dtype else False
+    return r
+
   def one(self, n: Node, s: list[UOp], params) -> UOp:
     op = n.op
     if op is Ops.OPAQUE:
@@ -300,12 +318,7 @@ class _Back:
       size = count * n.dtype.itemsize // n.src[0].dtype.itemsize
       v = s[0].shrink(((off, off + size),))
       return v if n.dtype == n.src[0].dtype else v.bitcast(_TDT[n.dtype])
-    if op is Ops.RESHAPE: return s[0].reshape(self.d(n.arg))
-    if op is Ops.EXPAND: return s[0].expand(self.d(n.arg))
-    if op is Ops.PERMUTE: return s[0].permute(n.arg)
-    if op is Ops.SHRINK: return s[0].shrink(self.d(n.arg))
-    if op is Ops.PAD: return s[0].pad(self.d(n.arg))
-    if op is Ops.FLIP: return s[0].flip(tuple(i for i, f in enumerate(n.arg) if f))
+    if op in GroupOp.Movement: return self.movement(n, s)
     if op is Ops.CAST: return s[0].cast(_TDT[n.dtype])
     if op is Ops.BITCAST: return s[0].bitcast(_TDT[n.dtype])
     if op is Ops.COPY: return UOp(TOps.COPY, s[0].dtype, (s[0],), from_device(n.arg))
