@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, empty_multi, shard_axes, HOST_DEVICES, const_key
 from egraph.dtype import dtypes
 from egraph.errors import UnsupportedOpError, DeviceError, ShapeError
-from egraph.view import contiguous_range
+from egraph.view import contiguous_range, NP_MOVE
 from egraph.symbolic import is_symbolic
 
 COMPUTED_TARGET = "computed-target"  # arg marker of an AFTER whose target is not storage (it is never extracted)
@@ -22,17 +22,12 @@ def is_host(device) -> bool: return isinstance(device, str) and device.startswit
 class UnwritableViewError(ShapeError):
   """An assign through a view of storage that does not name each of its elements exactly once (EXPAND, PAD, CAST)."""
 
-_NP_MOVE = {Ops.RESHAPE: lambda m, x: x.reshape(m.arg), Ops.EXPAND: lambda m, x: np.broadcast_to(x, m.arg),
-            Ops.PAD: lambda m, x: np.pad(x, m.arg, constant_values=-1), Ops.PERMUTE: lambda m, x: x.transpose(m.arg),
-            Ops.SHRINK: lambda m, x: x[tuple(slice(a, b) for a, b in m.arg)], Ops.DETACH: lambda m, x: x,
-            Ops.FLIP: lambda m, x: x[tuple(slice(None, None, -1) if f else slice(None) for f in m.arg)]}
-
 def view_index(x: Node) -> np.ndarray:
   """The flat element index into x.base of each element of the movement chain x (-1 where a PAD fills)."""
   chain = []
   while x.op in GroupOp.Movement or x.op is Ops.DETACH: chain.append(x); x = x.src[0]
   idx = np.arange(math.prod(x.shape), dtype=np.int64).reshape(x.shape)
-  for m in reversed(chain): idx = _NP_MOVE[m.op](m, idx)
+  for m in reversed(chain): idx = NP_MOVE[m.op](m, idx)
   return idx
 
 def writable_chain(x: Node) -> bool:

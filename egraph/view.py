@@ -1,7 +1,29 @@
 """Strided views: is a movement chain over storage one contiguous element range? (spec §2 contiguous_view_offset)"""
 from __future__ import annotations
 import math
+import numpy as np
 from egraph.ir import Node, Ops, GroupOp
+from egraph.symbolic import is_symbolic
+
+ENUMERATE_LIMIT = 1 << 18   # base elements up to which a chain strides cannot follow (a PAD, a splitting reshape) is enumerated
+
+NP_MOVE = {Ops.RESHAPE: lambda m, x: x.reshape(m.arg), Ops.EXPAND: lambda m, x: np.broadcast_to(x, m.arg),
+            Ops.PAD: lambda m, x: np.pad(x, m.arg, constant_values=-1), Ops.PERMUTE: lambda m, x: x.transpose(m.arg),
+            Ops.SHRINK: lambda m, x: x[tuple(slice(a, b) for a, b in m.arg)], Ops.DETACH: lambda m, x: x,
+            Ops.FLIP: lambda m, x: x[tuple(slice(None, None, -1) if f else slice(None) for f in m.arg)]}
+
+def _enumerated_range(chain: list[Node], base: Node) -> tuple[int, int] | None:
+  """The strided check's fallback: the flat index of every element of the chain (-1 where a PAD fills), in row-major
+  order, is one run offset, offset+1, ... (tinygrad's strided slices pad, reshape and shrink; the result can still be
+  one range)."""
+  if any(is_symbolic(d) for m in chain for d in m.shape) or math.prod(base.shape) > ENUMERATE_LIMIT: return None
+  idx = np.arange(math.prod(base.shape), dtype=np.int64).reshape(base.shape)
+  for m in reversed(chain):
+    idx = NP_MOVE[m.op](m, idx)
+  flat = idx.reshape(-1)
+  if flat.size == 0: return (0, 0)
+  off = int(flat[0])
+  return (off, flat.size) if off >= 0 and np.array_equal(flat, np.arange(off, off + flat.size)) else None
 
 def _strides(shape): 
   out, acc = [], 1
@@ -40,7 +62,7 @@ def contiguous_range(x: Node, base: Node) -> tuple[int, int] | None:
   for m in reversed(chain):
     if m.op is Ops.DETACH: continue
     if m.op is Ops.RESHAPE:
-      if (st := _reshape(shape, strides, m.arg)) is None: return None
+      if (st := _reshape(shape, strides, m.arg)) is None: return _enumerated_range(chain, base)
       shape, strides = m.arg, st
     elif m.op is Ops.SHRINK:
       off += sum(s * st for (s, _), st in zip(m.arg, strides)); shape = m.shape
@@ -51,7 +73,7 @@ def contiguous_range(x: Node, base: Node) -> tuple[int, int] | None:
       strides = tuple(-st if f else st for st, f in zip(strides, m.arg))
     elif m.op is Ops.EXPAND:
       strides = tuple(0 if a != s else st for s, a, st in zip(shape, m.arg, strides)); shape = m.arg
-    else: return None  # PAD reads values that are not in storage
+    else: return _enumerated_range(chain, base)   # a PAD: only the enumeration can say no padded value is in view
   numel = math.prod(shape)
   if numel == 0: return (0, 0)
   want = 1
