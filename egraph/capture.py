@@ -16,6 +16,7 @@ from tinygrad.helpers import Context
 from egraph.errors import CallsatError
 from egraph.tinygrad_convert import BridgeRefusal, to_callsat
 from egraph.corpus import Graph, dumps, save
+from egraph.cli import capture_arguments
 
 class Capture:
   """Records the callsat image of each graph tinygrad passes to transform_to_call, named `<prefix>/<k>` (k counts the
@@ -94,13 +95,7 @@ def run_script(path: str, cap: Capture, entry: str | None = None, device: str | 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="callsat capture", description="Run a tinygrad program and save every graph it callifies as a corpus.")
-  p.add_argument("--script", required=True, metavar="PATH", help="the tinygrad program (run as __main__)")
-  p.add_argument("--entry", metavar="FN", help="a function to call after the script ran; its returned Tensors are realized "
-                                                "(default: build, if the script defines it)")
-  p.add_argument("--out", required=True, metavar="FILE", help="the corpus to write (.jsonl, or .jsonl.gz)")
-  p.add_argument("--name", metavar="PREFIX", help="records are named PREFIX/0, PREFIX/1, ... (default: the script's name)")
-  p.add_argument("--device", metavar="DEV", help="tinygrad's default device for the run, e.g. NULL (no compute)")
-  p.add_argument("--unique", action="store_true", help="skip a graph equal to one already captured")
+  capture_arguments(p)
   args = p.parse_args(argv)
   cap = Capture(args.name or os.path.splitext(os.path.basename(args.script))[0], unique=args.unique)
   try:

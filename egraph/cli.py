@@ -173,6 +173,16 @@ def capture(args) -> int:
   if args.device: env["DEV"] = args.device
   return subprocess.run([sys.executable, "-m", "egraph.capture", *argv], env=env).returncode
 
+def capture_arguments(p: argparse.ArgumentParser) -> None:
+  """The options of `callsat capture` (also `python -m egraph.capture`, which the CLI runs in a child process)."""
+  p.add_argument("--script", required=True, metavar="PATH", help="the tinygrad program (run as __main__)")
+  p.add_argument("--entry", metavar="FN", help="call FN() after the script ran and realize the Tensors it returns "
+                                               "(default: build, if the script defines it)")
+  p.add_argument("--out", required=True, metavar="FILE", help="the corpus to write: .jsonl, or .jsonl.gz")
+  p.add_argument("--name", metavar="PREFIX", help="records are named PREFIX/0, PREFIX/1, ... (default: the script's name)")
+  p.add_argument("--device", metavar="DEV", help="tinygrad's default device, e.g. NULL (graphs only, no compute)")
+  p.add_argument("--unique", action="store_true", help="skip a graph equal to one already captured")
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="callsat", description="Schedule tensor graphs by equality saturation.")
   sub = p.add_subparsers(dest="cmd", required=True)
@@ -211,13 +221,7 @@ def main(argv=None) -> int:
   c.add_argument("--out", metavar="FILE", help="write the .cu here (default: stdout)")
   c.add_argument("--emulate", action="store_true", help="also run it on the CPU emulator and check it against numpy")
   t = sub.add_parser("capture", help="run a tinygrad program and save every graph it callifies as a corpus (needs tinygrad)")
-  t.add_argument("--script", required=True, metavar="PATH", help="the tinygrad program (run as __main__)")
-  t.add_argument("--entry", metavar="FN", help="call FN() after the script ran and realize the Tensors it returns "
-                                               "(default: build, if the script defines it)")
-  t.add_argument("--out", required=True, metavar="FILE", help="the corpus to write: .jsonl, or .jsonl.gz")
-  t.add_argument("--name", metavar="PREFIX", help="records are named PREFIX/0, PREFIX/1, ... (default: the script's name)")
-  t.add_argument("--device", metavar="DEV", help="tinygrad's default device, e.g. NULL (graphs only, no compute)")
-  t.add_argument("--unique", action="store_true", help="skip a graph equal to one already captured")
+  capture_arguments(t)
   args = p.parse_args(argv)
   try: return {"demo": demo, "order": order, "explain": explain, "export": export, "cuda": cuda, "capture": capture}[args.cmd](args)
   except CallsatError as e:
