@@ -10,12 +10,12 @@ Back out, callsat's CALL is rebuilt as tinygrad UOps: OPAQUE from its original, 
 from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
-from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp
+from tinygrad.uop.ops import UOp, Ops as TOps
 from tinygrad.dtype import dtypes as tdt, AddrSpace
 from egraph.ir import Node, Ops, GroupOp, OpaqueArg, BufferArg, ParamArg, CallInfo, toposort
 from egraph.dtype import dtypes, DType
 from egraph.errors import CallsatError, UnsupportedOpError
-from egraph.symbolic import HostDim, is_symbolic
+from egraph.symbolic import HostDim
 
 class BridgeRefusal(UnsupportedOpError):
   """The bridge cannot take this tinygrad graph; `reason` names the op, dtype or form (`op:X`, `dtype:X`, `form:X`)."""
