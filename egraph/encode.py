@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from egraph.ir import Node, Ops, GroupOp, ParamArg, toposort, substitute, empty_view, empty_multi, shard_axes, HOST_DEVICES, const_key
 from egraph.dtype import dtypes
 from egraph.errors import UnsupportedOpError, DeviceError, ShapeError
-from egraph.view import contiguous_range, NP_MOVE
+from egraph.view import contiguous_range, view_index
 from egraph.symbolic import is_symbolic
 
 COMPUTED_TARGET = "computed-target"  # arg marker of an AFTER whose target is not storage (it is never extracted)
@@ -21,14 +21,6 @@ def is_host(device) -> bool: return isinstance(device, str) and device.startswit
 
 class UnwritableViewError(ShapeError):
   """An assign through a view of storage that does not name each of its elements exactly once (EXPAND, PAD, CAST)."""
-
-def view_index(x: Node) -> np.ndarray:
-  """The flat element index into x.base of each element of the movement chain x (-1 where a PAD fills)."""
-  chain = []
-  while x.op in GroupOp.Movement or x.op is Ops.DETACH: chain.append(x); x = x.src[0]
-  idx = np.arange(math.prod(x.shape), dtype=np.int64).reshape(x.shape)
-  for m in reversed(chain): idx = NP_MOVE[m.op](m, idx)
-  return idx
 
 def writable_chain(x: Node) -> bool:
   """Does the movement chain x name each element of x.base at most once, and none outside it? RESHAPE/SHRINK/PERMUTE/FLIP

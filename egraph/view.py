@@ -12,15 +12,20 @@ NP_MOVE = {Ops.RESHAPE: lambda m, x: x.reshape(m.arg), Ops.EXPAND: lambda m, x: 
             Ops.SHRINK: lambda m, x: x[tuple(slice(a, b) for a, b in m.arg)], Ops.DETACH: lambda m, x: x,
             Ops.FLIP: lambda m, x: x[tuple(slice(None, None, -1) if f else slice(None) for f in m.arg)]}
 
+def view_index(x: Node, base: Node | None = None) -> np.ndarray:
+  """The flat element index into `base` (default: x.base) of each element of the movement chain x (-1 where a PAD fills)."""
+  chain = []
+  while x is not base and (x.op in GroupOp.Movement or x.op is Ops.DETACH): chain.append(x); x = x.src[0]
+  idx = np.arange(math.prod(x.shape), dtype=np.int64).reshape(x.shape)
+  for m in reversed(chain): idx = NP_MOVE[m.op](m, idx)
+  return idx
+
 def _enumerated_range(chain: list[Node], base: Node) -> tuple[int, int] | None:
   """The strided check's fallback: the flat index of every element of the chain (-1 where a PAD fills), in row-major
   order, is one run offset, offset+1, ... (tinygrad's strided slices pad, reshape and shrink; the result can still be
   one range)."""
   if any(is_symbolic(d) for m in chain for d in m.shape) or math.prod(base.shape) > ENUMERATE_LIMIT: return None
-  idx = np.arange(math.prod(base.shape), dtype=np.int64).reshape(base.shape)
-  for m in reversed(chain):
-    idx = NP_MOVE[m.op](m, idx)
-  flat = idx.reshape(-1)
+  flat = view_index(chain[0], base).reshape(-1)
   if flat.size == 0: return (0, 0)
   off = int(flat[0])
   return (off, flat.size) if off >= 0 and np.array_equal(flat, np.arange(off, off + flat.size)) else None

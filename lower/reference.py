@@ -14,7 +14,7 @@ import numpy as np
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, is_shard, toposort
-from egraph.encode import view_index
+from egraph.view import view_index
 from egraph.storage import STORAGE, UnallocatedBufferError
 from lower.numeric import wrap_const, alu, cast
 if TYPE_CHECKING: from egraph.storage import Storage
