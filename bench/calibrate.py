@@ -1,0 +1,117 @@
+"""Calibrate egraph/timemodel.py on this machine through callsat's own lowering: small CALLs (callify + run_call on
+device CPU), each kernel timed alone on warm buffers (lower/work.step_seconds: back-to-back runs per sample, medians),
+its KernelWork read off the Program (lower/work.py). Writes the constants to egraph/timemodel.json.
+
+  launch        a 64-element add                                   -> launch_s
+  bandwidth     a + b at 12 MB (in L3) and 48 MB (DRAM)             -> bw_cache, bw_mem (cache_bytes: the L3)
+  column        column sums of 2048^2                               -> bw_strided
+  elementwise   64 multiply-adds per element, 256K floats           -> throughput[elementwise] (and copy: no ops)
+  exp           8 chained exps per element, 256K floats             -> transcendental_ops (in elementwise ops)
+  reduce        max-plus product 192^3 (a reduce lower/ cannot tile) -> throughput[reduce]
+  matmul        512^3 float32 (the register-tiled form)             -> throughput[matmul]
+  threads       the elementwise kernel forced onto one thread       -> par_speedup
+Then "max" vs "sum" is chosen by the log error over every calibration kernel (mixed ones included).
+
+  python bench/calibrate.py [--rounds 5] [--out egraph/timemodel.json]"""
+from __future__ import annotations
+import argparse, json, math, os, platform, statistics, sys, time
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import numpy as np
+from egraph import Tensor, callify
+from egraph.timemodel import DATA, TimeModel
+from lower import cache, native
+from lower.work import program_work, step_seconds
+
+def chain(x, n: int):
+  for _ in range(n): x = x * 1.0001 + 0.5
+  return x
+
+def exps(x, n: int):
+  for _ in range(n): x = (x * -0.5).exp()   # bounded: no inf/denormal slow paths
+  return x
+
+def kernels(rng) -> dict:
+  """name -> a Tensor whose CALL is one kernel (the calibration set; the 'mixed' ones only check the fit)."""
+  f = lambda *s: Tensor(rng.standard_normal(s).astype(np.float32)).realize()
+  s64, s256k, s1m, s4m = f(64), f(1 << 18), f(1 << 20), f(1 << 22)
+  b64, b1m, b4m = f(64), f(1 << 20), f(1 << 22)
+  A, B, M, N = f(512, 512), f(512, 512), f(192, 192), f(192, 192)
+  X = f(2048, 2048)
+  return {
+    "launch": s64 + b64, "bw_cache": s1m + b1m, "bw_mem": s4m + b4m, "ew": chain(s256k, 64), "exp": exps(s256k, 8),
+    "reduce": (M.reshape(192, 192, 1) + N.reshape(1, 192, 192)).max(axis=1), "matmul": A @ B,
+    "mixed: chain 8 at 4M": chain(s4m, 8), "mixed: chain 24 at 4M": chain(s4m, 24), "mixed: row sum 2048^2": X.sum(axis=1),
+    "column": X.sum(axis=0), "mixed: exp 4 at 256K": exps(s256k, 4), "mixed: exp at 4M": s4m.exp(), "mixed: chain 64 at 4K": chain(f(4096), 64),
+    "mixed: matmul 128^3": f(128, 128) @ f(128, 128), "mixed: max-plus 64^3": (f(64, 64).reshape(64, 64, 1) + f(64, 64).reshape(1, 64, 64)).max(axis=1),
+  }
+
+def l3_bytes() -> int:
+  try:
+    for i in range(8):
+      p = f"/sys/devices/system/cpu/cpu0/cache/index{i}/"
+      if open(p + "level").read().strip() == "3":
+        s = open(p + "size").read().strip()
+        return int(s[:-1]) * {"K": 1 << 10, "M": 1 << 20}[s[-1]] if s[-1] in "KM" else int(s)
+  except OSError: pass
+  return 16 << 20
+
+def measure(calls: dict, rounds: int) -> dict:
+  """name -> median over rounds (interleaved) of the single kernel's time."""
+  ts = {k: [] for k in calls}
+  for _ in range(rounds):
+    for k, c in calls.items(): ts[k].append(step_seconds(c, samples=3, min_s=0.005)[0])
+  return {k: statistics.median(v) for k, v in ts.items()}
+
+def one_thread(call, reps: int = 5) -> float:
+  """The kernel of `call` run on one thread (its prepared launch with threads=1)."""
+  step_seconds(call, samples=1)
+  launch = cache.CACHE.plans[call].steps[0]
+  launch.threads = 1
+  try: return step_seconds(call, samples=reps, min_s=0.005)[0]
+  finally: launch.threads = None
+
+def fit(works: dict, t: dict, threads_1: float) -> TimeModel:
+  w, L = works, t["launch"]
+  ops = lambda k, d: max(t[k] - L, 1e-9)
+  tp_ew = w["ew"].flops / ops("ew", t)
+  tp = {"elementwise": tp_ew, "copy": tp_ew, "reduce": w["reduce"].flops / ops("reduce", t), "matmul": w["matmul"].flops / ops("matmul", t)}
+  equiv = ops("exp", t) * tp_ew   # the exp kernel's time in elementwise ops
+  trans = max(1.0, (equiv - w["exp"].flops) / max(1, w["exp"].transcendentals) + 1)
+  base = dict(launch_s=L, bw_cache=w["bw_cache"].nbytes / ops("bw_cache", t), bw_mem=w["bw_mem"].nbytes / ops("bw_mem", t),
+              cache_bytes=l3_bytes(), bw_strided=w["column"].strided_bytes / ops("column", t), throughput=tp, transcendental_ops=trans, parallel_work=native.PARALLEL_WORK,
+              par_speedup=max(1.0, threads_1 / t["ew"]))
+  best = None
+  for comb in ("max", "sum"):
+    m = TimeModel.from_dict("CPU", {**base, "combine": comb})
+    err = statistics.mean(abs(math.log(m.kernel_seconds(w[k]) / t[k])) for k in t)
+    if best is None or err < best[0]: best = (err, m)
+  return best[1]
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--out", default=DATA)
+  args = ap.parse_args()
+  rng = np.random.default_rng(0)
+  calls = {k: callify(v).call for k, v in kernels(rng).items()}
+  works = {}
+  for k, c in calls.items():
+    ws = program_work(c)
+    if len(ws) != 1: raise SystemExit(f"calibration kernel {k!r} lowered to {len(ws)} kernels, expected 1")
+    works[k] = ws[0]
+  load = os.getloadavg()[0]
+  t = measure(calls, args.rounds)
+  t1 = one_thread(calls["ew"])
+  m = fit(works, t, t1)
+  print(f"{'kernel':<28} {'kind':<12} {'bytes':>10} {'ops':>11} {'measured us':>12} {'model us':>10}")
+  for k in calls:
+    print(f"{k:<28} {works[k].kind:<12} {works[k].nbytes:>10} {works[k].flops:>11} {t[k] * 1e6:>12.1f} {m.kernel_seconds(works[k]) * 1e6:>10.1f}")
+  data = {"devices": {"CPU": m.to_dict()}, "calibration": {
+    "command": "python bench/calibrate.py --rounds %d" % args.rounds, "date": time.strftime("%Y-%m-%d %H:%M"),
+    "machine": f"{platform.machine()} {os.cpu_count()} CPUs, llvm threads={native.THREADS}", "load": round(load, 2),
+    "kernels": {k: {"seconds": t[k], "kind": works[k].kind, "bytes": works[k].nbytes, "flops": works[k].flops} for k in calls}}}
+  with open(args.out, "w") as f: json.dump(data, f, indent=1)
+  print(json.dumps(data["devices"], indent=1))
+  print(f"wrote {args.out}")
+
+if __name__ == "__main__": main()

@@ -1,0 +1,98 @@
+"""A calibrated model of kernel run time, for choosing what to store (issue 14).
+
+Per kernel: `launch + combine(bytes / bandwidth + strided_bytes / bw_strided, ops / throughput[kind])`, where
+  * bandwidth is `bw_cache` while the kernel's bytes (read + written) fit in `cache_bytes` (the last-level cache), else
+    `bw_mem` (DRAM); bytes a reduce reads across its rows (a column reduce: the reduce axis is not the innermost) move
+    at `bw_strided`;
+  * ops = flops + transcendental_ops * transcendentals (exp2/log2/sin/sqrt/reciprocal/division cost more than an add);
+  * throughput depends on the kernel's form in lower/: "matmul" is the register-tiled matmul (operands in memory),
+    "reduce" a plain accumulator nest (a fused matmul-shaped reduce runs here, untiled), "elementwise" vectorized loops,
+    "copy" moves bytes only; a reduce's ops up to one per element it reads stream at the elementwise rate (a row sum is
+    a vectorized loop), only the ops beyond (re-reads of broadcast operands: a fused matmul, a conv-like reduce) run at
+    throughput["reduce"];
+  * a kernel whose work (ops + elements read, lower/finalize's estimate) is under `parallel_work` runs on one thread
+    (lower/native.py splits only bigger ones): its time is multiplied by `par_speedup`, what splitting gains;
+  * combine is "max" (bytes and arithmetic overlap) or "sum", whichever fitted the calibration kernels better.
+The constants live in egraph/timemodel.json, written by `python bench/calibrate.py` on the machine; a device without
+constants raises NoTimeModel (CUDA has none: callify stays on the rules there)."""
+from __future__ import annotations
+import json, os
+from dataclasses import dataclass
+from egraph.errors import CallsatError
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timemodel.json")
+KINDS = ("elementwise", "reduce", "matmul", "copy")
+
+class NoTimeModel(CallsatError, LookupError):
+  """No calibrated constants for a device (run bench/calibrate.py there, or keep fusion='rules')."""
+
+@dataclass(frozen=True)
+class KernelWork:
+  """What one kernel does. bytes_read counts each element of each input once per kernel: re-reads of a broadcast or a
+  matmul operand are assumed to hit in cache (lower/ tiles and blocks for that); their cost is in the kind's throughput."""
+  bytes_read: int
+  bytes_written: int
+  flops: int                  # scalar ops executed, recompute multiplicity included (reduce accumulations too)
+  kind: str = "elementwise"   # "elementwise" | "reduce" | "matmul" | "copy"
+  device: str = "CPU"
+  transcendentals: int = 0    # of which exp2/log2/sin/sqrt/reciprocal/division, each costing transcendental_ops ops
+  strided_bytes: int = 0      # of bytes_read, those a reduce reads across rows (the reduce axis is not the innermost)
+
+  @property
+  def nbytes(self) -> int: return self.bytes_read + self.bytes_written
+
+@dataclass(frozen=True)
+class TimeModel:
+  device: str
+  launch_s: float             # per kernel: the prepared launch's ctypes call and loop setup
+  bw_cache: float             # bytes/s when the kernel's bytes fit in cache_bytes
+  bw_mem: float               # bytes/s beyond it
+  bw_strided: float           # bytes/s of a column reduce's reads
+  cache_bytes: int
+  throughput: dict            # kind -> ops/s (all threads)
+  transcendental_ops: float
+  combine: str = "max"        # "max" | "sum"
+  parallel_work: int = 1 << 21
+  par_speedup: float = 1.0    # how much faster a split kernel runs than one on a single thread
+
+  @classmethod
+  def load(cls, device: str = "CPU", path: str = DATA) -> "TimeModel":
+    """The constants for `device` ("CPU:1" reads "CPU") from the calibration file; NoTimeModel if it has none."""
+    base = device.partition(":")[0]
+    try:
+      with open(path) as f: data = json.load(f)
+    except FileNotFoundError: raise NoTimeModel(f"no time model file {path}: run python bench/calibrate.py") from None
+    if base not in data.get("devices", {}):
+      raise NoTimeModel(f"no calibrated time model for device {device!r} (have {sorted(data.get('devices', {}))}); "
+                        "run bench/calibrate.py on it or use fusion='rules'")
+    return cls.from_dict(base, data["devices"][base])
+
+  @classmethod
+  def from_dict(cls, device: str, d: dict) -> "TimeModel":
+    tp = {k: float(d["throughput"][k]) for k in KINDS}
+    return cls(device, float(d["launch_s"]), float(d["bw_cache"]), float(d["bw_mem"]), float(d["bw_strided"]), int(d["cache_bytes"]), tp,
+               float(d["transcendental_ops"]), d.get("combine", "max"), int(d.get("parallel_work", 1 << 21)),
+               float(d.get("par_speedup", 1.0)))
+
+  def to_dict(self) -> dict:
+    return {"launch_s": self.launch_s, "bw_cache": self.bw_cache, "bw_mem": self.bw_mem, "bw_strided": self.bw_strided, "cache_bytes": self.cache_bytes,
+            "throughput": dict(self.throughput), "transcendental_ops": self.transcendental_ops, "combine": self.combine,
+            "parallel_work": self.parallel_work, "par_speedup": self.par_speedup}
+
+  def ops(self, w: KernelWork) -> float: return w.flops + (self.transcendental_ops - 1) * w.transcendentals
+
+  def kernel_seconds(self, w: KernelWork) -> float:
+    if w.kind not in self.throughput: raise CallsatError(f"KernelWork.kind {w.kind!r} is not one of {KINDS}")
+    bw = self.bw_cache if w.nbytes <= self.cache_bytes else self.bw_mem
+    ops = self.ops(w)
+    slow = 1.0 if ops + w.bytes_read / 4 >= self.parallel_work else self.par_speedup   # lower/native splits only big kernels
+    tb = slow * ((w.nbytes - w.strided_bytes) / bw + w.strided_bytes / self.bw_strided)
+    if w.kind == "reduce":   # one op per element read streams; the re-reads of broadcast operands do not
+      stream = min(ops, w.bytes_read / 4)
+      tc = slow * (stream / self.throughput["elementwise"] + (ops - stream) / self.throughput["reduce"])
+    else: tc = slow * ops / self.throughput[w.kind]
+    return self.launch_s + (max(tb, tc) if self.combine == "max" else tb + tc)
+
+  def program_seconds(self, works) -> float:
+    """Kernels of one CALL run one after another."""
+    return sum(self.kernel_seconds(w) for w in works)
