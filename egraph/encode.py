@@ -126,9 +126,7 @@ class Encoding:
   def mint_fresh(self, realize_id: int, n: Node) -> None:
     f = empty_multi(n, self.axes.get(n.id, self.axes.get(n.src[0].id) if n.src else None)) if isinstance(n.device, tuple) else \
         empty_view(n.shape, n.dtype, n.device)
-    b = f
-    while b.op is not Ops.BUFFER: b = b.src[0]
-    self.fresh_buffers.add(b.arg.uid)
+    self.fresh_buffers.add(_buffer_of(f).arg.uid)
     self.fresh[realize_id] = self.emit_tree(f)
     self.row("fresh_row", realize_id, self.fresh[realize_id])
 
@@ -201,11 +199,15 @@ def precompiled_call(enc: Encoding, f: Node) -> tuple[list[Node], Node]:
   if (hit := enc.calls.get(f.id)) is not None: return hit
   body, n_in = f.src[0], len(f.src) - 1
   inputs = [x if x.has_buffer_identity() or x.op is Ops.AFTER or x.device is None else x.contiguous() for x in f.src[1:]]
-  outs = [empty_view(s.shape, s.dtype, s.device) for s in body.src]
-  enc.fresh_buffers.update(o.base.arg.uid for o in outs)
+  seed = {p.id: enc.axes.get(f.src[1 + p.arg.slot].id) for p in toposort([body], enter_calls=False)
+          if p.op is Ops.PARAM and 0 <= p.arg.slot < n_in and isinstance(p.device, tuple) and not p.arg.shard}
+  axes = shard_axes(list(body.src), seed) if seed else {}   # outputs are split as the body splits them
+  outs = [empty_multi(s, axes.get(s.id)) if isinstance(s.device, tuple) else empty_view(s.shape, s.dtype, s.device)
+          for s in body.src]
+  enc.fresh_buffers.update(_buffer_of(o).arg.uid for o in outs)
   items, subs = [], {}
-  for j, s in enumerate(body.src):
-    t = Node(Ops.PARAM, s.dtype, (), ParamArg(n_in + j, s.shape, s.device, shard=isinstance(s.device, tuple)))   # writes every device
+  for j, s in enumerate(body.src):   # a sharded output is a logical PARAM over a MULTI; a replicated one writes every device
+    t = Node(Ops.PARAM, s.dtype, (), ParamArg(n_in + j, s.shape, s.device, shard=isinstance(s.device, tuple) and outs[j].op is not Ops.MULTI))
     deps: list[Node] = []
     while s.op is Ops.AFTER: deps.extend(s.src[1:]); s = s.src[0]   # what the output waits for travels with it
     if s.op is Ops.CONTIGUOUS and s not in subs: subs[s] = t.after(t.store(s.src[0])); items.append(s.after(*deps))
@@ -215,6 +217,10 @@ def precompiled_call(enc: Encoding, f: Node) -> tuple[list[Node], Node]:
   sink = Node(Ops.SINK, dtypes.void, tuple(substitute(items, subs)))
   hit = enc.calls[f.id] = (outs, Node(Ops.CALL, dtypes.void, (sink, *inputs, *outs), f.arg))
   return hit
+
+def _buffer_of(v: Node) -> Node:
+  while v.op is not Ops.BUFFER: v = v.src[0]
+  return v
 
 def _contiguous_facts(enc: Encoding, i: int, c: Node) -> None:
   """Fresh buffer, zero-size and view facts for one CONTIGUOUS e-node."""

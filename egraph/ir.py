@@ -201,10 +201,12 @@ def is_shard(n: Node) -> bool:
     n = n.src[0]
   return False
 
-def shard_axes(roots: list[Node]) -> dict[int, int | None]:
-  """Node.id -> the axis along which a logical multi-device value is split over its devices (None: replicated)."""
-  ax: dict[int, int | None] = {}
+def shard_axes(roots: list[Node], seed: dict[int, int | None] | None = None) -> dict[int, int | None]:
+  """Node.id -> the axis along which a logical multi-device value is split over its devices (None: replicated).
+  `seed` gives leaves their axes (a body's PARAMs: the axes of the CALL's arguments)."""
+  ax: dict[int, int | None] = dict(seed or {})
   for n in toposort(roots, enter_calls=False):
+    if n.id in ax: continue
     if not isinstance(n.device, tuple) or not n.src: ax[n.id] = None; continue
     if n.op is Ops.MULTI: ax[n.id] = n.arg; continue
     if n.op is Ops.OPAQUE: ax[n.id] = n.arg.axis; continue
@@ -423,3 +425,16 @@ def substitute(roots: list[Node], mapping: dict[Node, Node]) -> list[Node]:
     new[n.id] = n if srcs == n.src else Node(n.op, n.dtype, srcs, n.arg)
   return [new[r.id] for r in roots]
 
+def multi_arg(a: Node) -> Node | None:
+  """The MULTI a CALL argument is (through AFTERs) when its shards are storage: a sharded output or input."""
+  while a.op in (Ops.AFTER, Ops.DETACH): a = a.src[0]
+  return a if a.op is Ops.MULTI and a.src[0].has_buffer_identity() else None
+
+def shard_params(body: Node, sharded: dict[int, Node]) -> Node:
+  """`body` with each logical PARAM whose argument is a MULTI (slot -> multi_arg) read as MULTI(its shards' PARAM):
+  executors bind the shards' storage, so the body's writes land in it."""
+  if not sharded: return body
+  sub = {p: Node(Ops.MULTI, p.dtype, (Node(Ops.PARAM, p.dtype, (), ParamArg(p.arg.slot, m.src[0].shape, p.device, shard=True)),), m.arg)
+         for p in toposort([body], enter_calls=False)
+         if p.op is Ops.PARAM and (m := sharded.get(p.arg.slot)) is not None and not p.arg.shard}
+  return substitute([body], sub)[0]

@@ -181,14 +181,12 @@ def _convert(cv: Conversion, u: UOp) -> Node:
     except CallsatError as e: raise BridgeRefusal(f"form:{op.name.lower()}", str(e)) from None
   if op is TOps.PARAM and u.arg.addrspace is AddrSpace.GLOBAL and not virtual:   # an argument inside a function body
     n = Node(Ops.PARAM, to_dtype(u.dtype, "PARAM"), (), ParamArg(u.arg.slot, cv.shape(u.shape), to_device(u.device),
-                                                                 shard=isinstance(u.device, tuple)))
+                                                                 shard=False))   # logical, as tinygrad reads it
     cv.params[n.id] = u
     return n
   if op is TOps.TUPLE: return Node(Ops.TUPLE, dtypes.void, tuple(cv.image[s] for s in u.src))
   if op is TOps.FUNCTION and u.arg.precompile:   # callsat's precompile_call decides how its inputs and outputs are stored
     if u.src[0].op is not TOps.TUPLE: raise BridgeRefusal("form:precompiled-function", f"body is {u.src[0].op.name}, not TUPLE")
-    if any(isinstance(x.device, tuple) for x in u.src[0].src):   # callify's output buffers know no shard axis yet
-      raise BridgeRefusal("form:precompiled-multi-device", "a precompiled FUNCTION with sharded outputs")
     info = CallInfo(f"tg{cv.serial}.{len(cv.calls)}", precompile=True)
     cv.calls[info.name] = u.arg
     return Node(Ops.FUNCTION, dtypes.void, tuple(cv.image[s] for s in u.src), info)
@@ -311,8 +309,7 @@ class _Back:
       if (orig := self.cv.params.get(n.id)) is not None: return orig   # a function body's own argument
       if params is None or not 0 <= n.arg.slot < len(params):   # an output slot callify added to a precompiled call
         return UOp.param(n.arg.slot, _TDT[n.dtype], self.d(n.arg.shape), from_device(n.device), addrspace=AddrSpace.GLOBAL)
-      a = params[n.arg.slot]
-      return UOp.param(n.arg.slot, a.dtype, a.shape, a.device, addrspace=AddrSpace.GLOBAL)
+      return params[n.arg.slot].param_like(n.arg.slot)   # typed, shaped and split like its argument, as tinygrad's own
     if op is Ops.SLICE:   # tinygrad's view: SHRINK(BUFFER) in the buffer's elements, retyped by BITCAST
       off, count = n.arg
       size = count * n.dtype.itemsize // n.src[0].dtype.itemsize

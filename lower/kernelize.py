@@ -40,7 +40,7 @@ import heapq, math, sys
 from dataclasses import dataclass
 from egraph.dtype import dtypes
 from egraph.errors import UnsupportedOpError
-from egraph.ir import Node, Ops, GroupOp, toposort, shard_axes
+from egraph.ir import Node, Ops, GroupOp, toposort, shard_axes, multi_arg, shard_params
 from lower.builder import IDENTITY, UNSUPPORTED, Group, targets
 from lower.finalize import finalize, via_temp
 from lower.inline import inline_functions
@@ -126,10 +126,14 @@ def _effects(body: Node) -> list[Node]:
 
 def _call_group(call: Node, bind: dict, ctx: Ctx) -> _GroupPlan:
   """A nested CALL as one group: its program with PARAM(i) bound to argument i's storage. An argument that is a
-  contiguous view of storage (through AFTERs: the storage after their writes) binds to it; any other (a strided view,
-  a MULTI's logical value, computed data) is first copied into a temporary, read at the time the call runs."""
-  g, inner, copied = Group(ctx, bind), {}, {}
+  contiguous view of storage (through AFTERs: the storage after their writes) binds to it, a MULTI over storage binds
+  its shards (ir.shard_params); any other (a strided view, computed data) is first copied into a temporary, read at
+  the time the call runs."""
+  g, inner, copied, sharded = Group(ctx, bind), {}, {}, {}
   for i, a in enumerate(call.src[1:]):
+    if (s := multi_arg(a)) is not None and (m := view_mem(s.src[0], bind)) is not None:
+      inner[i], sharded[i] = m, s   # its shards bind directly; the body reads and writes them through a MULTI
+      continue
     if (m := view_mem(a, bind)) is None:
       order = toposort([a], enter_calls=False)
       g.realize |= _realize_set(order, FUSE_CAP)
@@ -137,7 +141,7 @@ def _call_group(call: Node, bind: dict, ctx: Ctx) -> _GroupPlan:
       m = g.temp_of(a, True, whole=True).mem
       copied[i] = a
     inner[i] = m
-  prog = kernelize(call.src[0], inner, ctx)
+  prog = kernelize(shard_params(call.src[0], sharded), inner, ctx)
   for i, a in copied.items():
     if inner[i].root in prog.written:
       raise UnsupportedOpError(f"LLVM backend: a nested CALL writes its argument {i}, which is {a.op.name} {a.shape}, not a contiguous view of storage")

@@ -13,7 +13,7 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError, UnsupportedOpError
-from egraph.ir import Node, Ops, GroupOp, is_shard, toposort
+from egraph.ir import Node, Ops, GroupOp, is_shard, toposort, multi_arg, shard_params
 from egraph.view import view_index
 from egraph.storage import STORAGE, UnallocatedBufferError
 from lower.numeric import wrap_const, alu, cast
@@ -208,10 +208,11 @@ def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, c
     elif op is Ops.FUNCTION:   # a plain (inlined) function: its TUPLE body evaluated with PARAM i = argument i
       args = [memo[s.id] for s in n.src[1:]]
       v = tuple(np.array(x, copy=True) for x in _run(list(n.src[0].src), storage, args, cache))
-    elif op is Ops.CALL:
-      args = [memo[s.id] for s in n.src[1:]]
+    elif op is Ops.CALL:   # a MULTI argument over storage passes its shards: the body writes them through shard_params
+      sharded = {i: m for i, s in enumerate(n.src[1:]) if (m := multi_arg(s)) is not None}
+      args = [memo[sharded[i].src[0].id] if i in sharded else memo[s.id] for i, s in enumerate(n.src[1:])]
       if any(a is None for a in args): raise CallsatError(f"CALL: argument {[a is None for a in args].index(True)} has no value")
-      _run([n.src[0]], storage, args, cache)
+      _run([shard_params(n.src[0], sharded)], storage, args, cache)
       v = None
     elif op in _SHARD and is_shard(n): v = np.asarray(_SHARD[op](n, *srcs(n)))
     elif (f := _PURE.get(op)) is not None:

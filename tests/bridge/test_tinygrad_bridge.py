@@ -92,8 +92,16 @@ def _sharded():
   real = Tensor.rand(4, 3).shard(devs, axis=0).realize()
   return [(lazy * 2 + real).sum(1), (lazy + 1).to(Device.DEFAULT)]
 
+def _sharded_precompile():
+  @function(precompile=True)
+  def f(a: Tensor): return a + 1, a * 2
+  devs = (Device.DEFAULT, f"{Device.DEFAULT}:1")
+  t1, t2 = f(Tensor.rand(4, 2).contiguous().shard(devs, axis=0))
+  return [t1 + 2, t2]
+
 PROGRAMS = {f.__name__[1:]: f for f in [_mlp, _attention, _layernorm, _conv2d, _cat, _gather, _arange, _cumsum, _rand, _pools,
-                                         _sgd, _assign_slices, _bitcast, _symbolic, _function, _precompile, _jit, _sharded]}
+                                         _sgd, _assign_slices, _bitcast, _symbolic, _function, _precompile, _jit, _sharded,
+                                         _sharded_precompile]}
 
 def _run(build, device: str, bridged: bool):
   """(values, kernel count) of one program built on `device`, with or without the bridge (strict)."""

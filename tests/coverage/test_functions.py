@@ -113,3 +113,23 @@ def test_precompile_on_a_sharded_input():
   devs = ("PYTHON", "PYTHON:1")
   a = Tensor(np.arange(8, dtype=np.float32).reshape(4, 2), device="PYTHON").shard(devs, axis=0)
   np.testing.assert_allclose(twice(a).numpy(), np.arange(8).reshape(4, 2) * 2)
+
+@function(precompile=True)
+def sharded_pair(x): return x + 1, x * 2, x.sum(0)
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_precompiled_outputs_keep_the_shard_axis_of_the_body(device):
+  """A precompiled body over a sharded input writes sharded outputs (MULTI output buffers, shards bound by the
+  executors), a reduce over the shard axis a replicated one; values as numpy."""
+  devs = (f"{device}:0", f"{device}:1")
+  an = np.arange(8, dtype=np.float32).reshape(4, 2)
+  t1, t2, t3 = sharded_pair(Tensor(an).shard(devs, axis=0))
+  res = callify(t1, t2, t3)
+  call = next(n for n in toposort([res.call.src[0]], enter_calls=False) if n.op is Ops.CALL)
+  outs = call.src[-3:]
+  assert [o.op is Ops.MULTI for o in outs] == [True, True, False] and [o.arg for o in outs[:2]] == [0, 0]
+  assert outs[0].src[0].shape == (2, 2) and outs[2].shape == (2,)   # one shard per device; the sum replicated
+  np.testing.assert_array_equal(t1.numpy(), an + 1)
+  np.testing.assert_array_equal(t2.numpy(), an * 2)
+  np.testing.assert_array_equal(t3.numpy(), an.sum(0))
+  np.testing.assert_array_equal((sharded_pair(Tensor(an).shard(devs, axis=0))[0] + 2).numpy(), an + 3)
