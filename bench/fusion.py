@@ -1,0 +1,157 @@
+"""The fusion benchmark (issue 14): every program of bench/fusion_programs.py under callify's fusion="rules" and
+fusion="cost", in one process, modes interleaved in each round. Steady-state realize time: each program is callified
+once per mode (compile and callify excluded: the first run_call compiles), then each sample is run_call repeated to
+last at least --min-ms, and the table shows medians over rounds: time, kernels, bytes moved (KernelWork: read + written
+per kernel), peak memory (lower/work.peak_bytes: the temporaries' arena peak plus every buffer the CALL writes) and the
+time model's prediction (egraph/timemodel.py). Values are checked against numpy first. Every kernel is also timed alone
+(lower/work.step_seconds) against its predicted time: the Spearman rank correlation, and a scatter plot with --plot.
+
+  python bench/fusion.py --rounds 5 [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
+
+Until callify takes fusion= (issue 14 part 2), only rules mode runs, and cost is reported unavailable."""
+from __future__ import annotations
+import argparse, inspect, math, os, statistics, sys, time
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import numpy as np
+from egraph import callify
+from egraph.ir import substitute
+from egraph.timemodel import TimeModel
+from lower import native
+from lower.runtime import read, run_call
+from lower.work import peak_bytes, program_work, step_seconds
+from fusion_programs import PROGRAMS
+
+def has_fusion() -> bool: return "fusion" in inspect.signature(callify).parameters
+
+def spearman(x, y) -> float:
+  """Spearman's rank correlation (average ranks for ties)."""
+  def ranks(v):
+    v = np.asarray(v, float); order = np.argsort(v, kind="stable"); r = np.empty(len(v))
+    r[order] = np.arange(len(v))
+    for val in np.unique(v): r[v == val] = r[v == val].mean()
+    return r
+  rx, ry = ranks(x), ranks(y)
+  return float(np.corrcoef(rx, ry)[0, 1]) if len(rx) > 1 else float("nan")
+
+class Case:
+  """One program under one mode: its CALL, the roots' storage views, static numbers and the samples."""
+  def __init__(self, prog, roots, ref, mode: str, model: TimeModel):
+    nodes = [r.node for r in roots]
+    self.res = callify(*nodes, fusion=mode) if has_fusion() else callify(*nodes)
+    self.views, self.prog, self.ref, self.mode = substitute(nodes, self.res.buffer_map), prog, ref, mode
+    run_call(self.res.call)   # compile
+    self.works = program_work(self.res.call)
+    self.kernels = len(self.works)
+    self.moved = sum(w.nbytes for w in self.works)
+    self.peak = peak_bytes(self.res.call)
+    self.predicted = model.program_seconds(self.works)
+    self.kpred = [model.kernel_seconds(w) for w in self.works]
+    self.samples: list[float] = []
+    self.reps = 1
+
+  def check(self) -> None:
+    for v, want in zip(self.views, self.ref()):
+      np.testing.assert_allclose(read(v).reshape(np.shape(want)), want, rtol=self.prog.rtol, atol=self.prog.rtol,
+                                 err_msg=f"{self.prog.name} ({self.mode})")
+
+  def calibrate_reps(self, min_s: float) -> None:
+    t0 = time.perf_counter(); run_call(self.res.call); t = time.perf_counter() - t0
+    self.reps = max(1, math.ceil(min_s / max(t, 1e-6)))
+
+  def sample(self) -> None:
+    call = self.res.call
+    run_call(call)
+    t0 = time.perf_counter()
+    for _ in range(self.reps): run_call(call)
+    self.samples.append((time.perf_counter() - t0) / self.reps)
+
+def plot(points, path: str, rho: float) -> None:
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    raise SystemExit("--plot needs matplotlib: python -m pip install -e '.[plot]'") from None
+  fig, ax = plt.subplots(figsize=(6.5, 6))
+  kinds = sorted({k for _, _, k in points})
+  for kind in kinds:
+    xs = [p * 1e6 for p, m, k in points if k == kind]; ys = [m * 1e6 for p, m, k in points if k == kind]
+    ax.scatter(xs, ys, s=14, label=kind, alpha=0.75)
+  lo = min(min(p, m) for p, m, _ in points) * 1e6 / 1.5; hi = max(max(p, m) for p, m, _ in points) * 1e6 * 1.5
+  ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="predicted = measured")
+  ax.set_xscale("log"); ax.set_yscale("log"); ax.set_xlim(lo, hi); ax.set_ylim(lo, hi)
+  ax.set_xlabel("predicted kernel time, us (egraph/timemodel.py)"); ax.set_ylabel("measured kernel time, us (alone, warm)")
+  ax.set_title(f"fusion benchmark kernels: Spearman rho = {rho:.3f} ({len(points)} kernels)")
+  ax.legend(); fig.tight_layout(); fig.savefig(path, dpi=110)
+  print(f"wrote {path}")
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--modes", default="rules,cost")
+  ap.add_argument("--min-ms", type=float, default=30.0, help="each sample is run_call repeated to last at least this")
+  ap.add_argument("--only", default=None, help="programs whose name contains this")
+  ap.add_argument("--out", default=None, help="append the table to this markdown file")
+  ap.add_argument("--plot", default=None, help="write the predicted-vs-measured kernel scatter plot (PNG) here")
+  args = ap.parse_args()
+  modes = [m for m in args.modes.split(",") if m]
+  notes = []
+  if "cost" in modes and not has_fusion():
+    notes.append("cost mode unavailable: egraph.callify has no fusion= parameter yet (issue 14 part 2); rules mode only, no cost numbers")
+    print(notes[-1], file=sys.stderr)
+    modes = [m for m in modes if m != "cost"]
+  if not modes: raise SystemExit("no mode to run")
+  model = TimeModel.load("CPU")
+  progs = [p for p in PROGRAMS if args.only is None or args.only in p.name]
+  cases: dict = {}
+  rng = np.random.default_rng(0)
+  for p in progs:
+    roots, ref = p.build(rng)
+    for m in modes:
+      c = cases[(p.name, m)] = Case(p, roots, ref, m, model)
+      c.check()
+      c.calibrate_reps(args.min_ms / 1e3)
+  load0 = os.getloadavg()[0]
+  for _ in range(args.rounds):
+    for p in progs:
+      for m in modes: cases[(p.name, m)].sample()
+  points, per_mode = [], {m: [] for m in modes}
+  for p in progs:   # every kernel alone, predicted vs measured
+    for m in modes:
+      c = cases[(p.name, m)]
+      ks = step_seconds(c.res.call, samples=5)
+      c.kmeasured = ks
+      points += [(pr, me, w.kind) for pr, me, w in zip(c.kpred, ks, c.works)]
+  rho = spearman([a for a, _, _ in points], [b for _, b, _ in points])
+  med = {k: statistics.median(c.samples) for k, c in cases.items()}
+  prho = {m: spearman([cases[(p.name, m)].predicted for p in progs], [med[(p.name, m)] for p in progs]) for m in modes}
+  both = "rules" in modes and "cost" in modes
+  head = "| program | group | " + " | ".join(f"{m} ms" for m in modes) + (" | rules / cost" if both else "") + \
+         " | kernels | MB moved | peak MB | predicted ms |"
+  rows = [head, "|" + "---|" * (head.count("|") - 1)]
+  sl = lambda f: " / ".join(f(cases[(p.name, m)]) for m in modes)
+  speed = []
+  for p in progs:
+    ms = [med[(p.name, m)] * 1e3 for m in modes]
+    sp = ""
+    if both:
+      s = med[(p.name, "rules")] / med[(p.name, "cost")]; speed.append((s, p.name)); sp = f" | {s:.2f}x"
+    rows.append(f"| {p.name} | {p.group} | " + " | ".join(f"{x:.2f}" for x in ms) + sp +
+                f" | {sl(lambda c: str(c.kernels))} | {sl(lambda c: f'{c.moved / 1e6:.1f}')} | {sl(lambda c: f'{c.peak / 1e6:.1f}')}"
+                f" | {sl(lambda c: f'{c.predicted * 1e3:.2f}')} |")
+  summary = [f"kernel time rank correlation (Spearman, predicted vs measured, {len(points)} kernels timed alone): {rho:.3f}",
+             "program time rank correlation (predicted vs measured median): " + ", ".join(f"{m} {r:.3f}" for m, r in prho.items())]
+  if both:
+    g = math.exp(statistics.mean(math.log(s) for s, _ in speed)); w = min(speed)
+    summary += [f"geomean speedup rules / cost: {g:.3f}x; worst program: {w[1]} at {w[0]:.3f}x"]
+  cmd = "python bench/fusion.py " + " ".join(sys.argv[1:])
+  text = "\n".join([f"`{cmd}` — {len(progs)} programs, modes {', '.join(modes)} interleaved, medians of {args.rounds} rounds, each "
+                    f"sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}; "
+                    f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}. Slashed columns: " + " / ".join(modes) + ".", "", *rows, "",
+                    *[f"- {s}" for s in notes + summary]])
+  print(text)
+  if args.plot: plot(points, args.plot, rho)
+  if args.out:
+    with open(args.out, "a") as f: f.write(f"\n## Fusion benchmark: rules vs cost ({time.strftime('%Y-%m-%d %H:%M')})\n\n{text}\n")
+
+if __name__ == "__main__": main()
