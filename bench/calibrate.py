@@ -4,9 +4,9 @@ its KernelWork read off the Program (lower/work.py). Writes the constants to egr
 
   launch        a 64-element add                                   -> launch_s
   bandwidth     a + b at 12 MB (in L3) and 48 MB (DRAM)             -> bw_cache, bw_mem (cache_bytes: the L3)
-  column        column sums of 2048^2                               -> bw_strided
+  transpose     a 2048^2 transpose copy (strided reads)             -> bw_strided
   elementwise   64 multiply-adds per element, 256K floats           -> throughput[elementwise] (and copy: no ops)
-  exp           8 chained exps per element, 256K floats             -> transcendental_ops (in elementwise ops)
+  exp           8 independent exps per element, 256K floats         -> transcendental_ops (in elementwise ops)
   reduce        max-plus product 192^3 (a reduce lower/ cannot tile) -> throughput[reduce]
   matmul        512^3 float32 (the register-tiled form)             -> throughput[matmul]
   threads       the elementwise kernel forced onto one thread       -> par_speedup
@@ -27,8 +27,10 @@ def chain(x, n: int):
   return x
 
 def exps(x, n: int):
-  for _ in range(n): x = (x * -0.5).exp()   # bounded: no inf/denormal slow paths
-  return x
+  """n independent exps of x per element, summed."""
+  out = (x * 0.5).exp()
+  for i in range(1, n): out = out + (x * (0.5 + 0.01 * i)).exp()
+  return out
 
 def kernels(rng) -> dict:
   """name -> a Tensor whose CALL is one kernel (the calibration set; the 'mixed' ones only check the fit)."""
@@ -38,10 +40,11 @@ def kernels(rng) -> dict:
   A, B, M, N = f(512, 512), f(512, 512), f(192, 192), f(192, 192)
   X = f(2048, 2048)
   return {
-    "launch": s64 + b64, "bw_cache": s1m + b1m, "bw_mem": s4m + b4m, "ew": chain(s256k, 64), "exp": exps(s256k, 8),
+    "launch": s64 + b64, "bw_cache": s1m + b1m, "bw_mem": s4m + b4m, "ew": chain(s256k, 64), "exp": exps(s256k, 8), "transpose": X.transpose(1, 0).contiguous(),
     "reduce": (M.reshape(192, 192, 1) + N.reshape(1, 192, 192)).max(axis=1), "matmul": A @ B,
     "mixed: chain 8 at 4M": chain(s4m, 8), "mixed: chain 24 at 4M": chain(s4m, 24), "mixed: row sum 2048^2": X.sum(axis=1),
-    "column": X.sum(axis=0), "mixed: exp 4 at 256K": exps(s256k, 4), "mixed: exp at 4M": s4m.exp(), "mixed: chain 64 at 4K": chain(f(4096), 64),
+    "mixed: column sum 2048^2": X.sum(axis=0), "mixed: exp 4 at 256K": exps(s256k, 4),
+    "mixed: x/sqrt(x*x+1) at 1M": (lambda x: x / (x * x + 1).sqrt())(f(1 << 20)), "mixed: exp at 4M": s4m.exp(), "mixed: chain 64 at 4K": chain(f(4096), 64),
     "mixed: matmul 128^3": f(128, 128) @ f(128, 128), "mixed: max-plus 64^3": (f(64, 64).reshape(64, 64, 1) + f(64, 64).reshape(1, 64, 64)).max(axis=1),
   }
 
@@ -77,8 +80,9 @@ def fit(works: dict, t: dict, threads_1: float) -> TimeModel:
   tp = {"elementwise": tp_ew, "copy": tp_ew, "reduce": w["reduce"].flops / ops("reduce", t), "matmul": w["matmul"].flops / ops("matmul", t)}
   equiv = ops("exp", t) * tp_ew   # the exp kernel's time in elementwise ops
   trans = max(1.0, (equiv - w["exp"].flops) / max(1, w["exp"].transcendentals) + 1)
-  base = dict(launch_s=L, bw_cache=w["bw_cache"].nbytes / ops("bw_cache", t), bw_mem=w["bw_mem"].nbytes / ops("bw_mem", t),
-              cache_bytes=l3_bytes(), bw_strided=w["column"].strided_bytes / ops("column", t), throughput=tp, transcendental_ops=trans, parallel_work=native.PARALLEL_WORK,
+  bw_cache = w["bw_cache"].nbytes / ops("bw_cache", t)
+  base = dict(launch_s=L, bw_cache=bw_cache, bw_mem=w["bw_mem"].nbytes / ops("bw_mem", t),
+              cache_bytes=l3_bytes(), bw_strided=w["transpose"].strided_bytes / max(1e-9, ops("transpose", t) - w["transpose"].bytes_written / bw_cache), throughput=tp, transcendental_ops=trans, parallel_work=native.PARALLEL_WORK,
               par_speedup=max(1.0, threads_1 / t["ew"]))
   best = None
   for comb in ("max", "sum"):

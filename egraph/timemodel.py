@@ -2,8 +2,8 @@
 
 Per kernel: `launch + combine(bytes / bandwidth + strided_bytes / bw_strided, ops / throughput[kind])`, where
   * bandwidth is `bw_cache` while the kernel's bytes (read + written) fit in `cache_bytes` (the last-level cache), else
-    `bw_mem` (DRAM); bytes a reduce reads across its rows (a column reduce: the reduce axis is not the innermost) move
-    at `bw_strided`;
+    `bw_mem` (DRAM); bytes read with a stride along the kernel's innermost (vectorized) loop, a transpose's, move at
+    `bw_strided` (a column reduce is not strided: lower/ reduces COL_W columns at a time, reading rows);
   * ops = flops + transcendental_ops * transcendentals (exp2/log2/sin/sqrt/reciprocal/division cost more than an add);
   * throughput depends on the kernel's form in lower/: "matmul" is the register-tiled matmul (operands in memory),
     "reduce" a plain accumulator nest (a fused matmul-shaped reduce runs here, untiled), "elementwise" vectorized loops,
@@ -36,7 +36,7 @@ class KernelWork:
   kind: str = "elementwise"   # "elementwise" | "reduce" | "matmul" | "copy"
   device: str = "CPU"
   transcendentals: int = 0    # of which exp2/log2/sin/sqrt/reciprocal/division, each costing transcendental_ops ops
-  strided_bytes: int = 0      # of bytes_read, those a reduce reads across rows (the reduce axis is not the innermost)
+  strided_bytes: int = 0      # of bytes_read, those gathered across the innermost loop (a transpose's reads)
 
   @property
   def nbytes(self) -> int: return self.bytes_read + self.bytes_written
@@ -47,7 +47,7 @@ class TimeModel:
   launch_s: float             # per kernel: the prepared launch's ctypes call and loop setup
   bw_cache: float             # bytes/s when the kernel's bytes fit in cache_bytes
   bw_mem: float               # bytes/s beyond it
-  bw_strided: float           # bytes/s of a column reduce's reads
+  bw_strided: float           # bytes/s of strided reads (transposes)
   cache_bytes: int
   throughput: dict            # kind -> ops/s (all threads)
   transcendental_ops: float

@@ -16,39 +16,62 @@ from lower.runtime import run_call
 TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD})
 FREE = frozenset({Ops.BITCAST})   # reinterpretations: no instruction
 
-def _uses(e: Expr, top: int) -> dict:
-  """id(Expr) -> (Expr, times it is evaluated): `top` per domain point, times the sizes of the reduces around it. A node
-  reached at several multiplicities is counted at the largest (the renderer evaluates it once per scope)."""
-  out: dict = {}
-  stack = [(e, top)]
+def _loop_vars(x: Expr) -> set:
+  """The loop vars an Expr node's own index reads (loads and PAD masks)."""
+  if x.op == 'load': return x.arg[1].vars() | {v for bd in x.arg[2] for v in bd.idx.vars()}
+  if x.op == 'valid': return {v for bd in x.arg for v in bd.idx.vars()}
+  return set()
+
+def _postorder(e: Expr) -> list:
+  """Every node of an Expr DAG once, children first (iteratively: chains can be long)."""
+  out, seen, stack = [], set(), [(e, False)]
   while stack:
-    x, m = stack.pop()
-    if out.get(id(x), (None, 0))[1] >= m: continue
-    out[id(x)] = (x, m)
-    inner = m * math.prod(v.size for v in x.arg[1]) if x.op == 'reduce' else m
-    stack.extend((s, inner) for s in x.src)
+    x, done = stack.pop()
+    if done: out.append(x); continue
+    if id(x) in seen: continue
+    seen.add(id(x))
+    stack.append((x, True)); stack.extend((c, False) for c in x.src if id(c) not in seen)
+  return out
+
+def _uses(k: Kernel) -> list:
+  """(Expr, times it runs) for every node of the kernel's value: the product of the loop sizes from the outermost down
+  to the innermost loop it depends on (LLVM hoists loop-invariant code, e.g. a row's 1/sqrt out of the column loop)."""
+  order = list(k.domain)
+  deps: dict = {}
+  for x in _postorder(k.store.value):
+    if x.op == 'reduce':
+      order += [v for v in x.arg[1] if v not in order]
+      deps[id(x)] = set().union(*(deps[id(c)] for c in x.src)) - set(x.arg[1])
+    else: deps[id(x)] = _loop_vars(x).union(*(deps[id(c)] for c in x.src))
+  pos = {v: i for i, v in enumerate(order)}
+  cum = [1]
+  for v in order: cum.append(cum[-1] * v.size)
+  out = []
+  for x in _postorder(k.store.value):
+    d = deps[id(x)] | (set(x.arg[1]) if x.op == 'reduce' else set())   # a reduce's accumulation runs over its own vars
+    out.append((x, cum[max((pos[v] for v in d if v in pos), default=-1) + 1]))
   return out
 
 def kernel_work(k: Kernel, mems: tuple = (), device: str = "CPU") -> KernelWork:
   """A kernel's bytes, ops and kind. Each input param's distinct elements read: per load, the product of the sizes of
   the loop vars its index uses (capped at the param's size), summed over the loads of that param and capped again."""
   dom = math.prod(v.size for v in k.domain)
-  uses = _uses(k.store.value, dom)
+  uses = _uses(k)
   flops = trans = 0
   read: dict = {}
-  strided = set()   # params a reduce reads across rows: its innermost reduce var is not the unit stride
-  for x, _ in uses.values():
-    if x.op == 'reduce':
-      inner = x.arg[1][-1]
-      strided.update(e.arg[0] for e in x.src[0].walk() if e.op == 'load' and (c := e.arg[1].coef(inner)) not in (0, 1))
+  live = [v for v in k.domain if v.size > 1]
+  inner = live[-1] if live else None   # the vectorized loop of an elementwise kernel
+  in_reduce = {id(e) for x, _ in uses if x.op == 'reduce' for e in x.src[0].walk()}   # rows either way (COL_W columns)
+  strided = set() if k.tile or inner is None else {x.arg[0] for x, _ in uses if x.op == 'load' and id(x) not in in_reduce
+                                                   and x.arg[1].coef(inner) not in (0, 1, -1)}   # transposes, permuted reads
   reduce = False
-  for x, m in uses.values():
+  for x, m in uses:
     if x.op == 'load':
       p, idx, _ = x.arg
       rvars = idx.vars()
       read[p] = read.get(p, 0) + min(k.params[p].size, math.prod(v.size for v in rvars) if rvars else 1)
     elif x.op == 'reduce':
-      reduce, flops = True, flops + m * math.prod(v.size for v in x.arg[1])   # the accumulation
+      reduce, flops = True, flops + m   # the accumulation
     elif x.op in ('const', 'valid') or x.op in FREE: continue
     else:
       flops += m
