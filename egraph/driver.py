@@ -24,6 +24,7 @@ from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOf
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, ChosenIds, Unextractable, extract, decode, baseline_cost, TICK, INF
 from egraph.report import CallifyReport
+from egraph.fusion import fusion_mode, time_model, add_candidates, partition_ids, mark
 
 @dataclass
 class CallifyResult:
@@ -302,24 +303,28 @@ def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
                        {topo[pos[k.id]]: v for k, v in zip(old.buffer_map, values)}, report)
 
 def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
-            limits: str | Limits | None = None, cache: bool = True, assigns: str = "fresh") -> CallifyResult:
+            limits: str | Limits | None = None, cache: bool = True, assigns: str = "fresh",
+            fusion: str | None = None) -> CallifyResult:
   """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed.
   With `cache`, a graph equal to an earlier one up to its input buffers reuses that result without saturating.
-  `assigns="realized"` reads an assign into a view of a realize point as tinygrad 0.14 does (see encode)."""
+  `assigns="realized"` reads an assign into a view of a realize point as tinygrad 0.14 does (see encode).
+  `fusion` ("rules" | "cost", default env CALLSAT_FUSION, else "rules"): who decides which intermediates get a buffer,
+  lower/'s heuristics or the time model's partition (egraph/fusion.py)."""
   t0 = time.perf_counter()
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")
   sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
   lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
   roots = roots_of(tensors)
+  fus = fusion_mode(fusion)
   if cache:
     gkey, topo = graph_key(roots)
-    key = (gkey, model, sched, lim, assigns)
+    key = (gkey, model, sched, lim, assigns, fus)
     if (hit := _CACHE.get(key)) is not None:
       _CACHE.move_to_end(key)
       return _reuse(hit, topo, t0)
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
-  try: res = _callify(roots, model, sched, lim, t0, assigns)
+  try: res = _callify(roots, model, sched, lim, t0, assigns, fus)
   finally:
     if was: gc.enable()
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
@@ -412,9 +417,14 @@ def loaded_size(enc: Encoding) -> int:
   terms = sum(len(enc.rows.get(r, ())) for r in ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row"))
   return terms + 2 * len(enc.fresh)
 
-def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float, assigns: str = "fresh") -> CallifyResult:
+def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float, assigns: str = "fresh",
+             fusion: str = "rules") -> CallifyResult:
   enc = encode(roots, assigns)
-  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=enc.graph_nodes, realize_points=len(enc.keys))
+  tm = time_model(enc) if fusion == "cost" else None   # cost mode: candidates get stored forms (egraph/fusion.py)
+  cands = add_candidates(enc) if tm is not None else {}
+  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=enc.graph_nodes, realize_points=len(enc.keys),
+                         fusion="cost" if tm is not None else "rules",
+                         fusion_note="no time model for this graph's device" if fusion == "cost" and tm is None else "")
   report.seconds["encode"] = time.perf_counter() - t0
   if not enc.keys:
     return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)
@@ -436,8 +446,13 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
     ex = extract_call(sat, model, deadline=budget.start + lim.seconds)
     report.cost = ex.cost
     report.seconds["extract"] = time.perf_counter() - t1
+    ids = ChosenIds(sat.graph, ex.choice)
+    if tm is not None:   # the partition gets what is left of the time budget
+      t3 = time.perf_counter()
+      ids, report.partition = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm, budget.start + lim.seconds)
+      report.seconds["partition"] = time.perf_counter() - t3
     t2 = time.perf_counter()
-    b = build_call(ChosenIds(sat.graph, ex.choice), ex.root_classes, enc.keys, enc.fresh_buffers, has_bound_dims(enc),
+    b = build_call(ids, ex.root_classes, enc.keys, enc.fresh_buffers, has_bound_dims(enc),
                    budget.abort_at)
     report.seconds["decode"] = time.perf_counter() - t2
   except OutOfBudget as e:
@@ -451,7 +466,7 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
   if time.perf_counter() - budget.start > lim.seconds and report.stop_reason is StopReason.SATURATED:
     report.stop_reason = StopReason.TIME_LIMIT   # saturated in time, but extraction and decoding ran past the budget
-  return CallifyResult(b.call, b.buffer_map, report)
+  return CallifyResult(mark(b.call) if tm is not None else b.call, b.buffer_map, report)
 
 def _direct(enc: Encoding, report: CallifyReport, reason: StopReason, why: str) -> CallifyResult:
   """The fallback: the all-materialized CALL built from the Encoding, reported with why."""

@@ -190,22 +190,23 @@ class ChosenIds:
   """The extracted DAG for `driver.build_call`: e-class ids, each standing for its chosen e-node (Cons lists flattened)."""
   def __init__(self, g: EGraphView, choice: list[int]): self.g, self.choice = g, choice
 
-  def _enode(self, k: int) -> int:
+  def enode(self, k: int) -> int:
+    """The e-node id k stands for (a subclass may read some ids through other members: egraph/fusion.StoredIds)."""
     if (e := self.choice[k]) < 0: raise Unextractable(f"extraction: e-class {k} has no extractable e-node")
     return e
 
   def kids(self, k: int) -> list[int]:
-    g, ch = self.g, self.choice
-    ks = g.kids[self._enode(k)]
-    if len(ks) != 1 or g.op[ch[ks[0]]] not in ("Cons", "Nil"): return list(ks)
+    g = self.g
+    ks = g.kids[self.enode(k)]
+    if len(ks) != 1 or g.op[self.choice[ks[0]]] not in ("Cons", "Nil"): return list(ks)
     out, c = [], ks[0]
-    while g.op[e := self._enode(c)] == "Cons": h, c = g.kids[e]; out.append(h)
+    while g.op[e := self.enode(c)] == "Cons": h, c = g.kids[e]; out.append(h)
     return out
 
-  def op(self, k: int) -> str: return self.g.op[self.choice[k]]
+  def op(self, k: int) -> str: return self.g.op[self.enode(k)]
 
   def template(self, k: int) -> tuple:
-    e = self.choice[k]
+    e = self.enode(k)
     dtype, arg = self.g.enc.args[self.g.arg[e]]
     return Ops[self.g.op[e]], dtype if self.g.arg[e] else None, arg
 

@@ -27,12 +27,14 @@ DECLARATIONS = """
 (relation copy_into_row (i64 i64))
 (relation precompiled_row (i64 i64))
 (relation computed_arg (i64))
+(relation candidate_row (i64 i64))
 (relation fresh (T T))
 (relation view (T T))
 (relation storage (T))
 (relation zero (T))
 (relation copy_into (T T))
 (relation precompiled (T T))
+(relation candidate (T T))
 """
 
 LIFT_RULES = """
@@ -49,6 +51,7 @@ LIFT_RULES = """
 (rule ((zero_row x)) ((zero (N x))) :ruleset load :name "lift_zero")
 (rule ((copy_into_row u k)) ((copy_into (N u) (N k))) :ruleset load :name "lift_copy_into")
 (rule ((precompiled_row g r)) ((precompiled (N g) (N r))) :ruleset load :name "lift_precompiled")
+(rule ((candidate_row x f)) ((candidate (N x) (N f))) :ruleset load :name "lift_candidate")
 """
 CONSTRUCTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
 

@@ -4,6 +4,26 @@ from dataclasses import dataclass, field, asdict
 from egraph.runner import StopReason
 
 @dataclass
+class PartitionReport:
+  """fusion="cost": how the set of stored intermediates was chosen (egraph/fusion.py), times in model seconds."""
+  method: str = ""          # "exact" (every subset) | "greedy" (local search), "(stopped at the deadline)" when cut
+  candidates: int = 0       # candidate classes that had a stored form to choose
+  stored: int = 0           # of those, stored
+  predicted_s: float = 0.0  # the chosen partition's predicted run time
+  fused_s: float = 0.0      # nothing stored (every candidate fused into each consumer's kernel)
+  bound_s: float = 0.0      # a lower bound (exact: the optimum itself)
+  gap: float = 0.0          # (predicted - bound) / predicted
+  budget_s: float | None = None   # the time the solver was given (callify's remaining Limits.seconds); None: unlimited
+  seconds: float = 0.0      # the solver's own time
+  evaluations: int = 0      # kernels costed
+
+  def __str__(self) -> str:
+    budget = f", budget {self.budget_s * 1e3:.1f}ms" if self.budget_s is not None else ""
+    return (f"{self.method}: {self.stored}/{self.candidates} stored, predicted {self.predicted_s * 1e6:.1f}us "
+            f"(all fused {self.fused_s * 1e6:.1f}us, bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}), "
+            f"{self.evaluations} kernels costed in {self.seconds * 1e3:.1f}ms{budget}")
+
+@dataclass
 class CallifyReport:
   e_nodes: int = 0
   e_classes: int = 0
@@ -23,6 +43,9 @@ class CallifyReport:
   views: int = 0            # realize points served by a zero-copy view
   seconds: dict[str, float] = field(default_factory=dict)
   cache_hit: bool = False   # the graph matched an earlier one up to its input buffers: nothing was saturated
+  fusion: str = "rules"     # who chose the kernel boundaries: "rules" (lower/'s heuristics) or "cost" (the partition)
+  partition: PartitionReport | None = None   # fusion="cost": the partition's method, bound and gap
+  fusion_note: str = ""     # why cost mode was asked for but the rules ran (no time model for the device)
   fresh_uids: set[int] = field(default_factory=set, repr=False)
 
   def to_dict(self) -> dict:
@@ -40,4 +63,5 @@ class CallifyReport:
       f"  rules     {rules}",
       f"  cost      {self.cost} ({self.cost_model}) vs {self.baseline_cost} all-materialized baseline ({saved:.0%} saved)",
       f"  CALL      {self.buffers} fresh buffers, {self.stores} stores, {self.views} zero-copy views",
+      f"  fusion    {self.fusion}" + (f" ({self.fusion_note})" if self.fusion_note else "") + (f": {self.partition}" if self.partition else ""),
       f"  time      {times} total={sum(self.seconds.values())*1e3:.1f}ms"])

@@ -83,6 +83,7 @@ class Group:
     self.finals: list[Spec] = []        # the STORE's own kernels, after every temporary
     self.temps: dict = {}               # (node id, after, axis) -> _Temp
     self.realize: set = set()
+    self.split_broadcast_reduces = True   # a REDUCE under a broadcast gets its own kernel (off for fusion="cost": kernelize)
     self.kdev: tuple = (None, None, None)   # the kernel being built runs for: (device, device tuple, index in it)
 
   # one kernel: domain vars, a builder with CSE memo
@@ -187,7 +188,7 @@ class _Builder:
       for s in n.src: srcs.append(self.value(s, idx, valid, after, bcast))
       return Expr(op, n.dtype, tuple(srcs))
     if op is Ops.REDUCE:
-      if bcast and not top: return self.temp(n, idx, valid, after, dev)
+      if bcast and not top and g.split_broadcast_reduces: return self.temp(n, idx, valid, after, dev)
       if (split := _split_full_reduce(n)) is not None:   # a big reduce to one value: partial sums first, in parallel
         g.realize.add(split.src[0].src[0].id)
         return self.value(split, idx, valid, after, bcast, top, dev)

@@ -20,6 +20,9 @@
   contiguous temporary, which the consumer reads through the same index arithmetic. softmax is therefore 3 kernels
   (max, sum of exp, the division), a row sum or a matmul is one. A big REDUCE below another REDUCE (_nested_reduces)
   is realized too, so softmax(a @ b) runs the matmul once, tiled, and the softmax's kernels read it.
+* fusion="cost" (the SINK's arg is "cost"): callify chose what to store by its time model, so the two splits above (a
+  REDUCE under a broadcast, _nested_reduces) are off and a reduce is computed wherever it is read; FUSE_CAP, the
+  self-read temporaries and a SLICE of computed data still split, as correctness and compile time need.
 * Bounded fusion: a pass over the value graph estimates the per-element expression size; when a node exceeds FUSE_CAP,
   its largest inputs are realized into temporaries (their own kernels). Compile time is ~quadratic in function size,
   so a 100k-op chain becomes ~100k/FUSE_CAP kernels of bounded size.
@@ -48,6 +51,7 @@ from lower.mem import Ctx, Mem, Program, Step, view_mem
 from lower.reference import effect_order
 
 FUSE_CAP = 400           # max estimated expression nodes per kernel
+COST_SINK = "cost"       # the SINK arg of a fusion="cost" CALL (egraph/fusion.COST_SINK; not imported: lowering loads no egglog)
 NESTED_REDUCE_WORK = 1 << 15   # a REDUCE inside another's body with at least this many inputs gets its own kernel
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -150,12 +154,15 @@ def _call_group(call: Node, bind: dict, ctx: Ctx) -> _GroupPlan:
   writes = [m for s in steps if s.kernel is not None for m in s.mems[s.kernel.store.param:s.kernel.store.param + 1]]
   return _GroupPlan(None, steps, writes, reads, [])
 
-def _store_group(eff: Node, bind: dict, ctx: Ctx) -> _GroupPlan:
+def _store_group(eff: Node, bind: dict, ctx: Ctx, cost: bool = False) -> _GroupPlan:
+  """cost: the CALL's stores are the partition callify chose (fusion="cost"): only the splits correctness or the
+  compiler needs (FUSE_CAP, self-read temporaries, a SLICE of computed data) are added, no fusion heuristic."""
   tgt, val = eff.src
   outs = targets(tgt, bind)
   g = Group(ctx, bind)
   order = toposort([val], enter_calls=False)   # one walk of the value serves the three passes below
-  g.realize = _realize_set(order, FUSE_CAP) | _nested_reduces(order)
+  g.realize = _realize_set(order, FUSE_CAP) | (set() if cost else _nested_reduces(order))
+  g.split_broadcast_reduces = not cost
   for n, after in _realize_order(order, g.realize): g.temp_of(n, after)   # children first: bounded recursion
   for m, index, shape, kdev, lidx in outs: g.kernel(shape, m, index, val, False, kdev=kdev, lidx=lidx, final=True)
   specs = g.specs + _apart(g.finals, ctx)
@@ -182,7 +189,8 @@ def kernelize(body: Node, bind: dict, ctx: Ctx | None = None) -> Program:
     if n.op in UNSUPPORTED: raise UnsupportedOpError(f"LLVM backend: {n.op.name} is not supported yet (a later issue adds it)")
     multi = multi or isinstance(n.device, tuple)
   if multi: ctx.axes.update(shard_axes([body]))   # how multi-device temporaries are split
-  groups = [_call_group(eff, bind, ctx) if eff.op is Ops.CALL else _store_group(eff, bind, ctx) for eff in _effects(body)]
+  cost = body.op is Ops.SINK and body.arg == COST_SINK   # a cost-mode CALL (egraph/fusion.py marks its SINK)
+  groups = [_call_group(eff, bind, ctx) if eff.op is Ops.CALL else _store_group(eff, bind, ctx, cost) for eff in _effects(body)]
   order, snaps = _order(groups)
   steps, snap_mem = [], {}
   for gi, ms in snaps.items():

@@ -1,7 +1,8 @@
 """The callify rules (spec §4.2) as equality-saturation rules. Terms: (L op arg), (U op arg x), (B op arg x y),
 (R op arg x y z), (V op arg list) with list = (Cons x rest) | (Nil). Facts computed once at insertion:
 (fresh c f) f is the fresh storage view minted for c; (view x s) x is one contiguous range of storage, s is that SLICE view;
-(storage x) x has buffer identity; (zero x) x has no elements. Arg 0 on AFTER/STORE means 'derive dtype from sources'."""
+(storage x) x has buffer identity; (zero x) x has no elements; (candidate x f) x is an intermediate that may be stored
+into its fresh buffer view f (only fusion="cost" emits it: egraph/fusion.py). Arg 0 on AFTER/STORE means 'derive dtype from sources'."""
 from rules.registry import Rule, register
 
 register(
@@ -36,4 +37,7 @@ register(
   Rule("drop_contiguous_backward", "CONTIGUOUS_BACKWARD(x) = x", "optimize", '(= d (U "CONTIGUOUS_BACKWARD" a x))', '(union d x)', lhs='(U "CONTIGUOUS_BACKWARD" a x)'),
   Rule("storage_through_reshape", "RESHAPE of storage has buffer identity", "optimize",
        '(= r (U "RESHAPE" a x)) (storage x)', '(storage r)'),
+  # fusion (cost mode): the stored form of a candidate intermediate joins its class; extraction of the partition decides
+  Rule("store_candidate", "a candidate intermediate x = AFTER(f, STORE(f, x)) with f its fresh buffer view", "optimize",
+       '(candidate x f)', '(union x (B "AFTER" 0 f (B "STORE" 0 f x)))'),
 )

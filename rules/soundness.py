@@ -7,7 +7,11 @@ aliases the wrong buffer or the wrong range can agree by value on one storage, n
 bad-merge canary runs after every step (a class with two shapes, dtypes or constants raises EngineError).
 
 Values alone cannot see a rule that breaks the CALL's structure (a false `storage` fact, a STORE into a computed
-value): `structural_violations` checks the spec's §7 invariants on the callify result and the facts the rules derived."""
+value): `structural_violations` checks the spec's §7 invariants on the callify result and the facts the rules derived.
+
+Candidate intermediates (egraph/fusion.py) get their stored forms in every check, as fusion="cost" does. Their order
+against assigns (no read of a buffer moves past a write of it) is checked by running the CALL that stores every
+candidate on the reference executor: its realized values must equal the graph's (`stored_violations`)."""
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
@@ -18,7 +22,8 @@ from egraph.encode import encode
 from egraph.runner import Schedule, Limits
 from egraph.extract import knuth, decode
 from egraph.cost import COST_PRESETS
-from egraph.driver import saturate, Saturation, extract_call, storage_view, parameterize
+from egraph.driver import saturate, Saturation, extract_call, storage_view, parameterize, build_call, has_bound_dims
+from egraph.fusion import add_candidates, stored_members, StoredIds
 from lower.reference import evaluate
 from rules.strategies import random_data
 from rules.registry import RULES
@@ -53,7 +58,7 @@ def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = Non
   """Saturate `roots` with the given optimize rules and compare every e-node with its class, on `storage` and on
   `storages - 1` re-randomized copies of it; with `structure`, first the facts and the CALL's invariants
   (structural_violations). Returns (violations, matches). The canary raises EngineError."""
-  enc = encode(roots)
+  enc = _encode(roots)
   if not enc.keys: return [], {}
   sat = saturate(enc, Schedule("check", rules=rules, canary=canary), Limits(iterations=50))
   violations: list = []
@@ -62,8 +67,31 @@ def check_egraph(roots: list[Node], storage, rules: tuple[str, ...] | None = Non
   for i in range(max(1, storages)):
     st = storage if i == 0 else rerandomized(storage, 1000 + i)
     violations += _compare(roots, st, sat, atol)
+    if not violations and sat.runner.stats.matches.get("store_candidate"): violations += stored_violations(roots, st, sat, atol)
     if violations: break
   return violations, dict(sat.runner.stats.matches)
+
+def _encode(roots: list[Node]):
+  """The encoding every check saturates: callify's, with the candidate facts of fusion="cost"."""
+  enc = encode(roots)
+  add_candidates(enc)
+  return enc
+
+def stored_violations(roots: list[Node], storage, sat: Saturation, atol: float = 1e-5) -> list[Violation]:
+  """The CALL that stores every candidate with a stored form, run on the reference executor: each realized value must
+  equal the graph's own (a stored intermediate read before or after the wrong write of a buffer it reads differs)."""
+  ex = extract_call(sat, COST_PRESETS["bytes"])
+  ids = StoredIds(ex.graph, ex.choice, stored_members(ex.graph, sat.enc, [int(r[0]) for r in sat.enc.rows.get("candidate_row", ())]))
+  b = build_call(ids, ex.root_classes, sat.enc.keys, sat.enc.fresh_buffers, has_bound_dims(sat.enc))
+  want = evaluate(list(sat.enc.keys), storage.copy())
+  st = storage.copy()
+  evaluate([b.call], st)
+  out = []
+  for k, w in zip(sat.enc.keys, want):
+    got, w = np.asarray(evaluate([b.buffer_map[k]], st)[0]), np.asarray(w)
+    if got.shape != w.shape or not np.allclose(got, w, atol=atol, rtol=1e-5, equal_nan=True):
+      out.append(Violation(tuple(sorted(sat.runner.stats.matches)), f"the all-stored CALL's {k.op.name} {k.shape} of\n{render(list(roots))}", w, got))
+  return out
 
 def _compare(roots, storage, sat: Saturation, atol) -> list[Violation]:
   g, enc = sat.graph, sat.enc
@@ -170,11 +198,11 @@ def structural_violations(roots: list[Node], sat: Saturation, rule: str | None =
   registered rule on (the candidate `rule` among them), extracts."""
   if out := fact_violations(sat): return out
   others = tuple(n for n, r in RULES.items() if r.phase == "optimize" and n != rule)
-  full = saturate(encode(roots), Schedule("check-all", rules=others + ((rule,) if rule and RULES[rule].phase == "optimize" else ())), Limits(iterations=50))
+  full = saturate(_encode(roots), Schedule("check-all", rules=others + ((rule,) if rule and RULES[rule].phase == "optimize" else ())), Limits(iterations=50))
   if out := fact_violations(full): return out
   try: call, bmap = _extracted_call(full)
   except CallsatError as e:
-    try: _extracted_call(saturate(encode(roots), Schedule("check-without", rules=others), Limits(iterations=50)))
+    try: _extracted_call(saturate(_encode(roots), Schedule("check-without", rules=others), Limits(iterations=50)))
     except CallsatError: return []     # not the rule's doing: the graph does not extract without it either
     return [f"extraction failed: {type(e).__name__}: {e}"]
   return call_violations(roots, call, bmap)

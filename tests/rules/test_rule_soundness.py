@@ -42,6 +42,7 @@ def witness(name: str):
     "drop_detach": [Node(Ops.DETACH, dtypes.float32, (add,))],
     "drop_contiguous_backward": [Node(Ops.CONTIGUOUS_BACKWARD, dtypes.float32, (add,))],
     "storage_through_reshape": [Node(Ops.CONTIGUOUS, dtypes.float32, (a,)).reshape((16,)).contiguous().reshape((2, 8)).contiguous()],
+    "store_candidate": [Node(Ops.MUL, None, (add, a)), Node(Ops.REDUCE, None, (add,), (Ops.ADD, (1,)))],   # shared, a reduce
   }
   return graphs_[name], s
 

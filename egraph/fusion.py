@@ -1,0 +1,287 @@
+"""Fusion by cost (issue 14): which intermediates get a buffer, chosen by extraction under a calibrated time model.
+
+* Candidates (`add_candidates`, at insertion): a computed value with several consumers, a REDUCE, a value broadcast by
+  an EXPAND (a matmul-shaped reduce's operands are among them). Each gets a fresh buffer view f and the fact
+  (candidate x f); the rule `store_candidate` puts the stored form AFTER(f, STORE(f, x)) into x's class.
+* Extraction picks every class's computed form as before (tree costs cannot price fusion: a fused value costs once per
+  kernel that contains it). The partition, the set S of candidate classes whose stored member is taken, is chosen
+  over the candidates: `Partition.cost(S)` is the sum over the resulting kernels (one per STORE: the CALL's own and the
+  stored candidates') of TimeModel.kernel_seconds(KernelWork), read off the IR by `Kernels` (bytes of each input read
+  once, flops with recompute multiplicity: a fused value is computed in every kernel that reads it, once per element
+  of each broadcast and of each reduce it sits inside). `solve` enumerates every S exactly up to EXACT_MAX candidates
+  within the remaining time budget, and runs a greedy local search (single flips from S = {} and S = all) above it.
+* `StoredIds` is the extracted DAG with the chosen stored members: a stored class reads as its AFTER, the STORE inside
+  it as the computed form (~k), which makes the cyclic class {x, AFTER(f, STORE(f, x))} an acyclic CALL.
+The CALL's SINK carries arg "cost" (`mark`): lowering (lower/kernelize.py) then takes the stores as the partition and
+drops its own fusion heuristics."""
+from __future__ import annotations
+import math, os, time
+from dataclasses import dataclass
+from egraph.errors import CallsatError
+from egraph.dtype import dtypes
+from egraph.ir import Node, Ops, GroupOp, empty_view, toposort, HOST_DEVICES
+from egraph.encode import Encoding
+from egraph.extract import EGraphView, ChosenIds, INF
+from egraph.report import PartitionReport
+from egraph.timemodel import TimeModel, KernelWork, NoTimeModel
+
+MODES = ("rules", "cost")
+EXACT_MAX = 12            # candidates up to which every partition is enumerated (2^12 = 4096 costings, each incremental)
+MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
+COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
+
+def fusion_mode(value: str | None = None) -> str:
+  """`value`, else env CALLSAT_FUSION (read now, when callify runs), else "rules"."""
+  m = value if value is not None else (os.environ.get("CALLSAT_FUSION", "") or "rules")
+  if m not in MODES: raise CallsatError(f"callify: fusion must be one of {MODES}, got {m!r}")
+  return m
+
+def time_model(enc: Encoding) -> TimeModel | None:
+  """The time model of the device every realize point is on, or None (several devices, a host or sharded device, no
+  calibration): cost mode then keeps the rules."""
+  devs = {k.device for k in enc.keys}
+  if len(devs) != 1 or not isinstance(d := next(iter(devs)), str) or d.split(":")[0] in HOST_DEVICES: return None
+  try: return TimeModel.load(d)
+  except NoTimeModel: return None
+
+# ---- candidates, at insertion -----------------------------------------------------------------------------------------
+
+_COMPUTED = frozenset(o.name for o in GroupOp.ALU | {Ops.REDUCE, Ops.CAST})
+_MOVES = frozenset(o.name for o in GroupOp.Movement)
+_MARKERS = ("DETACH", "CONTIGUOUS_BACKWARD")
+
+def _widens(n: Node) -> bool: return n.op is Ops.EXPAND and any(s == 1 and t != 1 for s, t in zip(n.src[0].shape, n.arg))
+
+def add_candidates(enc: Encoding, limit: int = MAX_CANDIDATES) -> dict[int, str]:
+  """Mint a fresh buffer view for every candidate intermediate of `enc` and emit its (candidate x f) row. Returns
+  {candidate id: why}. Left out: sources of a CONTIGUOUS (already realize points: a second stored form would merge the
+  realized class with its own computation), assign targets and STORE targets, symbolic and sharded values."""
+  orig, nodes = enc.original, enc.nodes
+  base: dict[int, tuple[int, bool]] = {}   # movement id -> (id below the movement chain, an EXPAND widened on the way)
+  uses: dict[int, int] = {}
+  why: dict[int, str] = {}
+  out_of: set[int] = set()
+  for i, (op, _, kids) in orig.items():   # ids are in insertion order: children first
+    if op in _MOVES and nodes[i] is not None:
+      b, w = base.get(kids[0], (kids[0], False)); base[i] = (b, w or _widens(nodes[i])); continue
+    if op == "CONTIGUOUS":
+      k = kids[0]
+      while k in orig and orig[k][0] in _MARKERS: k = orig[k][2][0]
+      out_of.add(k)
+    if op in ("AFTER", "STORE") and kids: out_of.add(base.get(kids[0], (kids[0], False))[0])
+    for k in set(kids):
+      b, w = base.get(k, (k, False))
+      uses[b] = uses.get(b, 0) + 1
+      if w: why.setdefault(b, "broadcast")
+  for i, (op, _, _) in orig.items():
+    if op == "REDUCE": why[i] = "reduce"
+    elif uses.get(i, 0) > 1: why.setdefault(i, "shared")
+  out: dict[int, str] = {}
+  for i in sorted(why):
+    n = nodes[i]
+    if len(out) >= limit or n is None or i in out_of or orig.get(i, ("",))[0] not in _COMPUTED: continue
+    if not isinstance(n.device, str) or n.device.split(":")[0] in HOST_DEVICES or n.device.startswith("DISK"): continue
+    if not all(isinstance(d, int) for d in n.shape) or n.numel == 0 or not n.dtype.itemsize: continue
+    f = empty_view(n.shape, n.dtype, n.device)
+    enc.fresh_buffers.add(f.base.arg.uid)
+    enc.row("candidate_row", i, enc.emit_tree(f, original=False))
+    out[i] = why[i]
+  return out
+
+def stored_members(g: EGraphView, enc: Encoding, cands) -> dict[int, tuple[int, int]]:
+  """Candidate class -> (its AFTER e-node, the STORE e-node inside it): the stored forms store_candidate added."""
+  fresh = {r[0]: r[1] for r in enc.rows.get("candidate_row", ())}
+  out = {}
+  for i in cands:
+    k, fc = g.class_of_id[i], g.class_of_id[fresh[i]]
+    for s in g.parents[k]:
+      if g.op[s] != "STORE" or g.kids[s] != (fc, k): continue
+      a = next((a for a in g.parents[g.cls[s]] if g.op[a] == "AFTER" and g.cls[a] == k and g.kids[a] == (fc, g.cls[s])), None)
+      if a is not None: out[k] = (a, s); break
+  return out
+
+class StoredIds(ChosenIds):
+  """The extracted DAG (driver.build_call's IdDag) with the classes in `stored` read through their stored member; the
+  STORE inside reads the computed form, the id ~k."""
+  def __init__(self, g: EGraphView, choice: list[int], stored: dict[int, tuple[int, int]]):
+    super().__init__(g, choice)
+    self.stored = stored
+    self.store_of = {g.cls[s]: k for k, (_, s) in stored.items()}   # store class -> its candidate class
+
+  def enode(self, k: int) -> int:
+    if k < 0: return super().enode(~k)
+    return self.stored[k][0] if k in self.stored else super().enode(k)
+
+  def kids(self, k: int) -> list[int]:
+    ks = super().kids(k)
+    if (c := self.store_of.get(k)) is not None and c in self.stored: ks = [~x if x == c else x for x in ks]
+    return ks
+
+def mark(call: Node) -> Node:
+  """The CALL with its SINK marked as a cost-mode partition (lowering then adds no realize points of its own)."""
+  body = call.src[0]
+  return Node(Ops.CALL, call.dtype, (Node(Ops.SINK, body.dtype, body.src, COST_SINK), *call.src[1:]), call.arg)
+
+# ---- the partition cost ------------------------------------------------------------------------------------------------
+
+TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD})
+_LOADS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.SLICE, Ops.AFTER})
+_FREE = frozenset({Ops.CONST, Ops.BITCAST, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.COPY, Ops.MULTI}) | GroupOp.Movement
+
+def _unview(n: Node) -> Node:
+  while n.op in GroupOp.Movement and n.op is not Ops.PAD: n = n.src[0]
+  return n
+
+def _storage_root(n: Node) -> Node:
+  while n.src and n.op not in (Ops.BUFFER, Ops.PARAM): n = n.src[0]
+  return n
+
+class Kernels:
+  """KernelWork of one kernel per root value (a STORE's value, or a stored candidate), read off the IR, for a given set
+  of stored candidate node ids; `region(root)` is the candidates a kernel reaches when nothing is stored."""
+  def __init__(self, cand_ids: set[int], device: str = "CPU"):
+    self.cands, self.device = cand_ids, device
+
+  def walk(self, root: Node, stored) -> tuple[dict[int, int], list[Node], set[int]]:
+    """(evaluations per node id, the nodes consumers first, candidates reached) of the kernel computing `root`."""
+    order, seen, stack, reached = [], set(), [(root, False)], set()
+    while stack:   # iterative post-order, then reversed: consumers before their sources
+      n, done = stack.pop()
+      if done: order.append(n); continue
+      if n.id in seen: continue
+      seen.add(n.id)
+      if n is not root and n.id in self.cands: reached.add(n.id)
+      stack.append((n, True))
+      if n.op in _LOADS or (n is not root and n.id in stored): continue
+      stack.extend((s, False) for s in n.src if s.id not in seen)
+    order.reverse()
+    evals = {root.id: root.numel}
+    for n in order:
+      m = evals.get(n.id, 0)
+      if n.op in _LOADS or (n is not root and n.id in stored): continue
+      f = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1
+      for s in n.src: evals[s.id] = max(evals.get(s.id, 0), m * f)   # a shared value is memoized within one scope
+    return evals, order, reached
+
+  def work(self, root: Node, written: int, stored) -> KernelWork:
+    evals, order, _ = self.walk(root, stored)
+    flops = trans = 0
+    reads: dict[int, list] = {}
+    red = False
+    for n in order:
+      m = evals.get(n.id, 0)
+      if n.op in _LOADS or (n is not root and n.id in stored):
+        s = n if n.id in stored else _storage_root(n)
+        r = reads.setdefault(s.id, [0, s.nbytes if s.shape is not None else 0])
+        r[0] += min(m, n.numel) * n.dtype.itemsize
+      elif n.op is Ops.REDUCE: red, flops = True, flops + m * (n.src[0].numel // max(n.numel, 1))
+      elif n.op in GroupOp.ALU or n.op is Ops.CAST:
+        flops += m
+        if n.op in TRANSCENDENTAL: trans += m
+    bread = sum(min(a, cap) if cap else a for a, cap in reads.values())
+    return KernelWork(bread, written, flops, self.kind(root, stored, red, flops), self.device, trans)
+
+  def kind(self, root: Node, stored, red: bool, flops: int) -> str:
+    """"matmul" where lower/ tiles: a float32 sum over one axis of a product of two operands read from memory."""
+    if root.op is Ops.REDUCE and root.arg[0] is Ops.ADD and len(root.arg[1]) == 1 and root.dtype == dtypes.float32 and \
+       (mul := _unview(root.src[0])).op is Ops.MUL and root.numel >= 256 and root.src[0].numel // root.numel >= 4 and \
+       all((x := _unview(s)).op in _LOADS or x.id in stored for s in mul.src): return "matmul"
+    return "reduce" if red else "copy" if flops == 0 else "elementwise"
+
+@dataclass
+class Partition:
+  """The kernels of a CALL body (its STOREs) and the candidates that may be stored; `cost(S)` in model seconds."""
+  model: TimeModel
+  stores: list[tuple[Node, int]]    # (value, bytes written) per STORE of the body
+  cands: dict[int, Node]            # candidate node id -> node
+  def __post_init__(self):
+    self.k = Kernels(set(self.cands), self.model.device)
+    self.memo: dict = {}
+    self.evaluations = 0
+    roots = [v for v, _ in self.stores] + list(self.cands.values())
+    self.region = {r.id: frozenset(self.k.walk(r, frozenset())[2]) for r in roots}
+    self.users: dict[int, list] = {c: [] for c in self.cands}   # candidate -> kernels (root index) that reach it
+    for j, (v, _) in enumerate(self.stores):
+      for c in self.region[v.id]: self.users[c].append(("s", j))
+    for r in self.cands:
+      for c in self.region[r]: self.users[c].append(("c", r))
+
+  def kernel_s(self, root: Node, written: int, S: frozenset) -> float:
+    key = (root.id, S & self.region[root.id])
+    if (t := self.memo.get(key)) is None:
+      self.evaluations += 1
+      t = self.memo[key] = self.model.kernel_seconds(self.k.work(root, written, key[1]))
+    return t
+
+  def _of(self, u, S: frozenset) -> float:
+    if u[0] == "s": v, w = self.stores[u[1]]; return self.kernel_s(v, w, S)
+    n = self.cands[u[1]]
+    return self.kernel_s(n, n.nbytes, S) if u[1] in S else 0.0
+
+  def cost(self, S: frozenset) -> float:
+    return sum(self.kernel_s(v, w, S) for v, w in self.stores) + sum(self._of(("c", c), S) for c in S)
+
+  def flip_delta(self, S: frozenset, c: int) -> tuple[float, frozenset]:
+    """(cost change, new set) of storing or fusing candidate c: only the kernels that reach c change."""
+    T = S ^ {c}
+    us = self.users[c] + [("c", c)]
+    return sum(self._of(u, T) - self._of(u, S) for u in us), T
+
+  def lower_bound(self) -> float:
+    """A floor under every partition: one launch, every input read and every output written once at cache bandwidth,
+    each value computed once at the fastest kind's throughput (every kernel pays at least its share of each)."""
+    m, allc = self.model, frozenset(self.cands)
+    works = [self.k.work(v, w, allc) for v, w in self.stores] + [self.k.work(n, 0, allc) for n in self.cands.values()]
+    inputs: dict[int, int] = {}   # storage root -> the most of it one load reads (every partition reads it somewhere)
+    for v, _ in self.stores:
+      evals, order, _ = self.k.walk(v, frozenset())
+      for n in order:
+        if n.op in _LOADS: r = _storage_root(n); inputs[r.id] = max(inputs.get(r.id, 0), min(min(evals.get(n.id, 0), n.numel) * n.dtype.itemsize, r.nbytes))
+    tb = (sum(inputs.values()) + sum(w for _, w in self.stores)) / m.bw_cache
+    tc = sum(m.ops(w) for w in works) / max(m.throughput.values())
+    return m.launch_s + (max(tb, tc) if m.combine == "max" else tb + tc)
+
+def solve(p: Partition, deadline: float = INF, exact_max: int = EXACT_MAX) -> tuple[frozenset, PartitionReport]:
+  """The cheapest set of candidates to store: every subset up to `exact_max` candidates (exact unless the deadline
+  cuts it), a greedy local search from both ends above; the report gives the method, bound and gap."""
+  t0 = time.perf_counter()
+  cs = sorted(p.cands)
+  fused = p.cost(frozenset())
+  best, bestS, done = fused, frozenset(), True
+  if len(cs) <= exact_max:
+    method, S, cur = "exact", frozenset(), fused
+    for code in range(1, 1 << len(cs)):   # Gray code: each step flips one candidate (an incremental costing)
+      if time.perf_counter() > deadline: done = False; break
+      c = cs[(code & -code).bit_length() - 1]
+      d, S = p.flip_delta(S, c)
+      cur += d
+      if cur < best - 1e-15: best, bestS = cur, S
+  else:
+    method = "greedy"
+    for S in (frozenset(), frozenset(cs)):
+      cur = p.cost(S)
+      improved = True
+      while improved and done:
+        improved = False
+        for c in cs:
+          if time.perf_counter() > deadline: done = False; break
+          d, T = p.flip_delta(S, c)
+          if d < -1e-15: S, cur, improved = T, cur + d, True
+      if cur < best: best, bestS = cur, S
+  best = p.cost(bestS)   # re-summed: the Gray-code walk accumulates rounding
+  bound = best if method == "exact" and done else min(p.lower_bound(), best)
+  rep = PartitionReport(method + ("" if done else " (stopped at the deadline)"), len(cs), len(bestS), best, fused, bound,
+                        (best - bound) / best if best > 0 else 0.0, max(deadline - t0, 0.0) if deadline < INF else None,
+                        time.perf_counter() - t0, p.evaluations)
+  return bestS, rep
+
+def partition_ids(g: EGraphView, choice: list[int], terms: dict[int, Node], root_classes: list[int], enc: Encoding,
+                  cands, model: TimeModel, deadline: float = INF) -> tuple[StoredIds, PartitionReport]:
+  """The extracted DAG with the cheapest partition's candidates stored, and the report: the kernels are the STOREs of
+  the realized terms (`terms`: the decoded extraction) plus each stored candidate."""
+  members = stored_members(g, enc, cands)
+  stores = [(n.src[1], n.src[1].nbytes) for n in toposort([terms[c] for c in root_classes], enter_calls=False)
+            if n.op is Ops.STORE and n.src[1].shape is not None]
+  cls_of = {terms[k].id: k for k in members if k in terms}
+  S, rep = solve(Partition(model, stores, {i: terms[k] for i, k in cls_of.items()}), deadline)
+  return StoredIds(g, choice, {cls_of[i]: members[cls_of[i]] for i in S}), rep
