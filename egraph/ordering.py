@@ -103,6 +103,7 @@ class Run:
   stores: int
   views: int
   iterations: int
+  predicted_s: float | None = None   # fusion="cost": the chosen partition's predicted run time (egraph/fusion.py)
 
 @dataclass
 class GraphResult:
@@ -135,22 +136,24 @@ class GraphResult:
             "saturated_ms": round(1e3 * self.saturated.seconds, 2), "reference_ms": round(1e3 * self.reference.seconds, 2),
             "orders_mean_ms": round(1e3 * sum(r.seconds for r in self.orders) / max(1, len(self.orders)), 2)}
 
-def _run(roots, schedule) -> tuple[Run, object]:
+def _run(roots, schedule, fusion: str | None = None) -> tuple[Run, object]:
   t0 = time.perf_counter()
-  res = callify(*roots, schedule=schedule, cache=False)
+  res = callify(*roots, schedule=schedule, cache=False, fusion=fusion)
   rep = res.report
-  return Run(rep.schedule, rep.cost, rep.e_nodes, time.perf_counter() - t0, rep.stores, rep.views, rep.iterations), rep
+  return Run(rep.schedule, rep.cost, rep.e_nodes, time.perf_counter() - t0, rep.stores, rep.views, rep.iterations,
+             rep.partition.predicted_s if rep.partition is not None else None), rep
 
-def run_graph(name: str, k: int = 8, seed: int = 0, record: str | None = None) -> GraphResult:
+def run_graph(name: str, k: int = 8, seed: int = 0, record: str | None = None, fusion: str | None = None) -> GraphResult:
   """`name` (a corpus entry, or the graph of a corpus-file `record`) under saturation, the reference order,
-  materialize-first and `k` random orders."""
+  materialize-first and `k` random orders. `fusion` (default: env CALLSAT_FUSION): with "cost" the candidates' stored
+  forms (store_candidate) join the orders and each run reports its partition's predicted time."""
   roots = corpus_file.loads(record).roots if record is not None else build(name)[0]
   schedule = "saturate"
   try:   # an engine error names the graph and the schedule: in a sweep of hundreds it is otherwise anonymous
-    sat, rep = _run(roots, schedule)
-    ref, _ = _run(roots, schedule := SCHEDULE_PRESETS["reference"])
-    mf, _ = _run(roots, schedule := SCHEDULE_PRESETS["materialize_first"])
-    orders = [_run(roots, schedule := ordered_schedule(o, name=f"random{i}"))[0] for i, o in enumerate(random_orders(k, seed))]
+    sat, rep = _run(roots, schedule, fusion)
+    ref, _ = _run(roots, schedule := SCHEDULE_PRESETS["reference"], fusion)
+    mf, _ = _run(roots, schedule := SCHEDULE_PRESETS["materialize_first"], fusion)
+    orders = [_run(roots, schedule := ordered_schedule(o, name=f"random{i}"), fusion)[0] for i, o in enumerate(random_orders(k, seed))]
   except CallsatError as e:
     raise CallsatError(f"graph {name!r}, schedule {getattr(schedule, 'name', schedule)}: {type(e).__name__}: {_line(e)}") from e
   return GraphResult(name, len(toposort(roots, enter_calls=False)), rep.baseline_cost, sat, ref, mf, orders)
@@ -169,7 +172,7 @@ def _job(args):
     raise
 
 def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: str | None = None, progress=None,
-          corpus: str | None = None, failures: list | None = None) -> list[GraphResult]:
+          corpus: str | None = None, failures: list | None = None, fusion: str | None = None) -> list[GraphResult]:
   """Every corpus entry (with `corpus`, a file: graph names in it); with workers > 1 the entries run in separate
   processes, with `ray` (an address) as tasks on a Ray cluster. Either way a job is a corpus name, or a corpus file's
   record text: each worker builds its own graph (egglog objects do not pickle) and sends back a GraphResult. Results
@@ -178,10 +181,10 @@ def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: st
   list: then each such graph is appended to it as a Failure (also passed to `progress`) and left out of the results."""
   keep = failures is not None
   if corpus is not None:
-    jobs = [(keep, n, k, seed, line) for n, line in corpus_file.pick(corpus, names)]   # an unknown name: one line, before any work
+    jobs = [(keep, n, k, seed, line, fusion) for n, line in corpus_file.pick(corpus, names)]   # an unknown name: one line, before any work
   else:
     for n in names: check_name(n)      # a bad entry fails before hours of work, not after
-    jobs = [(keep, n, k, seed) for n in names]
+    jobs = [(keep, n, k, seed, None, fusion) for n in names]
   note = progress or (lambda i, n, r: None)
   if ray is not None: out = sweep_ray(jobs, ray, note)
   elif workers <= 1:

@@ -138,3 +138,13 @@ def test_lowering_computes_unsplit_reduces():
     val = read(out)
     if want is None: e = np.exp(A - A.max(axis=1, keepdims=True)); want = e / e.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(val.reshape(np.shape(want)), want, rtol=1e-4, atol=1e-4)
+
+def test_ordering_kit_covers_the_fusion_rule():
+  """`callsat order` with fusion="cost": random orders run store_candidate too; the saturated partition is never
+  predicted slower than the reference order's (which has no candidate stores)."""
+  from egraph import ordering
+  assert "store_candidate" in ordering.orderable_rules()
+  r = ordering.run_graph("model:mlp", k=2, fusion="cost")
+  assert all(x.predicted_s is not None for x in [r.saturated, r.reference, *r.orders])
+  assert r.saturated.predicted_s <= r.reference.predicted_s
+  assert ordering.run_graph("model:mlp", k=1, fusion="rules").saturated.predicted_s is None
