@@ -24,7 +24,7 @@ from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOf
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, ChosenIds, Unextractable, extract, decode, baseline_cost, TICK, INF
 from egraph.report import CallifyReport
-from egraph.fusion import fusion_mode, time_model, add_candidates, partition_ids, mark
+from egraph.fusion import fusion_mode, time_model, add_candidates, partition_ids, mark, solver_deadline
 
 @dataclass
 class CallifyResult:
@@ -128,37 +128,35 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
   Past `abort_at` a loop raises OutOfBudget."""
   K: dict[int, list[int]] = {}   # children
   O: dict[int, str] = {}         # op names
-  kids, op = ids.kids, ids.op
-  order, stack = [], [(r, False) for r in reversed(roots)]
+  kids, op, make = ids.kids, ids.op, ids.make
+  order, stack, done = [], list(reversed(roots)), _DONE   # a vertex under _DONE is finished when _DONE pops
   while stack:
-    v, done = stack.pop()
-    if done: order.append(v); continue
+    if (v := stack.pop()) is done: order.append(stack.pop()); continue
     if v in K: continue
     ks = K[v] = kids(v)
     O[v] = op(v)
     if not len(K) % TICK: checkpoint(abort_at, "ordering the CALL body")
-    stack.append((v, True))
-    stack.extend([(s, False) for s in reversed(ks) if s not in K])
+    stack += (v, done)
+    stack += reversed(ks)
   sink = [v for v in order if O[v] == "AFTER"]
   args: list[Node] = []
   slot_of: dict[Node, int] = {}
   built: dict[int, Node] = {}
-  walked, stack, steps = set(), list(reversed(sink)), 0
+  walked, stack = set(), list(reversed(sink))
   while stack:
-    v = stack.pop()
-    if v in walked: continue
+    if (v := stack.pop()) in walked: continue
     walked.add(v)
-    steps += 1
-    if not steps % TICK: checkpoint(abort_at, "numbering the CALL's PARAMs")
+    if not len(walked) % TICK: checkpoint(abort_at, "numbering the CALL's PARAMs")
     o = O[v]
-    if o == "BUFFER": n = ids.make(v, ())
-    elif o == "SLICE" and O[K[v][0]] == "BUFFER": n = ids.make(v, (ids.make(K[v][0], ()),))   # a whole SLICE(BUFFER): one arg
-    else: stack.extend(reversed(K[v])); continue
+    if o == "BUFFER": n = make(v, ())
+    elif o == "SLICE" and O[K[v][0]] == "BUFFER": n = make(v, (make(K[v][0], ()),))   # a whole SLICE(BUFFER): one arg
+    else: stack += reversed(K[v]); continue
     if n not in slot_of: slot_of[n] = len(args); args.append(n)
     built[v] = Node(Ops.PARAM, n.dtype, (), ParamArg(slot_of[n], n.shape, n.device, shard=isinstance(n.device, tuple)))
+  get = built.__getitem__
   for j, v in enumerate(order):
     if not j % TICK: checkpoint(abort_at, "building the CALL body")
-    if v not in built: built[v] = ids.make(v, tuple([built[k] for k in K[v]]))
+    if v not in built: built[v] = make(v, tuple(map(get, K[v])))
   body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
   body, args = bind_dims(body, args) if bound_dims else (body, args)
   buffer_map, views = {}, 0
@@ -175,6 +173,7 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
   buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in fresh_buffers)
   return BuiltCall(Node(Ops.CALL, dtypes.void, (body, *args), CallInfo()), buffer_map, stores, buffers, views)
 
+_DONE = object()
 _VIEW_OPS = frozenset({o.name for o in GroupOp.Movement} | {"SLICE", "MULTI", "BITCAST"})   # BITCAST: a retyped assign target
 _SKIP_OPS = frozenset({"AFTER", "DETACH", "CONTIGUOUS_BACKWARD"})   # what storage_view strips
 
@@ -237,7 +236,10 @@ class MaterializedIds:
 
   def kids(self, v: int) -> list[int]:
     rget = self.redirect.get
-    if v >= 0: return [rget(k, k) for k in self.listed(self.orig[v][2])]
+    if v >= 0:
+      ks = self.orig[v][2]
+      if len(ks) == 1 and self.nodes[ks[0]] is None: ks = self.listed(ks)
+      return list(map(rget, ks, ks))
     i, is_store = divmod(~v, 2)
     op, _, ks = self.orig[i]
     f = self.to(self.enc.fresh[i])
@@ -251,7 +253,7 @@ class MaterializedIds:
   def make(self, v: int, src: tuple[Node, ...]) -> Node:
     if v < 0: return Node(Ops.STORE, dtypes.void, src) if ~v & 1 else Node(Ops.AFTER, src[0].dtype, src)
     n = self.nodes[v]
-    if n.op is Ops.CALL or n.op is Ops.FUNCTION: src = (n.src[0], *src)
+    if (o := n.op) is Ops.CALL or o is Ops.FUNCTION: src = (n.src[0], *src)
     return n if src == n.src else Node(n.op, n.dtype, src, n.arg)
 
 def materialized_call(enc: Encoding) -> BuiltCall:
@@ -449,7 +451,8 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
     ids = ChosenIds(sat.graph, ex.choice)
     if tm is not None:   # the partition gets what is left of the time budget
       t3 = time.perf_counter()
-      ids, report.partition = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm, budget.start + lim.seconds)
+      ids, report.partition = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm,
+                                            solver_deadline(t3 - t0, budget.start + lim.seconds))
       report.seconds["partition"] = time.perf_counter() - t3
     t2 = time.perf_counter()
     b = build_call(ids, ex.root_classes, enc.keys, enc.fresh_buffers, has_bound_dims(enc),

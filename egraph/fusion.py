@@ -16,7 +16,6 @@ The CALL's SINK carries arg "cost" (`mark`): lowering (lower/kernelize.py) then 
 drops its own fusion heuristics."""
 from __future__ import annotations
 import math, os, time
-from dataclasses import dataclass
 from egraph.errors import CallsatError
 from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, GroupOp, empty_view, toposort, HOST_DEVICES
@@ -29,6 +28,12 @@ MODES = ("rules", "cost")
 EXACT_MAX = 12            # candidates up to which every partition is enumerated (2^12 = 4096 costings, each incremental)
 MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
 COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
+SOLVER_SHARE, SOLVER_FLOOR_S = 0.25, 0.05   # the solver's time: this share of what callify spent before it, at least the floor
+
+def solver_deadline(spent: float, budget_deadline: float = INF) -> float:
+  """When the partition search stops: callify's remaining budget, and a share of what callify spent so far (the
+  extraction must stay a small part of callify: the local search's last passes rarely pay for themselves)."""
+  return min(budget_deadline, time.perf_counter() + max(SOLVER_FLOOR_S, SOLVER_SHARE * spent))
 
 def fusion_mode(value: str | None = None) -> str:
   """`value`, else env CALLSAT_FUSION (read now, when callify runs), else "rules"."""
@@ -188,44 +193,30 @@ class Kernels:
        all((x := _unview(s)).op in _LOADS or x.id in stored for s in mul.src): return "matmul"
     return "reduce" if red else "copy" if flops == 0 else "elementwise"
 
-@dataclass
 class Partition:
-  """The kernels of a CALL body (its STOREs) and the candidates that may be stored; `cost(S)` in model seconds."""
-  model: TimeModel
-  stores: list[tuple[Node, int]]    # (value, bytes written) per STORE of the body
-  cands: dict[int, Node]            # candidate node id -> node
-  def __post_init__(self):
-    self.k = Kernels(set(self.cands), self.model.device)
+  """The kernels of a CALL body (its STOREs) and the candidates that may be stored; `cost(S)` in model seconds.
+  A kernel's work depends only on the stored candidates its walk meets (its boundary), so kernel times are memoized
+  by (root, boundary), and a flip of candidate c re-costs only the kernels whose walk meets c (`State`)."""
+  def __init__(self, model: TimeModel, stores: list[tuple[Node, int]], cands: dict[int, Node]):
+    self.model, self.stores, self.cands = model, stores, cands   # stores: (value, bytes written); cands: node id -> node
+    self.k = Kernels(set(cands), model.device)
     self.memo: dict = {}
     self.evaluations = 0
-    roots = [v for v, _ in self.stores] + list(self.cands.values())
-    self.region = {r.id: frozenset(self.k.walk(r, frozenset())[2]) for r in roots}
-    self.users: dict[int, list] = {c: [] for c in self.cands}   # candidate -> kernels (root index) that reach it
-    for j, (v, _) in enumerate(self.stores):
-      for c in self.region[v.id]: self.users[c].append(("s", j))
-    for r in self.cands:
-      for c in self.region[r]: self.users[c].append(("c", r))
 
-  def kernel_s(self, root: Node, written: int, S: frozenset) -> float:
-    key = (root.id, S & self.region[root.id])
+  def kernel(self, root: Node, written: int, S) -> tuple[float, frozenset]:
+    """(seconds, candidates its walk meets) of the kernel computing `root` with the candidates in S stored."""
+    _, _, reached = self.k.walk(root, S)
+    key = (root.id, frozenset(c for c in reached if c in S))
     if (t := self.memo.get(key)) is None:
       self.evaluations += 1
       t = self.memo[key] = self.model.kernel_seconds(self.k.work(root, written, key[1]))
-    return t
+    return t, frozenset(reached)
 
-  def _of(self, u, S: frozenset) -> float:
-    if u[0] == "s": v, w = self.stores[u[1]]; return self.kernel_s(v, w, S)
-    n = self.cands[u[1]]
-    return self.kernel_s(n, n.nbytes, S) if u[1] in S else 0.0
+  def roots(self, S) -> list[tuple]:
+    """(key, value, bytes written) of every kernel with S stored: the body's STOREs, then each stored candidate."""
+    return [(("s", j), v, w) for j, (v, w) in enumerate(self.stores)] + [(("c", c), self.cands[c], self.cands[c].nbytes) for c in sorted(S)]
 
-  def cost(self, S: frozenset) -> float:
-    return sum(self.kernel_s(v, w, S) for v, w in self.stores) + sum(self._of(("c", c), S) for c in S)
-
-  def flip_delta(self, S: frozenset, c: int) -> tuple[float, frozenset]:
-    """(cost change, new set) of storing or fusing candidate c: only the kernels that reach c change."""
-    T = S ^ {c}
-    us = self.users[c] + [("c", c)]
-    return sum(self._of(u, T) - self._of(u, S) for u in us), T
+  def cost(self, S) -> float: return sum(self.kernel(v, w, S)[0] for _, v, w in self.roots(S))
 
   def lower_bound(self) -> float:
     """A floor under every partition: one launch, every input read and every output written once at cache bandwidth,
@@ -234,41 +225,72 @@ class Partition:
     works = [self.k.work(v, w, allc) for v, w in self.stores] + [self.k.work(n, 0, allc) for n in self.cands.values()]
     inputs: dict[int, int] = {}   # storage root -> the most of it one load reads (every partition reads it somewhere)
     for v, _ in self.stores:
-      evals, order, _ = self.k.walk(v, frozenset())
+      evals, order, _ = self.k.walk(v, allc)
       for n in order:
         if n.op in _LOADS: r = _storage_root(n); inputs[r.id] = max(inputs.get(r.id, 0), min(min(evals.get(n.id, 0), n.numel) * n.dtype.itemsize, r.nbytes))
     tb = (sum(inputs.values()) + sum(w for _, w in self.stores)) / m.bw_cache
     tc = sum(m.ops(w) for w in works) / max(m.throughput.values())
     return m.launch_s + (max(tb, tc) if m.combine == "max" else tb + tc)
 
-def solve(p: Partition, deadline: float = INF, exact_max: int = EXACT_MAX) -> tuple[frozenset, PartitionReport]:
+class State:
+  """A partition being searched: the stored set, each kernel's time and the candidates it meets, and per candidate
+  the kernels that meet it (only they change when it flips)."""
+  def __init__(self, p: Partition, S: frozenset):
+    self.p, self.S, self.t, self.meets, self.users = p, frozenset(), {}, {}, {c: set() for c in p.cands}
+    self.S = S
+    for key, v, w in p.roots(S): self._set(key, *p.kernel(v, w, S))
+    self.total = sum(self.t.values())
+
+  def _set(self, key, t: float | None, meets: frozenset = frozenset()) -> None:
+    for c in self.meets.pop(key, ()): self.users[c].discard(key)
+    self.t.pop(key, None)
+    if t is None: return
+    self.t[key], self.meets[key] = t, meets
+    for c in meets: self.users[c].add(key)
+
+  def delta(self, c: int) -> tuple[float, frozenset, dict]:
+    """(cost change, new set, new kernel times) of flipping candidate c."""
+    T, p = self.S ^ {c}, self.p
+    new: dict = {}
+    for key in self.users[c] | {("c", c)}:
+      if key[0] == "c" and key[1] not in T: new[key] = (None,); continue
+      v, w = (p.stores[key[1]] if key[0] == "s" else (p.cands[key[1]], p.cands[key[1]].nbytes))
+      new[key] = p.kernel(v, w, T)
+    return sum((x[0] or 0.0) - self.t.get(k, 0.0) for k, x in new.items()), T, new
+
+  def apply(self, d: float, T: frozenset, new: dict) -> None:
+    for key, x in new.items(): self._set(key, *x)
+    self.S, self.total = T, self.total + d
+
+def solve(p: Partition, deadline: float = INF, exact_max: int = EXACT_MAX, passes: int = 3) -> tuple[frozenset, PartitionReport]:
   """The cheapest set of candidates to store: every subset up to `exact_max` candidates (exact unless the deadline
-  cuts it), a greedy local search from both ends above; the report gives the method, bound and gap."""
+  cuts it), above it a greedy local search (single flips, at most `passes` passes) from everything stored (its kernels
+  are small: nothing stored would walk the whole graph per kernel); the report gives the method, bound and gap."""
   t0 = time.perf_counter()
   cs = sorted(p.cands)
-  fused = p.cost(frozenset())
-  best, bestS, done = fused, frozenset(), True
+  done = True
   if len(cs) <= exact_max:
-    method, S, cur = "exact", frozenset(), fused
+    st = State(p, frozenset())
+    fused = st.total
+    best, bestS = fused, frozenset()
+    method = "exact"
     for code in range(1, 1 << len(cs)):   # Gray code: each step flips one candidate (an incremental costing)
       if time.perf_counter() > deadline: done = False; break
-      c = cs[(code & -code).bit_length() - 1]
-      d, S = p.flip_delta(S, c)
-      cur += d
-      if cur < best - 1e-15: best, bestS = cur, S
+      st.apply(*st.delta(cs[(code & -code).bit_length() - 1]))
+      if st.total < best - 1e-15: best, bestS = st.total, st.S
   else:
     method = "greedy"
-    for S in (frozenset(), frozenset(cs)):
-      cur = p.cost(S)
-      improved = True
-      while improved and done:
-        improved = False
-        for c in cs:
-          if time.perf_counter() > deadline: done = False; break
-          d, T = p.flip_delta(S, c)
-          if d < -1e-15: S, cur, improved = T, cur + d, True
-      if cur < best: best, bestS = cur, S
-  best = p.cost(bestS)   # re-summed: the Gray-code walk accumulates rounding
+    st = State(p, frozenset(cs))
+    for _ in range(passes):
+      improved = False
+      for c in cs:
+        if time.perf_counter() > deadline: done = False; break
+        d, T, new = st.delta(c)
+        if d < -1e-15: st.apply(d, T, new); improved = True
+      if not improved or not done: break
+    bestS = st.S
+    fused = p.cost(frozenset()) if time.perf_counter() < deadline else None
+  best = p.cost(bestS)   # re-summed: incremental updates accumulate rounding
   bound = best if method == "exact" and done else min(p.lower_bound(), best)
   rep = PartitionReport(method + ("" if done else " (stopped at the deadline)"), len(cs), len(bestS), best, fused, bound,
                         (best - bound) / best if best > 0 else 0.0, max(deadline - t0, 0.0) if deadline < INF else None,

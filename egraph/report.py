@@ -10,17 +10,18 @@ class PartitionReport:
   candidates: int = 0       # candidate classes that had a stored form to choose
   stored: int = 0           # of those, stored
   predicted_s: float = 0.0  # the chosen partition's predicted run time
-  fused_s: float = 0.0      # nothing stored (every candidate fused into each consumer's kernel)
+  fused_s: float | None = 0.0   # nothing stored (every candidate fused into each consumer's kernel); None: not costed in time
   bound_s: float = 0.0      # a lower bound (exact: the optimum itself)
   gap: float = 0.0          # (predicted - bound) / predicted
-  budget_s: float | None = None   # the time the solver was given (callify's remaining Limits.seconds); None: unlimited
+  budget_s: float | None = None   # the time the solver was given (callify's remaining Limits.seconds, at most a share of
+                                  # callify's time so far: fusion.solver_deadline); None: unlimited
   seconds: float = 0.0      # the solver's own time
   evaluations: int = 0      # kernels costed
 
   def __str__(self) -> str:
     budget = f", budget {self.budget_s * 1e3:.1f}ms" if self.budget_s is not None else ""
     return (f"{self.method}: {self.stored}/{self.candidates} stored, predicted {self.predicted_s * 1e6:.1f}us "
-            f"(all fused {self.fused_s * 1e6:.1f}us, bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}), "
+            f"(all fused {'-' if self.fused_s is None else f'{self.fused_s * 1e6:.1f}us'}, bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}), "
             f"{self.evaluations} kernels costed in {self.seconds * 1e3:.1f}ms{budget}")
 
 @dataclass

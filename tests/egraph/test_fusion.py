@@ -1,6 +1,6 @@
 """fusion="cost" (issue 14): candidates get stored forms, the partition is chosen by the time model, lowering takes it
 as given. Values are checked against numpy and against fusion="rules" on the same programs."""
-import math
+import math, time
 import numpy as np
 import pytest
 from egraph import Tensor, callify
@@ -110,7 +110,10 @@ def test_time_budget_reaches_the_solver():
   a = Tensor(A).realize()
   res = callify(a.softmax(), fusion="cost", limits=Limits(seconds=5.0), cache=False)
   assert res.report.partition is not None and 0 < res.report.partition.budget_s <= 5.0
-  assert callify(a.softmax(), fusion="cost", limits="none", cache=False).report.partition.budget_s is None
+  p = Partition(TimeModel.load("CPU"), [], {})
+  assert solve(p, deadline=float("inf"))[1].budget_s is None and solve(p, deadline=time.perf_counter() + 2)[1].budget_s <= 2
+  res = callify(a.softmax(), fusion="cost", limits=Limits(seconds=1e-9), cache=False)   # no time: the all-materialized fallback
+  assert res.report.fallback and res.report.partition is None and res.report.fusion == "cost"
 
 def test_rules_mode_is_unchanged():
   """No candidate facts in rules mode: store_candidate never fires and the CALL is the one without the rule."""
