@@ -254,7 +254,7 @@ class MaterializedIds:
     if v < 0: return Node(Ops.STORE, dtypes.void, src) if ~v & 1 else Node(Ops.AFTER, src[0].dtype, src)
     n = self.nodes[v]
     if (o := n.op) is Ops.CALL or o is Ops.FUNCTION: src = (n.src[0], *src)
-    return n if src == n.src else Node(n.op, n.dtype, src, n.arg)
+    return n.over(src)   # a BUFFER's PARAM and views keep its shape: most nodes skip inference
 
 def materialized_call(enc: Encoding) -> BuiltCall:
   """The all-materialized CALL straight from the Encoding (no e-graph), linear in the graph: callify's fallback when
