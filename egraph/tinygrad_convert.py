@@ -112,6 +112,12 @@ def _int_marg(u: UOp) -> bool:
   try: return u.op in (TOps.PERMUTE, TOps.FLIP) or all(isinstance(v, int) for v in _flat(u.marg)) and all(isinstance(d, int) for d in u.shape)
   except Exception: return False
 
+def _per_device_marg(u: UOp) -> bool:
+  """Does a movement op's argument depend on the device (a RANGE over the devices), not only on bound variables?"""
+  if _int_marg(u): return False
+  try: return any(isinstance(v, UOp) and any(x.op is TOps.RANGE for x in v.toposort()) for v in _flat(u.marg))
+  except Exception: return True
+
 def _flat(x):
   for a in x: yield from (_flat(a) if isinstance(a, tuple) else (a,))
 
@@ -161,8 +167,8 @@ def _convert(cv: Conversion, u: UOp) -> Node:
       return cv.image[st.src[1]]
     return _opaque(cv, u, tuple(range(len(u.src))))
   if op in _MOVE and not virtual:
-    if isinstance(u.device, tuple) and not _int_marg(u):   # a per-device select of a lazy shard, or a symbolic read:
-      return _opaque(cv, u, tuple(range(len(u.src))))       # carried (an assign through it is refused below)
+    if isinstance(u.device, tuple) and _per_device_marg(u):   # a per-device select of a lazy shard: carried (an assign
+      return _opaque(cv, u, tuple(range(len(u.src))))          # through it is refused below)
     try: return _movement(cv, u, cv.image[u.src[0]])
     except CallsatError as e:   # a symbolic form callsat's movement ops cannot say: carried opaque unless it views storage
       if _views_storage(u): raise BridgeRefusal("form:symbolic-view", getattr(e, "detail", str(e))) from None

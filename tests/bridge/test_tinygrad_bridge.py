@@ -70,6 +70,14 @@ def _symbolic():
   x = Tensor.rand(6, 3).contiguous().realize()
   return [(x[:v] * 2).sum(0), (x[:v] + 1).max(), x.shrink(((0, v), None)).contiguous().sum(1).max()]
 
+def _symbolic_offset():
+  x = Tensor.rand(7, 11)   # realized with the view: the base is stored, the symbolic-offset view stays a view
+  outs = []
+  for i in (1, 3):
+    v = Variable("i", 1, 10).bind(i)
+    outs.append((x.shrink(((3, 5), (v, v + 2))).realize() + 1).realize())
+  return outs
+
 def _function():
   @function
   def f(a: Tensor, b: Tensor) -> Tensor: return (a * b + 1).relu()
@@ -100,7 +108,7 @@ def _sharded_precompile():
   return [t1 + 2, t2]
 
 PROGRAMS = {f.__name__[1:]: f for f in [_mlp, _attention, _layernorm, _conv2d, _cat, _gather, _arange, _cumsum, _rand, _pools,
-                                         _sgd, _assign_slices, _bitcast, _symbolic, _function, _precompile, _jit, _sharded,
+                                         _sgd, _assign_slices, _bitcast, _symbolic, _symbolic_offset, _function, _precompile, _jit, _sharded,
                                          _sharded_precompile]}
 
 def _run(build, device: str, bridged: bool):
