@@ -3,10 +3,13 @@ fusion="cost", in one process, modes interleaved in each round. Steady-state rea
 once per mode (compile and callify excluded: the first run_call compiles), then each sample is run_call repeated to
 last at least --min-ms, and the table shows medians over rounds: time, kernels, bytes moved (KernelWork: read + written
 per kernel), peak memory (lower/work.peak_bytes: the temporaries' arena peak plus every buffer the CALL writes) and the
-time model's prediction (egraph/timemodel.py). Values are checked against numpy first. Every kernel is also timed alone
-(lower/work.step_seconds) against its predicted time: the Spearman rank correlation, and a scatter plot with --plot.
+time model's prediction (egraph/timemodel.py). Values are checked against numpy first. The machine is shared and noisy (bursts of other jobs last
+seconds): each round takes --pairs adjacent (rules, cost) sample pairs per program, the order alternating, and the
+rules / cost column is the median of the paired ratios (both samples of a pair see the same load). Programs whose two
+CALLs lower to the same kernels measure the noise floor. Every kernel is also timed alone (lower/work.step_seconds)
+against its predicted time: the Spearman rank correlation, and a scatter plot with --plot.
 
-  python bench/fusion.py --rounds 5 [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
+  python bench/fusion.py --rounds 5 [--pairs 3] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
 
 Until callify takes fusion= (issue 14 part 2), only rules mode runs, and cost is reported unavailable."""
 from __future__ import annotations
@@ -18,7 +21,7 @@ from egraph.ir import substitute
 from egraph.timemodel import TimeModel
 from lower import native
 from lower.runtime import read, run_call
-from lower.work import peak_bytes, program_work, step_seconds
+from lower.work import peak_bytes, program_of, program_work, step_seconds
 from fusion_programs import PROGRAMS
 
 def has_fusion() -> bool: return "fusion" in inspect.signature(callify).parameters
@@ -41,6 +44,7 @@ class Case:
     self.views, self.prog, self.ref, self.mode = substitute(nodes, self.res.buffer_map), prog, ref, mode
     run_call(self.res.call)   # compile
     self.works = program_work(self.res.call)
+    self.names = [s.kernel.name if s.kernel is not None else "copy" for s in program_of(self.res.call).steps]
     self.kernels = len(self.works)
     self.moved = sum(w.nbytes for w in self.works)
     self.peak = peak_bytes(self.res.call)
@@ -64,6 +68,10 @@ class Case:
     t0 = time.perf_counter()
     for _ in range(self.reps): run_call(call)
     self.samples.append((time.perf_counter() - t0) / self.reps)
+
+def _same(a: Case, b: Case) -> bool:
+  """Do both modes' CALLs lower to the same kernels (names and work)?"""
+  return a.names == b.names and a.works == b.works
 
 def plot(points, path: str, rho: float) -> None:
   try:
@@ -89,9 +97,11 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--modes", default="rules,cost")
+  ap.add_argument("--pairs", type=int, default=3, help="adjacent sample pairs (modes alternating) per program per round")
   ap.add_argument("--min-ms", type=float, default=30.0, help="each sample is run_call repeated to last at least this")
   ap.add_argument("--only", default=None, help="programs whose name contains this")
   ap.add_argument("--out", default=None, help="append the table to this markdown file")
+  ap.add_argument("--no-kernels", action="store_true", help="skip timing every kernel alone (no rank correlation)")
   ap.add_argument("--plot", default=None, help="write the predicted-vs-measured kernel scatter plot (PNG) here")
   args = ap.parse_args()
   modes = [m for m in args.modes.split(",") if m]
@@ -112,17 +122,20 @@ def main():
       c.check()
       c.calibrate_reps(args.min_ms / 1e3)
   load0 = os.getloadavg()[0]
-  for _ in range(args.rounds):
+  for r in range(args.rounds):
     for p in progs:
-      for m in modes: cases[(p.name, m)].sample()
+      order = modes if r % 2 == 0 else modes[::-1]
+      for _ in range(args.pairs):   # adjacent pairs, the order alternating: both samples of a pair see the same load
+        for m in order: cases[(p.name, m)].sample()
+        order = order[::-1]
   points, per_mode = [], {m: [] for m in modes}
-  for p in progs:   # every kernel alone, predicted vs measured
+  for p in ([] if args.no_kernels else progs):   # every kernel alone, predicted vs measured
     for m in modes:
       c = cases[(p.name, m)]
       ks = step_seconds(c.res.call, samples=5)
       c.kmeasured = ks
       points += [(pr, me, w.kind) for pr, me, w in zip(c.kpred, ks, c.works)]
-  rho = spearman([a for a, _, _ in points], [b for _, b, _ in points])
+  rho = spearman([a for a, _, _ in points], [b for _, b, _ in points]) if points else float("nan")
   med = {k: statistics.median(c.samples) for k, c in cases.items()}
   prho = {m: spearman([cases[(p.name, m)].predicted for p in progs], [med[(p.name, m)] for p in progs]) for m in modes}
   both = "rules" in modes and "cost" in modes
@@ -135,18 +148,24 @@ def main():
     ms = [med[(p.name, m)] * 1e3 for m in modes]
     sp = ""
     if both:
-      s = med[(p.name, "rules")] / med[(p.name, "cost")]; speed.append((s, p.name)); sp = f" | {s:.2f}x"
+      rc = [a / b for a, b in zip(cases[(p.name, "rules")].samples, cases[(p.name, "cost")].samples)]
+      s = statistics.median(rc); same = _same(cases[(p.name, "rules")], cases[(p.name, "cost")])
+      speed.append((s, p.name, same)); sp = f" | {s:.2f}x" + (" =" if same else "")
     rows.append(f"| {p.name} | {p.group} | " + " | ".join(f"{x:.2f}" for x in ms) + sp +
                 f" | {sl(lambda c: str(c.kernels))} | {sl(lambda c: f'{c.moved / 1e6:.1f}')} | {sl(lambda c: f'{c.peak / 1e6:.1f}')}"
                 f" | {sl(lambda c: f'{c.predicted * 1e3:.2f}')} |")
   summary = [f"kernel time rank correlation (Spearman, predicted vs measured, {len(points)} kernels timed alone): {rho:.3f}",
              "program time rank correlation (predicted vs measured median): " + ", ".join(f"{m} {r:.3f}" for m, r in prho.items())]
   if both:
-    g = math.exp(statistics.mean(math.log(s) for s, _ in speed)); w = min(speed)
-    summary += [f"geomean speedup rules / cost: {g:.3f}x; worst program: {w[1]} at {w[0]:.3f}x"]
+    g = math.exp(statistics.mean(math.log(s) for s, _, _ in speed)); w = sorted(speed)
+    eq = [s for s, _, same in speed if same]
+    summary += [f"geomean speedup rules / cost (median paired ratio per program): {g:.3f}x; worst 5: " +
+                ", ".join(f"{n} {s:.3f}x" for s, n, _ in w[:5]),
+                f"programs whose CALLs lower to the same kernels (marked =, the noise floor): {len(eq)}" +
+                (f", their ratios {min(eq):.3f}x .. {max(eq):.3f}x" if eq else "")]
   cmd = "python bench/fusion.py " + " ".join(sys.argv[1:])
-  text = "\n".join([f"`{cmd}` — {len(progs)} programs, modes {', '.join(modes)} interleaved, medians of {args.rounds} rounds, each "
-                    f"sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}; "
+  text = "\n".join([f"`{cmd}` — {len(progs)} programs, modes {', '.join(modes)} interleaved, medians of {args.rounds} rounds x {args.pairs} "
+                    f"adjacent pairs, each sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}; "
                     f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}. Slashed columns: " + " / ".join(modes) + ".", "", *rows, "",
                     *[f"- {s}" for s in notes + summary]])
   print(text)

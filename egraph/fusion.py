@@ -22,13 +22,15 @@ from egraph.ir import Node, Ops, GroupOp, empty_view, toposort, HOST_DEVICES
 from egraph.encode import Encoding
 from egraph.extract import EGraphView, ChosenIds, INF
 from egraph.report import PartitionReport
-from egraph.timemodel import TimeModel, KernelWork, NoTimeModel
+from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION
 
 MODES = ("rules", "cost")
 EXACT_MAX = 12            # candidates up to which every partition is enumerated (2^12 = 4096 costings, each incremental)
 MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
 COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
 SOLVER_SHARE, SOLVER_FLOOR_S = 0.25, 0.05   # the solver's time: this share of what callify spent before it, at least the floor
+MARGIN = 0.10             # a partition other than the rules-like one must be predicted this much faster (the model's error)
+NESTED_REDUCE_WORK = 1 << 15   # lower/kernelize's: a REDUCE this big below another REDUCE or an ALU op is realized
 
 def solver_deadline(spent: float, budget_deadline: float = INF) -> float:
   """When the partition search stops: callify's remaining budget, and a share of what callify spent so far (the
@@ -129,12 +131,17 @@ def mark(call: Node) -> Node:
 
 # ---- the partition cost ------------------------------------------------------------------------------------------------
 
-TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD})
 _LOADS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.SLICE, Ops.AFTER})
 _FREE = frozenset({Ops.CONST, Ops.BITCAST, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.COPY, Ops.MULTI}) | GroupOp.Movement
 
 def _unview(n: Node) -> Node:
   while n.op in GroupOp.Movement and n.op is not Ops.PAD: n = n.src[0]
+  return n
+
+_IDENT = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
+
+def _unview_id(n: Node) -> Node:
+  while n.op in GroupOp.Movement or n.op in _IDENT: n = n.src[0]
   return n
 
 def _storage_root(n: Node) -> Node:
@@ -168,9 +175,10 @@ class Kernels:
       for s in n.src: evals[s.id] = max(evals.get(s.id, 0), m * f)   # a shared value is memoized within one scope
     return evals, order, reached
 
-  def work(self, root: Node, written: int, stored) -> KernelWork:
-    evals, order, _ = self.walk(root, stored)
-    flops = trans = 0
+  def work(self, root: Node, written: int, stored, walked=None) -> KernelWork:
+    """walked: this kernel's walk (evaluations, order) when the caller already has it."""
+    evals, order = walked or self.walk(root, stored)[:2]
+    flops = trans = divs = execs = distinct = 0
     reads: dict[int, list] = {}
     red = False
     for n in order:
@@ -179,12 +187,15 @@ class Kernels:
         s = n if n.id in stored else _storage_root(n)
         r = reads.setdefault(s.id, [0, s.nbytes if s.shape is not None else 0])
         r[0] += min(m, n.numel) * n.dtype.itemsize
+        execs, distinct = execs + m, distinct + min(m, n.numel)
       elif n.op is Ops.REDUCE: red, flops = True, flops + m * (n.src[0].numel // max(n.numel, 1))
       elif n.op in GroupOp.ALU or n.op is Ops.CAST:
         flops += m
         if n.op in TRANSCENDENTAL: trans += m
+        elif n.op in DIVISION: divs += m
     bread = sum(min(a, cap) if cap else a for a, cap in reads.values())
-    return KernelWork(bread, written, flops, self.kind(root, stored, red, flops), self.device, trans)
+    return KernelWork(bread, written, flops, self.kind(root, stored, red, flops), self.device, trans, 0,
+                      1 - distinct / execs if execs else 0.0, divs)
 
   def kind(self, root: Node, stored, red: bool, flops: int) -> str:
     """"matmul" where lower/ tiles: a float32 sum over one axis of a product of two operands read from memory."""
@@ -205,11 +216,11 @@ class Partition:
 
   def kernel(self, root: Node, written: int, S) -> tuple[float, frozenset]:
     """(seconds, candidates its walk meets) of the kernel computing `root` with the candidates in S stored."""
-    _, _, reached = self.k.walk(root, S)
+    evals, order, reached = self.k.walk(root, S)
     key = (root.id, frozenset(c for c in reached if c in S))
     if (t := self.memo.get(key)) is None:
       self.evaluations += 1
-      t = self.memo[key] = self.model.kernel_seconds(self.k.work(root, written, key[1]))
+      t = self.memo[key] = self.model.kernel_seconds(self.k.work(root, written, key[1], (evals, order)))
     return t, frozenset(reached)
 
   def roots(self, S) -> list[tuple]:
@@ -232,13 +243,52 @@ class Partition:
     tc = sum(m.ops(w) for w in works) / max(m.throughput.values())
     return m.launch_s + (max(tb, tc) if m.combine == "max" else tb + tc)
 
+def rules_like(p: Partition, deadline: float = INF) -> frozenset | None:
+  """The candidates lower/'s rules-mode heuristics realize, per STORE value (a copy of lower/kernelize._nested_reduces
+  and of the builder's REDUCE-under-a-broadcast split: egraph does not import lower/): the solver's anchor, so that
+  cost mode is never predicted slower than the rules. None past `deadline` (each STORE's whole region is walked)."""
+  out: set[int] = set()
+  big = lambda r: r.op is Ops.REDUCE and math.prod(r.src[0].shape) >= NESTED_REDUCE_WORK
+  for v, _ in p.stores:
+    if time.perf_counter() > deadline: return None
+    order, seen, stack = [], set(), [(v, False)]   # the kernel's region: down to storage (AFTER reads are loads)
+    while stack:
+      n, done = stack.pop()
+      if done: order.append(n); continue
+      if n.id in seen: continue
+      seen.add(n.id); stack.append((n, True))
+      if n.op not in _LOADS: stack.extend((s, False) for s in n.src if s.id not in seen)
+    under, nested = set(), set()
+    for n in reversed(order):
+      if n.op is Ops.REDUCE or n.id in under: under.update(s.id for s in n.src)
+    for n in order:
+      if n.op in GroupOp.ALU: nested.update(c.id for c in map(_unview_id, n.src) if big(c))
+      if n.id not in under or n.shape is None: continue
+      if big(n): nested.add(n.id)
+      elif n.op is Ops.EXPAND and math.prod(n.shape) >= NESTED_REDUCE_WORK:
+        c = _unview_id(n.src[0])
+        if (c.op in GroupOp.ALU or c.op is Ops.REDUCE) and math.prod(c.shape) > 1: nested.add(c.id)
+    walked, stack = set(), [(v, False, True)]   # the builder's walk: a REDUCE reached under a widening EXPAND is split
+    while stack:
+      n, b, top = stack.pop()
+      if (n.id, b) in walked or n.op in _LOADS: continue
+      walked.add((n.id, b))
+      if not top and (n.id in nested or (n.op is Ops.REDUCE and b)): out.add(n.id); b = False   # its own kernel
+      stack.extend((s, b or _widens(n), False) for s in n.src)
+  return frozenset(out & set(p.cands))
+
+class Late(Exception):
+  """The solver's deadline passed while a partition was being costed."""
+
 class State:
   """A partition being searched: the stored set, each kernel's time and the candidates it meets, and per candidate
-  the kernels that meet it (only they change when it flips)."""
-  def __init__(self, p: Partition, S: frozenset):
+  the kernels that meet it (only they change when it flips). Costing stops with Late past `deadline`."""
+  def __init__(self, p: Partition, S: frozenset, deadline: float = INF):
     self.p, self.S, self.t, self.meets, self.users = p, frozenset(), {}, {}, {c: set() for c in p.cands}
     self.S = S
-    for key, v, w in p.roots(S): self._set(key, *p.kernel(v, w, S))
+    for key, v, w in p.roots(S):
+      if time.perf_counter() > deadline: raise Late()
+      self._set(key, *p.kernel(v, w, S))
     self.total = sum(self.t.values())
 
   def _set(self, key, t: float | None, meets: frozenset = frozenset()) -> None:
@@ -262,25 +312,36 @@ class State:
     for key, x in new.items(): self._set(key, *x)
     self.S, self.total = T, self.total + d
 
-def solve(p: Partition, deadline: float = INF, exact_max: int = EXACT_MAX, passes: int = 3) -> tuple[frozenset, PartitionReport]:
+def _state(p: Partition, S: frozenset, deadline: float) -> State | None:
+  try: return State(p, S, deadline)
+  except Late: return None
+
+def solve(p: Partition, deadline: float = INF, exact_max: int = EXACT_MAX, passes: int = 3,
+          margin: float = MARGIN) -> tuple[frozenset, PartitionReport]:
   """The cheapest set of candidates to store: every subset up to `exact_max` candidates (exact unless the deadline
-  cuts it), above it a greedy local search (single flips, at most `passes` passes) from everything stored (its kernels
-  are small: nothing stored would walk the whole graph per kernel); the report gives the method, bound and gap."""
+  cuts it), above it a greedy local search (single flips, at most `passes` passes) from the cheaper of everything
+  stored and the rules-like partition (each costed only while the deadline allows); the result is the rules-like
+  partition unless predicted `margin` faster. The report gives the method, bound and gap."""
   t0 = time.perf_counter()
   cs = sorted(p.cands)
-  done = True
+  R = rules_like(p, deadline) if cs else frozenset()
+  done, fused = True, None
   if len(cs) <= exact_max:
     st = State(p, frozenset())
-    fused = st.total
-    best, bestS = fused, frozenset()
-    method = "exact"
+    fused = best = st.total
+    bestS, method = frozenset(), "exact"
     for code in range(1, 1 << len(cs)):   # Gray code: each step flips one candidate (an incremental costing)
       if time.perf_counter() > deadline: done = False; break
       st.apply(*st.delta(cs[(code & -code).bit_length() - 1]))
       if st.total < best - 1e-15: best, bestS = st.total, st.S
+    best = opt = p.cost(bestS) if cs else best   # re-summed: incremental updates accumulate rounding
+    rules_t = best if not cs else p.cost(R) if R is not None else None
   else:
     method = "greedy"
-    st = State(p, frozenset(cs))
+    st = State(p, frozenset(cs))   # small kernels: cheap to cost however big the graph
+    rs = _state(p, R, deadline) if R is not None else None
+    rules_t = rs.total if rs is not None else None
+    if rs is not None and rs.total < st.total: st = rs
     for _ in range(passes):
       improved = False
       for c in cs:
@@ -288,13 +349,14 @@ def solve(p: Partition, deadline: float = INF, exact_max: int = EXACT_MAX, passe
         d, T, new = st.delta(c)
         if d < -1e-15: st.apply(d, T, new); improved = True
       if not improved or not done: break
-    bestS = st.S
-    fused = p.cost(frozenset()) if time.perf_counter() < deadline else None
-  best = p.cost(bestS)   # re-summed: incremental updates accumulate rounding
-  bound = best if method == "exact" and done else min(p.lower_bound(), best)
+    bestS, best = st.S, math.fsum(st.t.values())
+    opt = best
+  if rules_t is not None and R is not None and bestS != R and best > rules_t * (1 - margin): bestS, best, method = R, rules_t, method + ", rules-like kept"
+  if method.startswith("exact") and done: bound = opt
+  else: bound = min(p.lower_bound(), opt) if time.perf_counter() < deadline else p.model.launch_s
   rep = PartitionReport(method + ("" if done else " (stopped at the deadline)"), len(cs), len(bestS), best, fused, bound,
                         (best - bound) / best if best > 0 else 0.0, max(deadline - t0, 0.0) if deadline < INF else None,
-                        time.perf_counter() - t0, p.evaluations)
+                        time.perf_counter() - t0, p.evaluations, rules_t)
   return bestS, rep
 
 def partition_ids(g: EGraphView, choice: list[int], terms: dict[int, Node], root_classes: list[int], enc: Encoding,

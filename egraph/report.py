@@ -17,11 +17,13 @@ class PartitionReport:
                                   # callify's time so far: fusion.solver_deadline); None: unlimited
   seconds: float = 0.0      # the solver's own time
   evaluations: int = 0      # kernels costed
+  rules_s: float | None = None   # the rules-like partition's predicted time (fusion.rules_like: what lower/'s rules realize)
 
   def __str__(self) -> str:
     budget = f", budget {self.budget_s * 1e3:.1f}ms" if self.budget_s is not None else ""
+    rules = f"rules-like {self.rules_s * 1e6:.1f}us, " if self.rules_s is not None else ""
     return (f"{self.method}: {self.stored}/{self.candidates} stored, predicted {self.predicted_s * 1e6:.1f}us "
-            f"(all fused {'-' if self.fused_s is None else f'{self.fused_s * 1e6:.1f}us'}, bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}), "
+            f"({rules}all fused {'-' if self.fused_s is None else f'{self.fused_s * 1e6:.1f}us'}, bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}), "
             f"{self.evaluations} kernels costed in {self.seconds * 1e3:.1f}ms{budget}")
 
 @dataclass

@@ -4,12 +4,13 @@ Per kernel: `launch + combine(bytes / bandwidth + strided_bytes / bw_strided, op
   * bandwidth is `bw_cache` while the kernel's bytes (read + written) fit in `cache_bytes` (the last-level cache), else
     `bw_mem` (DRAM); bytes read with a stride along the kernel's innermost (vectorized) loop, a transpose's, move at
     `bw_strided` (a column reduce is not strided: lower/ reduces COL_W columns at a time, reading rows);
-  * ops = flops + transcendental_ops * transcendentals (exp2/log2/sin/sqrt/reciprocal/division cost more than an add);
+  * ops = flops + (transcendental_ops - 1) * transcendentals + (division_ops - 1) * divisions: exp2/log2/sin are
+    polynomials in lower/ (TRANSCENDENTAL), sqrt/reciprocal/division single slow instructions (DIVISION);
   * throughput depends on the kernel's form in lower/: "matmul" is the register-tiled matmul (operands in memory),
     "reduce" a plain accumulator nest (a fused matmul-shaped reduce runs here, untiled), "elementwise" vectorized loops,
-    "copy" moves bytes only; a reduce's ops up to one per element it reads stream at the elementwise rate (a row sum is
-    a vectorized loop), only the ops beyond (re-reads of broadcast operands: a fused matmul, a conv-like reduce) run at
-    throughput["reduce"];
+    "copy" moves bytes only; a reduce's ops stream at the elementwise rate (a row sum, or a row sum of exps, is a
+    vectorized loop) except for the share `reread` of its loads that re-read elements the kernel already read (the
+    broadcast operands of a fused matmul or a conv-like reduce): that share runs at throughput["reduce"];
   * a kernel whose work (ops + elements read, lower/finalize's estimate) is under `parallel_work` runs on one thread
     (lower/native.py splits only bigger ones): its time is multiplied by `par_speedup`, what splitting gains;
   * combine is "max" (bytes and arithmetic overlap) or "sum", whichever fitted the calibration kernels better.
@@ -19,6 +20,10 @@ from __future__ import annotations
 import json, os
 from dataclasses import dataclass
 from egraph.errors import CallsatError
+from egraph.ir import Ops
+
+TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN})
+DIVISION = frozenset({Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD})
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timemodel.json")
 KINDS = ("elementwise", "reduce", "matmul", "copy")
@@ -35,8 +40,10 @@ class KernelWork:
   flops: int                  # scalar ops executed, recompute multiplicity included (reduce accumulations too)
   kind: str = "elementwise"   # "elementwise" | "reduce" | "matmul" | "copy"
   device: str = "CPU"
-  transcendentals: int = 0    # of which exp2/log2/sin/sqrt/reciprocal/division, each costing transcendental_ops ops
+  transcendentals: int = 0    # of which exp2/log2/sin, each costing transcendental_ops ops
   strided_bytes: int = 0      # of bytes_read, those gathered across the innermost loop (a transpose's reads)
+  reread: float = 0.0         # of the loads executed, the share that re-reads an element (broadcast operands in a reduce)
+  divisions: int = 0          # of flops, sqrt/reciprocal/division, each costing division_ops ops
 
   @property
   def nbytes(self) -> int: return self.bytes_read + self.bytes_written
@@ -54,6 +61,7 @@ class TimeModel:
   combine: str = "max"        # "max" | "sum"
   parallel_work: int = 1 << 21
   par_speedup: float = 1.0    # how much faster a split kernel runs than one on a single thread
+  division_ops: float = 1.0
 
   @classmethod
   def load(cls, device: str = "CPU", path: str = DATA) -> "TimeModel":
@@ -72,14 +80,15 @@ class TimeModel:
     tp = {k: float(d["throughput"][k]) for k in KINDS}
     return cls(device, float(d["launch_s"]), float(d["bw_cache"]), float(d["bw_mem"]), float(d["bw_strided"]), int(d["cache_bytes"]), tp,
                float(d["transcendental_ops"]), d.get("combine", "max"), int(d.get("parallel_work", 1 << 21)),
-               float(d.get("par_speedup", 1.0)))
+               float(d.get("par_speedup", 1.0)), float(d.get("division_ops", d["transcendental_ops"])))
 
   def to_dict(self) -> dict:
     return {"launch_s": self.launch_s, "bw_cache": self.bw_cache, "bw_mem": self.bw_mem, "bw_strided": self.bw_strided, "cache_bytes": self.cache_bytes,
             "throughput": dict(self.throughput), "transcendental_ops": self.transcendental_ops, "combine": self.combine,
-            "parallel_work": self.parallel_work, "par_speedup": self.par_speedup}
+            "parallel_work": self.parallel_work, "par_speedup": self.par_speedup, "division_ops": self.division_ops}
 
-  def ops(self, w: KernelWork) -> float: return w.flops + (self.transcendental_ops - 1) * w.transcendentals
+  def ops(self, w: KernelWork) -> float:
+    return w.flops + (self.transcendental_ops - 1) * w.transcendentals + (self.division_ops - 1) * w.divisions
 
   def kernel_seconds(self, w: KernelWork) -> float:
     if w.kind not in self.throughput: raise CallsatError(f"KernelWork.kind {w.kind!r} is not one of {KINDS}")
@@ -87,9 +96,8 @@ class TimeModel:
     ops = self.ops(w)
     slow = 1.0 if ops + w.bytes_read / 4 >= self.parallel_work else self.par_speedup   # lower/native splits only big kernels
     tb = slow * ((w.nbytes - w.strided_bytes) / bw + w.strided_bytes / self.bw_strided)
-    if w.kind == "reduce":   # one op per element read streams; the re-reads of broadcast operands do not
-      stream = min(ops, w.bytes_read / 4)
-      tc = slow * (stream / self.throughput["elementwise"] + (ops - stream) / self.throughput["reduce"])
+    if w.kind == "reduce":   # the ops stream, but the share re-reading broadcast operands does not
+      tc = slow * ops * ((1 - w.reread) / self.throughput["elementwise"] + w.reread / self.throughput["reduce"])
     else: tc = slow * ops / self.throughput[w.kind]
     return self.launch_s + (max(tb, tc) if self.combine == "max" else tb + tc)
 

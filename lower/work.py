@@ -5,7 +5,7 @@ import ctypes, math, statistics, time
 from egraph.errors import CallsatError
 from egraph.ir import Node, Ops
 from egraph.storage import Storage, STORAGE
-from egraph.timemodel import KernelWork
+from egraph.timemodel import KernelWork, TRANSCENDENTAL, DIVISION
 from lower import cache
 from lower.kernel import Expr, Kernel
 from lower.kernelize import kernelize
@@ -13,7 +13,6 @@ from lower.mem import Program, Step, arg_binding
 from lower.native import check_bounds, memory_plan
 from lower.runtime import run_call
 
-TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD})
 FREE = frozenset({Ops.BITCAST})   # reinterpretations: no instruction
 
 def _loop_vars(x: Expr) -> set:
@@ -54,33 +53,37 @@ def _uses(k: Kernel) -> list:
 
 def kernel_work(k: Kernel, mems: tuple = (), device: str = "CPU") -> KernelWork:
   """A kernel's bytes, ops and kind. Each input param's distinct elements read: per load, the product of the sizes of
-  the loop vars its index uses (capped at the param's size), summed over the loads of that param and capped again."""
+  the loop vars its index uses (capped at the param's size), summed over the loads of that param and capped again;
+  reread: the share of executed loads beyond those distinct elements."""
   dom = math.prod(v.size for v in k.domain)
   uses = _uses(k)
-  flops = trans = 0
+  flops = trans = divs = 0
   read: dict = {}
   live = [v for v in k.domain if v.size > 1]
   inner = live[-1] if live else None   # the vectorized loop of an elementwise kernel
   in_reduce = {id(e) for x, _ in uses if x.op == 'reduce' for e in x.src[0].walk()}   # rows either way (COL_W columns)
   strided = set() if k.tile or inner is None else {x.arg[0] for x, _ in uses if x.op == 'load' and id(x) not in in_reduce
                                                    and x.arg[1].coef(inner) not in (0, 1, -1)}   # transposes, permuted reads
-  reduce = False
+  reduce, execs, distinct = False, 0, 0
   for x, m in uses:
     if x.op == 'load':
       p, idx, _ = x.arg
       rvars = idx.vars()
-      read[p] = read.get(p, 0) + min(k.params[p].size, math.prod(v.size for v in rvars) if rvars else 1)
+      d = min(k.params[p].size, math.prod(v.size for v in rvars) if rvars else 1)
+      read[p], execs, distinct = read.get(p, 0) + d, execs + m, distinct + min(d, m)
     elif x.op == 'reduce':
       reduce, flops = True, flops + m   # the accumulation
     elif x.op in ('const', 'valid') or x.op in FREE: continue
     else:
       flops += m
       if x.op in TRANSCENDENTAL: trans += m
+      elif x.op in DIVISION: divs += m
   nb = {p: min(n, k.params[p].size) * k.params[p].dtype.itemsize for p, n in read.items()}
   st = k.params[k.store.param]
   bwritten = min(dom, st.size) * st.dtype.itemsize
   kind = "matmul" if k.tile else "reduce" if reduce else "copy" if flops == 0 else "elementwise"
-  return KernelWork(sum(nb.values()), bwritten, flops, kind, device, trans, sum(nb[p] for p in strided if p in nb))
+  return KernelWork(sum(nb.values()), bwritten, flops, kind, device, trans, sum(nb[p] for p in strided if p in nb),
+                    1 - distinct / execs if execs else 0.0, divs)
 
 def step_work(s: Step, device: str = "CPU") -> KernelWork:
   """A Program step's work; a snapshot (memcpy) is a copy of its bytes."""

@@ -37,7 +37,8 @@ def test_monotone_in_bytes_and_flops(model, kind):
   assert 0 < t < math.inf
   for more in (KernelWork(1 << 24, 1 << 20, 1 << 22, kind), KernelWork(1 << 20, 1 << 24, 1 << 22, kind),
                KernelWork(1 << 20, 1 << 20, 1 << 28, kind), KernelWork(1 << 20, 1 << 20, 1 << 22, kind, transcendentals=1 << 22),
-               KernelWork(1 << 20, 1 << 20, 1 << 22, kind, strided_bytes=1 << 20)):
+               KernelWork(1 << 20, 1 << 20, 1 << 22, kind, strided_bytes=1 << 20), KernelWork(1 << 20, 1 << 20, 1 << 22, kind, divisions=1 << 22),
+               KernelWork(1 << 20, 1 << 20, 1 << 22, kind, reread=0.9)):
     assert model.kernel_seconds(more) >= t
   assert model.program_seconds([base, base]) == pytest.approx(2 * t)
   with pytest.raises(Exception, match="kind"): model.kernel_seconds(KernelWork(1, 1, 1, "nope"))
@@ -62,7 +63,7 @@ def test_matmul_and_transpose_and_hoisted_work():
   assert (t.kind, t.bytes_read, t.strided_bytes, t.flops) == ("copy", 4 * 256 * 128, 4 * 256 * 128, 0)
   r = Tensor(np.ones((256, 1), np.float32)).realize()
   [e] = works_of(X * r.sqrt())   # the row's sqrt is loop-invariant in the column loop: 256 sqrts, not 256*128
-  assert (e.transcendentals, e.flops) == (256, 256 + 256 * 128)
+  assert (e.divisions, e.transcendentals, e.flops) == (256, 0, 256 + 256 * 128)
 
 def test_softmax_kernels_and_peak():
   x = Tensor(np.ones((32, 64), np.float32)).realize()
