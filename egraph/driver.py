@@ -142,20 +142,23 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
   args: list[Node] = []
   slot_of: dict[Node, int] = {}
   built: dict[int, Node] = {}
-  walked, stack = set(), list(reversed(sink))
+  get, walked, stack = built.__getitem__, set(), list(reversed(sink))
+  # one walk numbers and builds: PARAMs are numbered at first visit (pre-order), a vertex is built when it finishes,
+  # when every buffer under it has its PARAM; vertices outside it (roots that are views of inputs) are built after
   while stack:
-    if (v := stack.pop()) in walked: continue
+    if (v := stack.pop()) is done:
+      v = stack.pop(); built[v] = make(v, tuple(map(get, K[v])))
+      if not len(built) % TICK: checkpoint(abort_at, "building the CALL body")
+      continue
+    if v in walked: continue
     walked.add(v)
-    if not len(walked) % TICK: checkpoint(abort_at, "numbering the CALL's PARAMs")
     o = O[v]
     if o == "BUFFER": n = make(v, ())
     elif o == "SLICE" and O[K[v][0]] == "BUFFER": n = make(v, (make(K[v][0], ()),))   # a whole SLICE(BUFFER): one arg
-    else: stack += reversed(K[v]); continue
+    else: stack += (v, done); stack += reversed(K[v]); continue
     if n not in slot_of: slot_of[n] = len(args); args.append(n)
     built[v] = Node(Ops.PARAM, n.dtype, (), ParamArg(slot_of[n], n.shape, n.device, shard=isinstance(n.device, tuple)))
-  get = built.__getitem__
-  for j, v in enumerate(order):
-    if not j % TICK: checkpoint(abort_at, "building the CALL body")
+  for v in order:
     if v not in built: built[v] = make(v, tuple(map(get, K[v])))
   body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
   body, args = bind_dims(body, args) if bound_dims else (body, args)

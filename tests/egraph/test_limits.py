@@ -222,8 +222,7 @@ def test_the_runner_records_the_size_at_each_check():
 
 @pytest.mark.parametrize("where", ["after inserting the rows", "after the load phase", "after the materialize phase",
                                    "after 0 optimize step(s)", "reading the e-graph", "costing e-nodes",
-                                   "extracting (Knuth)", "ordering the CALL body", "numbering the CALL's PARAMs",
-                                   "building the CALL body"])
+                                   "extracting (Knuth)", "ordering the CALL body", "building the CALL body"])
 def test_out_of_budget_at_any_step_falls_back(where, monkeypatch):
   """Each bounded step checks the budget: running out there gives the materialized CALL, saying where it stopped."""
   import egraph.runner as run
