@@ -38,16 +38,27 @@ class BoundVar(int):
 
 class HostDim(int):
   """A symbolic dimension a host framework owns (a tinygrad expression such as v*4+1), worth its maximum and told apart
-  by `key`. callsat sizes storage for the maximum and shrinks it to the dimension; it never binds it (the host does)."""
-  def __new__(cls, vmax: int, key, label: str = "?"):
+  by `key`. callsat sizes storage for the maximum and shrinks it to the dimension; it never binds it (the host does).
+  `algebra(op, a, b)` ("add"/"sub"), when the host gives one, says what a sum or difference is (a + b - a is b, where
+  maxima alone would say more); None from it, or no algebra, falls back to the maxima."""
+  def __new__(cls, vmax: int, key, label: str = "?", algebra=None):
     d = super().__new__(cls, vmax)
-    d.key, d.label = key, label
+    d.key, d.label, d.algebra = key, label, algebra
     return d
+  def __add__(self, o): return _host_arith("add", self, o)
+  def __radd__(self, o): return _host_arith("add", o, self)
+  def __sub__(self, o): return _host_arith("sub", self, o)
+  def __rsub__(self, o): return _host_arith("sub", o, self)
   def __hash__(self): return hash(("host", self.key))
   def __eq__(self, o): return int(self) == o if not isinstance(o, (Variable, BoundVar, HostDim)) else (type(o) is HostDim and self.key == o.key)
   def __ne__(self, o): return not self.__eq__(o)
   def __repr__(self): return f"<{self.label}<={int(self)}>"
   def __reduce__(self): return (HostDim, (int(self), self.key, self.label))
+
+def _host_arith(op: str, a, b):
+  alg = a.algebra if isinstance(a, HostDim) and a.algebra is not None else getattr(b, "algebra", None)
+  if alg is not None and type(a) in (int, HostDim) and type(b) in (int, HostDim) and (r := alg(op, a, b)) is not None: return r
+  return int(a) + int(b) if op == "add" else int(a) - int(b)
 
 def is_symbolic(x) -> bool: return isinstance(x, (Variable, BoundVar, HostDim))
 

@@ -79,9 +79,17 @@ class Conversion:
     """A tinygrad dimension as callsat's: ints stay, an expression becomes a HostDim worth its maximum."""
     if isinstance(d, int): return d
     if (h := self.dims.get(d)) is None:
-      h = self.dims[d] = HostDim(int(d.vmax), (self.serial, len(self.dims)), d.op.name)
+      h = self.dims[d] = HostDim(int(d.vmax), (self.serial, len(self.dims)), d.op.name, self.algebra)
       self.dim_uops[h.key] = d
     return h
+
+  def algebra(self, op: str, a, b):
+    """A sum or difference of dimensions as tinygrad simplifies it (HostDim's algebra); None for a foreign dimension."""
+    ua, ub = (self.dim_uops.get(x.key) if isinstance(x, HostDim) else int(x) for x in (a, b))
+    if ua is None or ub is None: return None
+    r = ua + ub if op == "add" else ua - ub
+    if isinstance(r, UOp): r = r.simplify()
+    return int(r.arg) if isinstance(r, UOp) and r.op is TOps.CONST else self.dim(r)
 
   def shape(self, shape):
     return None if shape is None else tuple(self.dim(d) for d in shape)

@@ -78,6 +78,14 @@ def _symbolic_offset():
     outs.append((x.shrink(((3, 5), (v, v + 2))).realize() + 1).realize())
   return outs
 
+def _symbolic_cat():
+  a, b = Tensor.rand(6, 3).realize(), Tensor.rand(2, 3).realize()   # a symbolic PAD over storage: (v + 2) - v is 2
+  outs = []
+  for i in (2, 4):
+    v = Variable("i", 1, 6).bind(i)
+    outs.append(a[:v].cat(b, dim=0).realize()[:i + 2, :3].contiguous().realize())
+  return outs
+
 def _function():
   @function
   def f(a: Tensor, b: Tensor) -> Tensor: return (a * b + 1).relu()
@@ -108,7 +116,8 @@ def _sharded_precompile():
   return [t1 + 2, t2]
 
 PROGRAMS = {f.__name__[1:]: f for f in [_mlp, _attention, _layernorm, _conv2d, _cat, _gather, _arange, _cumsum, _rand, _pools,
-                                         _sgd, _assign_slices, _bitcast, _symbolic, _symbolic_offset, _function, _precompile, _jit, _sharded,
+                                         _sgd, _assign_slices, _bitcast, _symbolic, _symbolic_offset, _symbolic_cat,
+                                         _function, _precompile, _jit, _sharded,
                                          _sharded_precompile]}
 
 def _run(build, device: str, bridged: bool):

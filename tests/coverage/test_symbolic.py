@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from egraph import Tensor, Variable, callify, ShapeError
 from egraph.ir import Ops, toposort
+from egraph.symbolic import HostDim
 
 V = Variable("v", 1, 8)
 
@@ -41,3 +42,23 @@ def test_bad_bindings_raise():
   with pytest.raises(ShapeError): Variable("u", 5, 2)
   a = Tensor(np.arange(8, dtype=np.float32)).realize()
   with pytest.raises(ShapeError, match="bound to"): callify(a[:V.bind(2)].sum() + a[:V.bind(3)].sum())
+
+def test_host_dims_add_and_subtract_by_the_hosts_algebra():
+  """A host's sum/difference (here: a toy linear algebra over one variable) replaces arithmetic on maxima; without an
+  algebra, or when it declines, the maxima are used."""
+  table = {}
+  def alg(op, a, b):
+    ca, cb = (table[x.key] if isinstance(x, HostDim) else (0, int(x)) for x in (a, b))
+    r = (ca[0] + cb[0], ca[1] + cb[1]) if op == "add" else (ca[0] - cb[0], ca[1] - cb[1])
+    if r[0] == 0: return r[1]
+    if abs(r[0]) > 1: return None                     # declines
+    table[r] = r
+    return HostDim(max(r[0] * 10 + r[1], r[1]), r, str(r), alg)
+  v, w = HostDim(10, "v", "v", alg), HostDim(12, "v+2", "v+2", alg)
+  table.update({"v": (1, 0), "v+2": (1, 2)})
+  assert w - v == 2 and type(w - v) is int            # maxima would also say 2; the algebra says why
+  four_minus_v = HostDim(3, "4-v", "4-v", alg); table["4-v"] = (-1, 4)
+  assert 0 + v + four_minus_v == 4                    # maxima: 13
+  assert v + v == 20 and type(v + v) is int           # declined: maxima
+  assert type(v + 1) is HostDim and (v + 1) - v == 1
+  assert HostDim(5, "x") + 1 == 6                     # no algebra
