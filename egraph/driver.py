@@ -396,9 +396,9 @@ class Budget:
   seconds: float
   per_row: float     # seconds encoding took per row
   rows: int
-  # multiples of the encode time per row (EXTRACT: per e-node) measured 0.6-0.75 to load, 2.4-2.9 to extract and
-  # build the CALL, 1.4-2.0 to build the CALL directly (notes/benchmarks.md); FIXED: a Runner's declarations, temp files
-  LOAD, EXTRACT, FALLBACK, FIXED = 1.0, 3.5, 2.5, 0.02
+  # multiples of the encode time per row (EXTRACT: per e-node) measured 0.6-0.75 to load, 1.7-2.9 to extract and
+  # build the CALL, 0.7-1.2 to build the CALL directly (notes/benchmarks.md); FIXED: a Runner's declarations, temp files
+  LOAD, EXTRACT, FALLBACK, FIXED = 1.0, 3.5, 1.5, 0.02
 
   @classmethod
   def plan(cls, enc: Encoding, seconds: float, encode_s: float) -> Budget:
