@@ -25,7 +25,7 @@ def check_version() -> None:
 check_version()
 import tinygrad.tensor as _tg_tensor   # noqa: E402  (only once the version is known to be the right one)
 from tinygrad.uop.ops import UOp   # noqa: E402
-from egraph.tinygrad_convert import BridgeRefusal, to_callsat, to_tinygrad   # noqa: E402
+from egraph.tinygrad_convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.driver import callify   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
@@ -59,6 +59,9 @@ def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
   try: out = transform_to_call(big_sink)
+  except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
+    _count("bridged")
+    raise
   except Exception as e:
     _count("refused" if strict else "fallback", _reason(e))
     if strict: raise

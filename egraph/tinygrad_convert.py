@@ -23,6 +23,12 @@ class BridgeRefusal(UnsupportedOpError):
     super().__init__(f"callsat bridge cannot take this graph ({reason})" + (f": {detail}" if detail else ""))
     self.reason, self.detail = reason, detail
 
+class DiskViewError(CallsatError, RuntimeError):
+  """tinygrad's own error for a non-contiguous view of a DISK buffer (0.14 raises it where it makes the view's buffer):
+  the bridge raises it in both modes, as stock tinygrad would on the same graph."""
+  def __init__(self, u: UOp):
+    super().__init__(f"non-contiguous view is not supported for {u.device} buffer ({u.op.name} {u.shape})")
+
 _DT = {tdt.bool: dtypes.bool, tdt.int8: dtypes.int8, tdt.uint8: dtypes.uint8, tdt.int16: dtypes.int16,
        tdt.uint16: dtypes.uint16, tdt.int32: dtypes.int32, tdt.uint32: dtypes.uint32, tdt.int64: dtypes.int64,
        tdt.uint64: dtypes.uint64, tdt.float16: dtypes.float16, tdt.bfloat16: dtypes.bfloat16,
@@ -68,6 +74,7 @@ class Conversion:
   opaque: dict = field(default_factory=dict)       # OPAQUE ident -> (UOp, converted src positions)
   buffers: dict = field(default_factory=dict)      # callsat BUFFER uid -> tinygrad BUFFER
   keep: list = field(default_factory=list)         # Nodes alive for the conversion's life (hash-consing is weak)
+  files: set = field(default_factory=set)          # COPYs onto a disk read through views (realized)
   aliases: set = field(default_factory=set)        # UOps whose image is another UOp's (never buffer_map keys)
   params: dict = field(default_factory=dict)       # callsat PARAM Node.id -> tinygrad PARAM (function bodies)
   calls: dict = field(default_factory=dict)        # callsat CallInfo name -> tinygrad FUNCTION arg
@@ -185,7 +192,8 @@ def _convert(cv: Conversion, u: UOp) -> Node:
     x = cv.image[u.src[0]]   # per-device values -> one logical value split along the axis: callsat's MULTI
     if isinstance(x.device, tuple): return Node(Ops.MULTI, x.dtype, (x,), u.arg[0])
   if op is TOps.COPY and not virtual:
-    return Node(Ops.COPY, to_dtype(u.dtype), (cv.image[u.src[0]],), to_device(u.arg))
+    n = Node(Ops.COPY, to_dtype(u.dtype), (cv.image[u.src[0]],), to_device(u.arg))
+    return n.contiguous() if u in cv.files else n
   if op in _DIRECT and not virtual:
     if op is TOps.CONTIGUOUS and (len(u.src) != 1 or u.arg is not None): raise BridgeRefusal("form:contiguous-with-options", str(u.arg))
     srcs = tuple(cv.image[s] for s in u.src)
@@ -216,9 +224,10 @@ def _check_disk(topo) -> None:
   COPY off the disk, and whole-buffer writes AFTER(buf, STORE(buf, COPY onto the disk)); anything else is refused."""
   for u in topo:
     if not _on_disk(u) or u.op in (TOps.BUFFER, TOps.SINK): continue
-    if u.op in (TOps.RESHAPE, TOps.SHRINK, TOps.BITCAST): continue   # checked where it is read
+    if u.op is TOps.CONTIGUOUS and _strided_file(u.src[0]): raise DiskViewError(u.src[0])
+    if u.op in _MOVE or u.op is TOps.BITCAST: continue   # checked where it is read
     if u.op is TOps.CONTIGUOUS and _disk_view(u.src[0]): continue    # a view of the file, read where it is copied
-    if u.op is TOps.CONTIGUOUS and u.src[0].op is TOps.COPY and not _on_disk(u.src[0].src[0]): continue   # a file written
+    if u.op is TOps.CONTIGUOUS and _written_file_view(u.src[0]): continue   # a file written (or a view of it)
     if u.op is TOps.COPY and not _on_disk(u.src[0]): continue       # checked where it is stored
     if u.op in (TOps.AFTER, TOps.STORE):
       st = u.src[1] if u.op is TOps.AFTER and len(u.src) == 2 else u
@@ -229,21 +238,48 @@ def _check_disk(topo) -> None:
   for u in topo:
     if u.op is TOps.COPY and _on_disk(u.src[0]) and not _on_disk(u):
       x = u.src[0].src[0] if u.src[0].op is TOps.CONTIGUOUS else u.src[0]
-      if not _disk_view(x): raise BridgeRefusal("form:disk", f"a copy off {u.src[0].device} of a {u.src[0].op.name} chain")
+      if _strided_file(x): raise DiskViewError(x)
+      if not (_disk_view(x) or _written_file_view(x)): raise BridgeRefusal("form:disk", f"a copy off {u.src[0].device} of a {u.src[0].op.name} chain")
 
 def _disk_view(x: UOp) -> bool:
-  """A RESHAPE/SHRINK chain over a DISK buffer (a BITCAST only right on the buffer) that is one contiguous range of it:
-  what callsat's view analysis turns into one SLICE of the file, as tinygrad does."""
-  y = x
-  while y.op in (TOps.RESHAPE, TOps.SHRINK): y = y.src[0]
+  """A RESHAPE/SHRINK chain over a DISK buffer that is one contiguous range of it (tinygrad's contiguous_view), with
+  BITCASTs on top, right on the buffer or between 1-D views: what callsat's view analysis turns into one SLICE of the
+  file, as tinygrad does."""
+  y = x.src[0] if x.op is TOps.BITCAST else x
+  while y.op in (TOps.RESHAPE, TOps.SHRINK) or y.op is TOps.BITCAST and len(y.shape) == len(y.src[0].shape) == 1: y = y.src[0]
   if y.op is TOps.BITCAST: y = y.src[0]
   return y.op is TOps.BUFFER and (x is y or x.contiguous_view() is not None)
+
+def _strided_file(x: UOp) -> bool:
+  """A movement chain over a DISK buffer (or a file being written) that is no contiguous range of it."""
+  y = x
+  while y.op in _MOVE or y.op is TOps.CONTIGUOUS: y = y.src[0]
+  if x is y or not (y.op is TOps.BUFFER and _on_disk(y) or y.op is TOps.COPY and _on_disk(y) and not _on_disk(y.src[0])): return False
+  return not (_disk_view(x) or _written_file_view(x))
+
+def _written_file_view(x: UOp) -> bool:
+  """A contiguous RESHAPE/SHRINK chain over a file being written (COPY onto the disk of a host value): a view of it."""
+  y = x
+  while y.op in (TOps.RESHAPE, TOps.SHRINK): y = y.src[0]
+  if y.op is not TOps.COPY or _on_disk(y.src[0]): return False
+  chain = []
+  while x is not y: chain.append(x); x = x.src[0]
+  dense = True   # is the view so far one contiguous range (row-major over its shape)?
+  for m in reversed(chain):
+    if m.op is TOps.RESHAPE and not dense: return False
+    if m.op is TOps.SHRINK:   # contiguous iff the axes before the first narrowed one are 1 and those after it full
+      cut = [i for i, ((a, b), d) in enumerate(zip(m.marg, m.src[0].shape)) if (a, b) != (0, d)]   # tinygrad 0.14: (offset, size)
+      dense = dense and (not cut or all(m.shape[i] == 1 for i in range(cut[0])) and cut[-1] == cut[0])
+  return dense
 
 def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
   """The callsat image of big_sink's graph and the roots to callify."""
   cv = Conversion()
   topo = big_sink.toposort()
   _check_disk(topo)
+  # a file written by a COPY and read (through a view of it, or copied off) is realized as tinygrad's DISK COPY item is
+  cv.files = {s for u in topo if u.op in (TOps.RESHAPE, TOps.SHRINK, TOps.COPY) for s in u.src[:1]
+              if s.op is TOps.COPY and _on_disk(s) and not _on_disk(s.src[0])}
   for u in topo:
     if u is big_sink: continue
     n = cv.image[u] = _convert(cv, u)

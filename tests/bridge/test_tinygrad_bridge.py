@@ -165,6 +165,33 @@ def test_disk_roundtrip(tmp_path):
       np.testing.assert_array_equal(got, [1, 2, 3, 4, 5, 6])
       np.testing.assert_array_equal(t[2:4].to("PYTHON").numpy(), [3, 4])
 
+def _disk_forms(tmp, tag):
+  """tinygrad 0.14's DISK forms: setitem into a file still being written, a bitcast read through a view, a 1-D bitcast
+  between views, a disk-to-disk copy through the host."""
+  dt = Tensor([[1], [2]], device="PYTHON").to(f"disk:{tmp / (tag + 'a')}")
+  dt[1] = [3]
+  (tmp / (tag + "b")).write_bytes(bytes(range(256)) * 2)
+  u8 = Tensor.empty(16, 32, device=f"disk:{tmp / (tag + 'b')}", dtype=dtypes.uint8)
+  src = Tensor([1, 2, 3, 4], dtype=dtypes.int32, device="PYTHON").to(f"disk:{tmp / (tag + 'c')}")
+  dst = Tensor.empty(4, device=f"disk:{tmp / (tag + 'd')}", dtype=dtypes.int32)
+  dst.assign(src.to("PYTHON")).realize()
+  return [dt.tolist(), u8[1].bitcast(dtypes.uint16).to("PYTHON").tolist(),
+          u8.reshape(-1)[8:24].bitcast(dtypes.uint32).reshape(2, 2).to("PYTHON").tolist(), dst.to("PYTHON").tolist()]
+
+def test_disk_forms_match_stock(tmp_path):
+  stock = _disk_forms(tmp_path, "s")
+  calls0 = bridge.stats()["bridged"]
+  with bridge.installed(strict=True): ours = _disk_forms(tmp_path, "b")
+  assert bridge.stats()["bridged"] > calls0 and ours == stock and stock[0] == [[1], [3]]
+
+@pytest.mark.parametrize("mode", ["strict", "fallback"])
+def test_disk_non_contiguous_views_raise_tinygrads_error(tmp_path, mode):
+  """tinygrad raises 'non-contiguous view is not supported' for strided/permuted DISK views; the bridge keeps it."""
+  dt = Tensor([[0, 1, 2], [3, 4, 5]], device="PYTHON").to(f"disk:{tmp_path / 'p'}").realize()
+  with bridge.installed(strict=mode == "strict"):
+    for read in (lambda: dt.T.tolist(), lambda: dt.reshape(-1)[::2].tolist()):
+      with pytest.raises(RuntimeError, match="non-contiguous view is not supported"): read()
+
 def test_strict_refuses_by_name_and_fallback_counts():
   bridge.reset_stats()
   fp8 = lambda: Tensor([1.0, 2.0], device="PYTHON").cast(dtypes.fp8e4m3).contiguous().realize()
