@@ -10,19 +10,24 @@ CALLs lower to the same kernels measure the noise floor. Every kernel is also ti
 against its predicted time: the Spearman rank correlation, and a scatter plot with --plot.
 
   python bench/fusion.py --rounds 5 [--pairs 3] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
+  python bench/fusion.py --solver [--solver-floor 0.05] [--only substr]   # the partition solver alone: method, time, gaps
+
+--solver callifies every corpus program and the ~10k-UOp graphs of bench/callify_vs_tinygrad.py in cost mode and
+prints each partition report (no realize); --solver-floor sets fusion.SOLVER_FLOOR_S (a large one: the solve unlimited).
 
 Until callify takes fusion= (issue 14 part 2), only rules mode runs, and cost is reported unavailable."""
 from __future__ import annotations
 import argparse, inspect, math, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
-from egraph import callify
+from egraph import Tensor, callify, fusion
 from egraph.ir import substitute
 from egraph.timemodel import TimeModel
 from lower import native
 from lower.runtime import read, run_call
 from lower.work import peak_bytes, program_of, program_work, step_seconds
 from fusion_programs import PROGRAMS
+from callify_vs_tinygrad import PROGRAMS as GRAPHS
 
 def has_fusion() -> bool: return "fusion" in inspect.signature(callify).parameters
 
@@ -93,6 +98,25 @@ def plot(points, path: str, rho: float) -> None:
   ax.legend(); fig.tight_layout(); fig.savefig(path, dpi=110)
   print(f"wrote {path}")
 
+GRAPH_SIZES = {"chain": 4800, "dag": 8448, "transformer": 99}   # ~10k tinygrad UOps each (bench/callify_vs_tinygrad.py)
+
+def solver_table(progs, floor: float) -> None:
+  """The partition solver on each program and 10k-UOp graph: method, candidates, solver time and budget, gaps."""
+  fusion.SOLVER_FLOOR_S = floor
+  callify(Tensor(np.ones((4, 4), np.float32)).realize().exp().sum(), fusion="cost", cache=False)   # scipy's import, once
+  print(f"| program | method | candidates | stored | solver ms | budget ms | callify ms | mip gap | model gap | gap |\n|" + "---|" * 10)
+  rng = np.random.default_rng(0)
+  items = [(p.name, lambda p=p: [r.node for r in p.build(rng)[0]]) for p in progs] + \
+          [(f"{k} ({n})", lambda k=k, n=n: [t.node for t in GRAPHS[k](Tensor, n)]) for k, n in GRAPH_SIZES.items()]
+  for name, build in items:
+    t0 = time.perf_counter(); res = callify(*build(), fusion="cost", cache=False); total = time.perf_counter() - t0
+    r = res.report.partition
+    if r is None: print(f"| {name} | - ({res.report.fusion_note or res.report.fallback}) |" + " |" * 8); continue
+    pct = lambda x: "-" if x is None else f"{x:.1%}"
+    print(f"| {name} | {r.method} | {r.candidates} | {r.stored} | {r.seconds * 1e3:.1f} | "
+          f"{'-' if r.budget_s is None else f'{r.budget_s * 1e3:.0f}'} | {total * 1e3:.0f} | {pct(r.mip_gap)} | {pct(r.model_gap)} | "
+          f"{pct(r.gap)} |" + (f" {r.note}" if r.note else ""))
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--rounds", type=int, default=5)
@@ -103,7 +127,10 @@ def main():
   ap.add_argument("--out", default=None, help="append the table to this markdown file")
   ap.add_argument("--no-kernels", action="store_true", help="skip timing every kernel alone (no rank correlation)")
   ap.add_argument("--plot", default=None, help="write the predicted-vs-measured kernel scatter plot (PNG) here")
+  ap.add_argument("--solver", action="store_true", help="only the partition solver's report per program (no realize)")
+  ap.add_argument("--solver-floor", type=float, default=fusion.SOLVER_FLOOR_S, help="--solver: the solver's minimum time (s)")
   args = ap.parse_args()
+  if args.solver: return solver_table([p for p in PROGRAMS if args.only is None or args.only in p.name], args.solver_floor)
   modes = [m for m in args.modes.split(",") if m]
   notes = []
   if "cost" in modes and not has_fusion():

@@ -8,8 +8,10 @@
   over the candidates: `Partition.cost(S)` is the sum over the resulting kernels (one per STORE: the CALL's own and the
   stored candidates') of TimeModel.kernel_seconds(KernelWork), read off the IR by `Kernels` (bytes of each input read
   once, flops with recompute multiplicity: a fused value is computed in every kernel that reads it, once per element
-  of each broadcast and of each reduce it sits inside). `solve` enumerates every S exactly up to EXACT_MAX candidates
-  within the remaining time budget, and runs a greedy local search (single flips from S = {} and S = all) above it.
+  of each broadcast and of each reduce it sits inside). `solve` states the choice as a MILP (`Ilp`) and solves it
+  with HiGHS (scipy.optimize.milp, the optional `fusion` extra) up to MILP_MAX_CANDIDATES candidates within the
+  remaining time budget, and runs a greedy local search (single flips from the cheapest start) above it, without
+  scipy, or to polish the MILP's answer; every answer is re-costed by Partition.cost.
 * `StoredIds` is the extracted DAG with the chosen stored members: a stored class reads as its AFTER, the STORE inside
   it as the computed form (~k), which makes the cyclic class {x, AFTER(f, STORE(f, x))} an acyclic CALL.
 The CALL's SINK carries arg "cost" (`mark`): lowering (lower/kernelize.py) then takes the stores as the partition and
@@ -25,7 +27,10 @@ from egraph.report import PartitionReport
 from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION
 
 MODES = ("rules", "cost")
-EXACT_MAX = 12            # candidates up to which every partition is enumerated (2^12 = 4096 costings, each incremental)
+MILP_MAX_CANDIDATES = 400   # candidates up to which the partition is a MILP (HiGHS); above, the greedy local search
+MILP_MAX_TERMS = 60_000     # nonzeros of the MILP's rows: a bigger one is not built (the build and solve outgrow the budget)
+MILP_ROUNDS = 2           # MILP solves: constants from the rules-like partition, then from the first answer
+MIP_GAP = 0.01            # HiGHS stops within 1 % of its bound: the model is not that accurate (MARGIN), the search is costly
 MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
 COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
 SOLVER_SHARE, SOLVER_FLOOR_S = 0.25, 0.05   # the solver's time: this share of what callify spent before it, at least the floor
@@ -198,11 +203,24 @@ class Kernels:
                       1 - distinct / execs if execs else 0.0, divs)
 
   def kind(self, root: Node, stored, red: bool, flops: int) -> str:
-    """"matmul" where lower/ tiles: a float32 sum over one axis of a product of two operands read from memory."""
-    if root.op is Ops.REDUCE and root.arg[0] is Ops.ADD and len(root.arg[1]) == 1 and root.dtype == dtypes.float32 and \
-       (mul := _unview(root.src[0])).op is Ops.MUL and root.numel >= 256 and root.src[0].numel // root.numel >= 4 and \
-       all((x := _unview(s)).op in _LOADS or x.id in stored for s in mul.src): return "matmul"
+    """"matmul" where lower/ tiles: a matmul-shaped reduce whose two operands are read from memory."""
+    if (xs := _matmul_operands(root)) is not None and all(x.op in _LOADS or x.id in stored for x in xs): return "matmul"
     return "reduce" if red else "copy" if flops == 0 else "elementwise"
+
+def _matmul_operands(root: Node) -> tuple[Node, ...] | None:
+  """The operands (below their views) of a matmul-shaped reduce: a float32 sum over one axis of a product, at least 256
+  outputs each summing at least 4 products; lower/ tiles it when both are in memory."""
+  if root.op is Ops.REDUCE and root.arg[0] is Ops.ADD and len(root.arg[1]) == 1 and root.dtype == dtypes.float32 and \
+     (mul := _unview(root.src[0])).op is Ops.MUL and root.numel >= 256 and root.src[0].numel // root.numel >= 4:
+    return tuple(_unview(s) for s in mul.src)
+  return None
+
+def _node_ops(m: TimeModel, n: Node, evals: int) -> float:
+  """The model's ops of `evals` evaluations of n (TimeModel.ops of its share of KernelWork)."""
+  if n.op is Ops.REDUCE: return evals * (n.src[0].numel // max(n.numel, 1))
+  if n.op in GroupOp.ALU or n.op is Ops.CAST:
+    return evals * (m.transcendental_ops if n.op in TRANSCENDENTAL else m.division_ops if n.op in DIVISION else 1)
+  return 0
 
 class Partition:
   """The kernels of a CALL body (its STOREs) and the candidates that may be stored; `cost(S)` in model seconds.
@@ -316,53 +334,236 @@ def _state(p: Partition, S: frozenset, deadline: float) -> State | None:
   try: return State(p, S, deadline)
   except Late: return None
 
-def solve(p: Partition, deadline: float = INF, exact_max: int = EXACT_MAX, passes: int = 3,
-          margin: float = MARGIN) -> tuple[frozenset, PartitionReport]:
-  """The cheapest set of candidates to store: every subset up to `exact_max` candidates (exact unless the deadline
-  cuts it), above it a greedy local search (single flips, at most `passes` passes) from the cheaper of everything
-  stored and the rules-like partition (each costed only while the deadline allows); the result is the rules-like
-  partition unless predicted `margin` faster. The report gives the method, bound and gap."""
+class TooBig(Exception):
+  """The ILP outgrew MILP_MAX_TERMS while being built."""
+
+def scipy_milp():
+  """(milp, LinearConstraint, Bounds, csr_array), or None: scipy is optional (the `fusion` extra), so it is imported
+  here, where the solver runs, and neither rules mode nor this module's import needs it."""
+  try:
+    from scipy.optimize import milp, LinearConstraint, Bounds
+    from scipy.sparse import csr_array
+  except ImportError: return None
+  return milp, LinearConstraint, Bounds, csr_array
+
+class Ilp:
+  """The partition as a MILP under the time model, solved by HiGHS (scipy.optimize.milp). Binary s_c: candidate c stored.
+  Per kernel k (each STORE value; each candidate c, which exists iff s_c) over its all-fused cone, with reach = the OR
+  of y over d's nearest candidate consumers (k's root: s_c, or 1 for a STORE), every OR exact (u >= each, u <= sum):
+    y[k,d] = reach AND NOT s_d (candidate d computed in k), z[k,d] = reach AND s_d (d read from its buffer);
+    e[k,d] >= f * e[k,x] - M s_d: d's evaluations, the most over its uncut paths (f: the evaluations per evaluation of
+    its consumer x, through broadcasts and reduces); other nodes are evaluated max_x f * e[k,x] times (a variable per
+    set of nearest candidates); an input buffer is read iff the OR of its loads' nearest candidates;
+    bytes = written s + sum z * bytes + sum OR * input bytes;  ops = sum e * the node's model ops;
+    tb >= bytes / bw_cache, tb >= bytes / bw_mem - M (1 - mem) with binary mem forced past cache_bytes;
+    T >= combine(tb, ops * rate) ("max": an epigraph, "sum": tb + ops * rate);  t >= T, t >= par_speedup T - M big, with
+    binary big allowed only when a floor of the kernel's work (ops at their thriftiest path's evaluations) reaches
+    parallel_work; a matmul-shaped root runs at the matmul rate when mm <= s_x for its operands x.
+  Objective: sum launch * (s_c or 1) + t. Exact for everything but (1) a reduce's re-read share (the rate of its ops),
+  fixed per kernel from a reference partition (`objective(S)`), (2) each kernel's read bytes of a buffer, taken
+  all-or-nothing (as many as the all-fused kernel reads). A node's evaluations are capped where they alone would take
+  longer than the anchor partition (`cap_s`, at the fastest throughput): never optimal, and HiGHS wants bounded
+  coefficients (a fully fused transformer block evaluates some values 1e20 times)."""
+  SCALE = 1e6   # objective in microseconds: HiGHS's tolerances are absolute and relative to O(1) numbers
+
+  def __init__(self, p: Partition, cap_s: float, max_terms: int = 60_000, deadline: float = INF):
+    self.p, self.cs, self.terms, self.max_terms, self.cap_s = p, sorted(p.cands), 0, max_terms, cap_s
+    self.lb, self.ub, self.integ, self.rows = [], [], [], []   # rows: ([(var, coef)], lo): sum >= lo
+    self.one = self.var(1, 1)
+    self.s = {c: self.var(0, 1, True) for c in self.cs}
+    self.kern = []   # (root, written, root var, [(var, bytes)], [(var, ops)], (mm var, core ops) | None, t var | None)
+    for v, w, rv in [(v, w, self.one) for v, w in p.stores] + [(p.cands[c], p.cands[c].nbytes, self.s[c]) for c in self.cs]:
+      if time.perf_counter() > deadline: raise Late()
+      self.kern.append(self._kernel(v, w, rv))
+
+  def var(self, lo: float, hi: float, integer: bool = False) -> int:
+    self.lb.append(lo); self.ub.append(hi); self.integ.append(int(integer)); return len(self.lb) - 1
+
+  def ge(self, terms: list, lo: float) -> None:
+    self.rows.append((terms, lo)); self.terms += len(terms)
+    if self.terms > self.max_terms: raise TooBig()
+
+  def _any(self, ys: frozenset, memo: dict) -> int:
+    """A variable >= each of ys and <= their sum: their OR."""
+    if len(ys) == 1: return next(iter(ys))
+    if (u := memo.get(ys)) is None:
+      u = memo[ys] = self.var(0, 1)
+      for y in ys: self.ge([(u, 1), (y, -1)], 0)
+      self.ge([(y, 1) for y in ys] + [(u, -1)], 0)
+    return u
+
+  def _kernel(self, v: Node, written: int, rv: int) -> tuple:
+    p, m = self.p, self.p.model
+    evals, order, _ = p.k.walk(v, frozenset())
+    cap = lambda unit: self.cap_s * max(m.throughput.values()) / unit   # more evaluations cost more than the anchor
+    Y, E, memo = {v.id: rv}, {v.id: (rv, v.numel)}, {}   # E: candidate (or the root) -> (variable, scale): its evaluations
+    F = {v.id: {v.id: 1}}   # node -> {nearest candidate consumer (or the root): most evaluations per evaluation of it}
+    low = {v.id: v.numel}   # evaluations along the thriftiest path: a floor under any partition's (the split's test)
+    comp, work, groups, loads, reads, hi_ops = {}, {}, {}, {}, [], 0.0   # loads: storage root -> [bytes, cap, consumers]
+    for n in order:
+      f = F.pop(n.id)
+      self.terms += len(f)   # the dict merges below cost as much as the rows they become
+      if self.terms > self.max_terms: raise TooBig()
+      if n.op in _LOADS:
+        r = _storage_root(n)
+        e = loads.setdefault(r.id, [0, r.nbytes if r.shape is not None else 0, frozenset()])
+        e[0] += min(evals.get(n.id, 0), n.numel) * n.dtype.itemsize; e[2] |= frozenset(f)
+        continue
+      unit = _node_ops(m, n, 1)
+      if n is not v and n.id in p.cands:
+        reach, sd = self._any(frozenset(Y[x] for x in f), memo), self.s[n.id]
+        y = Y[n.id] = self.var(0, 1)
+        z, e = self.var(0, 1), self.var(0, 1)
+        self.ge([(y, 1), (reach, -1), (sd, 1)], 0); self.ge([(z, 1), (reach, -1), (sd, -1)], -1)
+        self.ge([(reach, 1), (y, -1)], 0); self.ge([(y, -1), (sd, -1)], -1); self.ge([(reach, 1), (z, -1)], 0); self.ge([(sd, 1), (z, -1)], 0)
+        hi = min(evals[n.id], cap(unit))   # e: evaluations / hi, at most 1 (HiGHS wants O(1) values, not 1e20 evaluations)
+        ks = [(E[x][0], k * E[x][1] / hi) for x, k in f.items()]
+        for x, k in ks: self.ge([(e, 1), (x, -k), (sd, max(k for _, k in ks))], 0)   # e >= k e_x unless stored
+        reads.append((z, min(evals[n.id], n.numel) * n.dtype.itemsize))
+        E[n.id], f = (e, hi), {n.id: 1}
+        if unit: comp[e] = comp.get(e, 0.0) + unit * hi
+      elif unit and len(f) == 1 and (k := next(iter(f.values()))) * E[x := next(iter(f))][1] <= cap(unit):
+        comp[E[x][0]] = comp.get(E[x][0], 0.0) + unit * k * E[x][1]
+      elif unit:   # evaluated as often as its widest uncut path: g >= k e_x for each nearest candidate x, g <= 1
+        hi = min(max(k * E[x][1] for x, k in f.items()), cap(unit))
+        if (g := groups.get(key := (frozenset(f.items()), hi))) is None:
+          g = groups[key] = self.var(0, 1)
+          for x, k in f.items(): self.ge([(g, 1), (E[x][0], -k * E[x][1] / hi)], 0)
+        comp[g] = comp.get(g, 0.0) + unit * hi
+      if unit:
+        r = self._any(frozenset(Y[x] for x in f), memo)
+        work[r], hi_ops = work.get(r, 0.0) + unit * min(low[n.id], cap(unit)), hi_ops + unit * min(evals[n.id], cap(unit))
+      mult = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1
+      for x in n.src:
+        d = F.setdefault(x.id, {})
+        for c, k in f.items(): d[c] = max(d.get(c, 0), k * mult)
+        low[x.id] = min(low.get(x.id, INF), low[n.id] * mult)
+    reads += [(self._any(frozenset(Y[x] for x in c), memo), min(b, cap) if cap else b) for b, cap, c in loads.values()]
+    mm, xs = None, _matmul_operands(v)
+    if xs is not None and all(x.op in _LOADS or (x is not v and x.id in p.cands) for x in xs):
+      mv = self.var(0, 1)
+      for y in [rv] + [self.s[x.id] for x in xs if x.op not in _LOADS]: self.ge([(y, 1), (mv, -1)], 0)
+      mm = (mv, _node_ops(m, v, evals[v.id]) + _node_ops(m, mul := _unview(v.src[0]), evals.get(mul.id, 0)))
+    hi_b, hi_w = written + sum(b for _, b in reads), hi_ops + sum(b for _, b in reads) / 4
+    mem = self.var(0, 1, True) if hi_b > m.cache_bytes else None   # 1: past the cache, at bw_mem
+    big = self.var(0, 1, True) if hi_w >= m.parallel_work and m.par_speedup != 1 else None   # 1: split across threads
+    if mem is not None:   # mem >= (bytes - cache) / (most bytes - cache), in MB
+      self.ge([(mem, (hi_b - m.cache_bytes) / 1e6)] + [(x, -b / 1e6) for x, b in [(rv, written)] + reads], -m.cache_bytes / 1e6)
+    if big is not None:   # big <= work / parallel_work, in Mops, with each op's floor of evaluations (never more than the truth)
+      self.ge([(big, -m.parallel_work / 1e6)] + [(x, o / 1e6) for x, o in work.items()] + [(x, b / 4e6) for x, b in reads], 0.0)
+    return v, written, rv, reads, list(comp.items()), hi_ops, mm, mem, big, self.var(0, INF), self.var(0, INF), self.var(0, INF)
+
+  def objective(self, S: frozenset) -> tuple[list, list]:
+    """(objective, the kernel-time rows) with each kernel's rate per op from its kernel under partition S. Per kernel:
+    tb >= bytes / bw_cache, tb >= bytes / bw_mem - Mb (1 - mem); T >= combine(tb, tc); t >= T, t >= par_speedup T -
+    Mt big (big-M with M the most T can be: every variable 1)."""
+    p, m, K = self.p, self.p.model, self.SCALE
+    c, rows, tp, P = [0.0] * len(self.lb), [], m.throughput, m.par_speedup
+    for v, written, rv, reads, comp, hi_ops, mm, mem, big, tb, T, t in self.kern:
+      w = p.k.work(v, written, S)
+      rate = (1 - w.reread) / tp["elementwise"] + w.reread / tp["reduce"] if w.kind in ("reduce", "matmul") else 1 / tp[w.kind]
+      bs = [(rv, written)] + reads
+      rows.append(([(tb, 1.0)] + [(x, -K * b / m.bw_cache) for x, b in bs], 0.0))
+      if mem is not None:
+        mb = K * sum(b for _, b in bs) / m.bw_mem
+        rows.append(([(tb, 1.0), (mem, -mb)] + [(x, -K * b / m.bw_mem) for x, b in bs], -mb))
+      tc = [(x, -K * o * rate) for x, o in comp]
+      if mm is not None: tc.append((mm[0], K * mm[1] * max(rate - 1 / tp["matmul"], 0.0)))
+      if m.combine == "max": rows += [([(T, 1.0), (tb, -1.0)], 0.0), ([(T, 1.0)] + tc, 0.0)]
+      else: rows.append(([(T, 1.0), (tb, -1.0)] + tc, 0.0))
+      c[rv] += K * m.launch_s
+      if big is None: c[T] += P   # never split (or splitting gains nothing)
+      else:
+        hi = min(K * (sum(b for _, b in bs) / (m.bw_mem if mem is not None else m.bw_cache) + rate * hi_ops), 4 * K * self.cap_s)
+        c[t] += 1.0
+        rows += [([(t, 1.0), (T, -1.0)], 0.0), ([(t, 1.0), (T, -P), (big, (P - 1) * hi)], 0.0)]
+    return c, rows
+
+  def run(self, S: frozenset, deadline: float, sp, gap: float = MIP_GAP) -> tuple | None:
+    """(stored set, objective s, dual bound s, mip gap, hit the time limit) of the MILP with constants from S; None
+    when HiGHS found no solution in time."""
+    milp, LinearConstraint, Bounds, csr_array = sp
+    c, extra = self.objective(S)
+    data, ri, ci, lo = [], [], [], []
+    for i, (terms, l) in enumerate(self.rows + extra):
+      for x, k in terms: data.append(k); ri.append(i); ci.append(x)
+      lo.append(l)
+    A = csr_array((data, (ri, ci)), shape=(len(lo), len(self.lb)))
+    res = milp(c, integrality=self.integ, bounds=Bounds(self.lb, self.ub), constraints=LinearConstraint(A, lo, INF),
+               options={"time_limit": max(deadline - time.perf_counter(), 1e-3), "presolve": True, "mip_rel_gap": gap})
+    if (x := res.x) is None: return None
+    self.x = x
+    S = frozenset(c for c in self.cs if res.x[self.s[c]] > 0.5)
+    bound = getattr(res, "mip_dual_bound", None)
+    return S, res.fun / self.SCALE, (res.fun if bound is None else bound) / self.SCALE, getattr(res, "mip_gap", 0.0), res.status == 1
+
+def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int = 3, margin: float = MARGIN,
+          rounds: int = MILP_ROUNDS) -> tuple[frozenset, PartitionReport]:
+  """The cheapest set of candidates to store. "milp" (auto: up to MILP_MAX_CANDIDATES and MILP_MAX_TERMS): the Ilp,
+  its constants from the rules-like partition, then (`rounds`) from its own answer; "greedy" (auto above the bounds,
+  without scipy, or when HiGHS finds nothing in time): single flips from the cheapest start. Every answer is re-costed
+  by Partition.cost, a local search (at most `passes`) polishes the best, and the result is the rules-like partition
+  unless predicted `margin` faster. The report gives the method, its bound and gaps."""
   t0 = time.perf_counter()
-  cs = sorted(p.cands)
+  cs, notes = sorted(p.cands), []
+  budget = max(deadline - t0, 0.0) if deadline < INF else None
   R = rules_like(p, deadline) if cs else frozenset()
-  done, fused = True, None
-  if len(cs) <= exact_max:
-    st = State(p, frozenset())
-    fused = best = st.total
-    bestS, method = frozenset(), "exact"
-    for code in range(1, 1 << len(cs)):   # Gray code: each step flips one candidate (an incremental costing)
+  ti = time.perf_counter()
+  sp = scipy_milp() if method != "greedy" and cs else None
+  if (ti := time.perf_counter() - ti) > 0.01:   # scipy's first import (~0.5 s, once per process) is not the solver's time
+    deadline += ti; notes.append(f"scipy imported in {ti:.2f}s, outside the budget")
+  if method != "greedy" and cs and sp is None: notes.append("scipy not installed: greedy")
+  elif method == "auto" and len(cs) > MILP_MAX_CANDIDATES: sp = None; notes.append(f"{len(cs)} > {MILP_MAX_CANDIDATES} candidates: greedy")
+  ilp, found, starts, done = None, None, [], True   # found: (true cost, S, objective, bound, mip gap, cut)
+  if sp is not None:
+    try: ilp = Ilp(p, p.cost(R if R is not None else frozenset(cs)), MILP_MAX_TERMS if method == "auto" else 1 << 62, deadline)
+    except TooBig: notes.append(f"ILP over {MILP_MAX_TERMS} terms: greedy")
+    except Late: notes.append("out of time building the ILP: greedy")
+  ref = R if R is not None else frozenset()
+  for _ in range(rounds if ilp is not None else 0):
+    if time.perf_counter() > deadline or (r := ilp.run(ref, deadline, sp)) is None: break
+    t = p.cost(r[0])
+    if found is None or t < found[0]: found = (t, *r)
+    if r[0] == ref or r[4]: break
+    ref = r[0]
+  if ilp is not None and found is None: notes.append("HiGHS found no solution in time: greedy")
+  fused = p.cost(frozenset()) if found is not None else None
+  rules_t = (fused if not R else p.cost(R)) if found is not None and R is not None else None
+  if found is not None: starts = [found[1]] + ([] if R is None else [R]) + [frozenset()]
+  else: starts = [frozenset(cs)] + ([] if R is None else [R])   # small kernels: cheap to cost however big the graph
+  st = None
+  for S in starts:
+    if (x := _state(p, S, deadline)) is not None and (st is None or x.total < st.total): st = x
+    if R is not None and S == R and x is not None: rules_t = x.total if rules_t is None else rules_t
+  if st is None: st, done = State(p, starts[0]), False   # past the deadline already: the first start, costed anyway
+  for _ in range(passes):
+    improved = False
+    for c in cs:
       if time.perf_counter() > deadline: done = False; break
-      st.apply(*st.delta(cs[(code & -code).bit_length() - 1]))
-      if st.total < best - 1e-15: best, bestS = st.total, st.S
-    best = opt = p.cost(bestS) if cs else best   # re-summed: incremental updates accumulate rounding
-    rules_t = best if not cs else p.cost(R) if R is not None else None
+      d, T, new = st.delta(c)
+      if d < -1e-15: st.apply(d, T, new); improved = True
+    if not improved or not done: break
+  bestS, best = st.S, math.fsum(st.t.values())
+  if found is not None:
+    method = "milp" + (" (time limit)" if found[5] else "")
+    if bestS != found[1]: notes.append(f"{'local search' if best < found[0] - 1e-15 else 'a start'} beat the ILP's answer by {1 - best / found[0]:.1%}")
+    bound, mip_gap, model_gap = min(found[3], best, rules_t or INF), found[4], (found[0] - found[2]) / found[0] if found[0] > 0 else 0.0
+  elif not cs: method, bound, mip_gap, model_gap = "none (no candidates)", best, None, None
   else:
-    method = "greedy"
-    st = State(p, frozenset(cs))   # small kernels: cheap to cost however big the graph
-    rs = _state(p, R, deadline) if R is not None else None
-    rules_t = rs.total if rs is not None else None
-    if rs is not None and rs.total < st.total: st = rs
-    for _ in range(passes):
-      improved = False
-      for c in cs:
-        if time.perf_counter() > deadline: done = False; break
-        d, T, new = st.delta(c)
-        if d < -1e-15: st.apply(d, T, new); improved = True
-      if not improved or not done: break
-    bestS, best = st.S, math.fsum(st.t.values())
-    opt = best
+    method, mip_gap, model_gap = "greedy" + ("" if done else " (stopped at the deadline)"), None, None
+    bound = min(p.lower_bound(), best) if time.perf_counter() < deadline else min(p.model.launch_s, best)
   if rules_t is not None and R is not None and bestS != R and best > rules_t * (1 - margin): bestS, best, method = R, rules_t, method + ", rules-like kept"
-  if method.startswith("exact") and done: bound = opt
-  else: bound = min(p.lower_bound(), opt) if time.perf_counter() < deadline else p.model.launch_s
-  rep = PartitionReport(method + ("" if done else " (stopped at the deadline)"), len(cs), len(bestS), best, fused, bound,
-                        (best - bound) / best if best > 0 else 0.0, max(deadline - t0, 0.0) if deadline < INF else None,
-                        time.perf_counter() - t0, p.evaluations, rules_t)
+  rep = PartitionReport(method, len(cs), len(bestS), best, fused, bound, (best - bound) / best if best > 0 else 0.0, budget,
+                        time.perf_counter() - t0, p.evaluations, rules_t, mip_gap, model_gap, "; ".join(notes))
   return bestS, rep
 
 def partition_ids(g: EGraphView, choice: list[int], terms: dict[int, Node], root_classes: list[int], enc: Encoding,
                   cands, model: TimeModel, deadline: float = INF) -> tuple[StoredIds, PartitionReport]:
   """The extracted DAG with the cheapest partition's candidates stored, and the report: the kernels are the STOREs of
   the realized terms (`terms`: the decoded extraction) plus each stored candidate."""
+  if not cands:   # nothing to choose: the kernels are what they are (a 10k-node chain costed them all for nothing)
+    return StoredIds(g, choice, {}), PartitionReport("none (no candidates)", predicted_s=None, fused_s=None,
+                                                     budget_s=max(deadline - time.perf_counter(), 0.0) if deadline < INF else None)
   members = stored_members(g, enc, cands)
   stores = [(n.src[1], n.src[1].nbytes) for n in toposort([terms[c] for c in root_classes], enter_calls=False)
             if n.op is Ops.STORE and n.src[1].shape is not None]

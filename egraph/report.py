@@ -6,25 +6,31 @@ from egraph.runner import StopReason
 @dataclass
 class PartitionReport:
   """fusion="cost": how the set of stored intermediates was chosen (egraph/fusion.py), times in model seconds."""
-  method: str = ""          # "exact" (every subset) | "greedy" (local search), "(stopped at the deadline)" when cut
+  method: str = ""          # "milp" (HiGHS on the linearized model) | "greedy" (local search) | "none (no candidates)";
+                            # "(time limit)" / "(stopped at the deadline)" when cut, ", rules-like kept" under the margin
   candidates: int = 0       # candidate classes that had a stored form to choose
   stored: int = 0           # of those, stored
-  predicted_s: float = 0.0  # the chosen partition's predicted run time
+  predicted_s: float | None = 0.0   # the chosen partition's predicted run time; None: no candidates, nothing costed
   fused_s: float | None = 0.0   # nothing stored (every candidate fused into each consumer's kernel); None: not costed in time
-  bound_s: float = 0.0      # a lower bound (exact: the optimum itself)
+  bound_s: float = 0.0      # a lower bound: milp, HiGHS's dual bound on the linearized model (at most the best found)
   gap: float = 0.0          # (predicted - bound) / predicted
   budget_s: float | None = None   # the time the solver was given (callify's remaining Limits.seconds, at most a share of
                                   # callify's time so far: fusion.solver_deadline); None: unlimited
   seconds: float = 0.0      # the solver's own time
   evaluations: int = 0      # kernels costed
   rules_s: float | None = None   # the rules-like partition's predicted time (fusion.rules_like: what lower/'s rules realize)
+  mip_gap: float | None = None   # milp: HiGHS's relative gap between its incumbent and dual bound (the linearized model)
+  model_gap: float | None = None   # milp: (true cost of the ILP's answer - the ILP's objective) / true cost: the linearization's error
+  note: str = ""            # why a method did not run (no scipy, too many candidates, out of time)
 
   def __str__(self) -> str:
+    if self.predicted_s is None: return f"{self.method}" + (f" ({self.note})" if self.note else "")
     budget = f", budget {self.budget_s * 1e3:.1f}ms" if self.budget_s is not None else ""
     rules = f"rules-like {self.rules_s * 1e6:.1f}us, " if self.rules_s is not None else ""
+    milp = f", mip gap {self.mip_gap:.1%}, model gap {self.model_gap:+.1%}" if self.mip_gap is not None and self.model_gap is not None else ""
     return (f"{self.method}: {self.stored}/{self.candidates} stored, predicted {self.predicted_s * 1e6:.1f}us "
-            f"({rules}all fused {'-' if self.fused_s is None else f'{self.fused_s * 1e6:.1f}us'}, bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}), "
-            f"{self.evaluations} kernels costed in {self.seconds * 1e3:.1f}ms{budget}")
+            f"({rules}all fused {'-' if self.fused_s is None else f'{self.fused_s * 1e6:.1f}us'}, bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}{milp}), "
+            f"{self.evaluations} kernels costed in {self.seconds * 1e3:.1f}ms{budget}" + (f"; {self.note}" if self.note else ""))
 
 @dataclass
 class CallifyReport:
