@@ -30,6 +30,7 @@ MODES = ("rules", "cost")
 MILP_MAX_CANDIDATES = 400   # candidates up to which the partition is a MILP (HiGHS); above, the greedy local search
 MILP_MAX_TERMS = 60_000     # nonzeros of the MILP's rows: a bigger one is not built (the build and solve outgrow the budget)
 MILP_ROUNDS = 2           # MILP solves: constants from the rules-like partition, then from the first answer
+LOCAL_RESERVE = 0.3       # of the solver's remaining time, at most 0.5 ms per candidate, kept from HiGHS for the local search
 MIP_GAP = 0.01            # HiGHS stops within 1 % of its bound: the model is not that accurate (MARGIN), the search is costly
 MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
 COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
@@ -371,7 +372,7 @@ class Ilp:
     self.lb, self.ub, self.integ, self.rows = [], [], [], []   # rows: ([(var, coef)], lo): sum >= lo
     self.one = self.var(1, 1)
     self.s = {c: self.var(0, 1, True) for c in self.cs}
-    self.kern = []   # (root, written, root var, [(var, bytes)], [(var, ops)], (mm var, core ops) | None, t var | None)
+    self.kern = []   # per kernel: root, written, root var, [(var, bytes)], [(var, ops)], hi ops, mm, mem, big, tb, T, t
     for v, w, rv in [(v, w, self.one) for v, w in p.stores] + [(p.cands[c], p.cands[c].nbytes, self.s[c]) for c in self.cs]:
       if time.perf_counter() > deadline: raise Late()
       self.kern.append(self._kernel(v, w, rv))
@@ -516,19 +517,20 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   elif method == "auto" and len(cs) > MILP_MAX_CANDIDATES: sp = None; notes.append(f"{len(cs)} > {MILP_MAX_CANDIDATES} candidates: greedy")
   ilp, found, starts, done = None, None, [], True   # found: (true cost, S, objective, bound, mip gap, cut)
   if sp is not None:
-    try: ilp = Ilp(p, p.cost(R if R is not None else frozenset(cs)), MILP_MAX_TERMS if method == "auto" else 1 << 62, deadline)
+    try: ilp = Ilp(p, anchor := p.cost(R if R is not None else frozenset(cs)), MILP_MAX_TERMS if method == "auto" else 1 << 62, deadline)
     except TooBig: notes.append(f"ILP over {MILP_MAX_TERMS} terms: greedy")
     except Late: notes.append("out of time building the ILP: greedy")
   ref = R if R is not None else frozenset()
   for _ in range(rounds if ilp is not None else 0):
-    if time.perf_counter() > deadline or (r := ilp.run(ref, deadline, sp)) is None: break
+    now = time.perf_counter()   # HiGHS gets what is left but a reserve for the starts and the local search
+    if now > deadline or (r := ilp.run(ref, deadline - min(LOCAL_RESERVE * (deadline - now), 5e-4 * len(cs)), sp)) is None: break
     t = p.cost(r[0])
     if found is None or t < found[0]: found = (t, *r)
     if r[0] == ref or r[4]: break
     ref = r[0]
   if ilp is not None and found is None: notes.append("HiGHS found no solution in time: greedy")
   fused = p.cost(frozenset()) if found is not None else None
-  rules_t = (fused if not R else p.cost(R)) if found is not None and R is not None else None
+  rules_t = anchor if ilp is not None and R is not None else None
   if found is not None: starts = [found[1]] + ([] if R is None else [R]) + [frozenset()]
   else: starts = [frozenset(cs)] + ([] if R is None else [R])   # small kernels: cheap to cost however big the graph
   st = None
@@ -547,7 +549,8 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   if found is not None:
     method = "milp" + (" (time limit)" if found[5] else "")
     if bestS != found[1]: notes.append(f"{'local search' if best < found[0] - 1e-15 else 'a start'} beat the ILP's answer by {1 - best / found[0]:.1%}")
-    bound, mip_gap, model_gap = min(found[3], best, rules_t or INF), found[4], (found[0] - found[2]) / found[0] if found[0] > 0 else 0.0
+    bound, mip_gap = min(found[3], best, rules_t or INF), found[4]
+    model_gap = None if found[5] or found[0] <= 0 else (found[0] - found[2]) / found[0]   # a cut incumbent's slack is no error
   elif not cs: method, bound, mip_gap, model_gap = "none (no candidates)", best, None, None
   else:
     method, mip_gap, model_gap = "greedy" + ("" if done else " (stopped at the deadline)"), None, None

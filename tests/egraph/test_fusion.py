@@ -51,8 +51,9 @@ def test_cost_and_rules_give_the_same_values(prog, monkeypatch):
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
   p = res.report.partition
   if p.method == "none (no candidates)": return   # #5527's forms: nothing shared, nothing to choose
-  assert p.method.startswith("milp") and p.bound_s <= p.predicted_s <= p.rules_s and p.bound_s <= p.fused_s
-  assert p.gap >= 0 and p.mip_gap >= 0 and p.model_gap is not None
+  assert p.method.startswith("milp") or "in time" in p.note   # a loaded machine may leave HiGHS without a solution
+  assert p.bound_s <= p.predicted_s <= p.rules_s and p.gap >= 0 and (p.fused_s is None or p.bound_s <= p.fused_s)
+  assert p.method.startswith("greedy") or p.mip_gap >= 0 and (p.model_gap is not None or "(time limit)" in p.method)
 
 def test_numpy_values_of_the_cost_partition(monkeypatch):
   (got,), _ = run(attention, "cost", monkeypatch)
