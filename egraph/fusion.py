@@ -27,7 +27,7 @@ from egraph.report import PartitionReport
 from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION
 
 MODES = ("rules", "cost")
-MILP_MAX_CANDIDATES = 400   # candidates up to which the partition is a MILP (HiGHS); above, the greedy local search
+MILP_MAX_CANDIDATES = 64    # candidates up to which HiGHS runs after the greedy: 20 take it ~6 s, 120 over 60 s (notes/fusion.md)
 MILP_MAX_TERMS = 60_000     # nonzeros of the MILP's rows: a bigger one is not built (the build and solve outgrow the budget)
 MILP_ROUNDS = 2           # MILP solves: constants from the rules-like partition, then from the first answer
 LOCAL_RESERVE = 0.3       # of the solver's remaining time, at most 0.5 ms per candidate, kept from HiGHS for the local search
@@ -498,13 +498,31 @@ class Ilp:
     bound = getattr(res, "mip_dual_bound", None)
     return S, res.fun / self.SCALE, (res.fun if bound is None else bound) / self.SCALE, getattr(res, "mip_gap", 0.0), res.status == 1
 
+def _search(p: Partition, starts: list, cs: list, deadline: float, passes: int) -> tuple[State | None, bool, dict]:
+  """The local search (single flips, at most `passes` passes) from the cheapest of `starts`: (state, finished, each
+  start's cost)."""
+  st, totals = None, {}
+  for S in starts:
+    if (x := _state(p, S, deadline)) is not None:
+      totals[S] = x.total
+      if st is None or x.total < st.total: st = x
+  if st is None: return None, False, totals
+  for _ in range(passes):
+    improved = False
+    for c in cs:
+      if time.perf_counter() > deadline: return st, False, totals
+      d, T, new = st.delta(c)
+      if d < -1e-15: st.apply(d, T, new); improved = True
+    if not improved: break
+  return st, True, totals
+
 def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int = 3, margin: float = MARGIN,
           rounds: int = MILP_ROUNDS) -> tuple[frozenset, PartitionReport]:
-  """The cheapest set of candidates to store. "milp" (auto: up to MILP_MAX_CANDIDATES and MILP_MAX_TERMS): the Ilp,
-  its constants from the rules-like partition, then (`rounds`) from its own answer; "greedy" (auto above the bounds,
-  without scipy, or when HiGHS finds nothing in time): single flips from the cheapest start. Every answer is re-costed
-  by Partition.cost, a local search (at most `passes`) polishes the best, and the result is the rules-like partition
-  unless predicted `margin` faster. The report gives the method, its bound and gaps."""
+  """The cheapest set of candidates to store. First the greedy: single flips (at most `passes` passes) from the cheaper
+  of all-stored and the rules-like partition. Then "milp" (auto: up to MILP_MAX_CANDIDATES and MILP_MAX_TERMS, with
+  scipy): the Ilp with its constants from the rules-like partition, then (`rounds`) from its own answer, until the
+  deadline; an answer better than the greedy's is re-costed by Partition.cost and polished by the local search. The
+  result is the rules-like partition unless predicted `margin` faster; the report gives the method, bound and gaps."""
   t0 = time.perf_counter()
   cs, notes = sorted(p.cands), []
   budget = max(deadline - t0, 0.0) if deadline < INF else None
@@ -515,14 +533,18 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
     deadline += ti; notes.append(f"scipy imported in {ti:.2f}s, outside the budget")
   if method != "greedy" and cs and sp is None: notes.append("scipy not installed: greedy")
   elif method == "auto" and len(cs) > MILP_MAX_CANDIDATES: sp = None; notes.append(f"{len(cs)} > {MILP_MAX_CANDIDATES} candidates: greedy")
-  ilp, found, starts, done = None, None, [], True   # found: (true cost, S, objective, bound, mip gap, cut)
+  ilp, found, anchor = None, None, None   # found: (true cost, S, objective, bound, mip gap, cut)
   if sp is not None:
-    try: ilp = Ilp(p, anchor := p.cost(R if R is not None else frozenset(cs)), MILP_MAX_TERMS if method == "auto" else 1 << 62, deadline)
+    anchor = p.cost(R if R is not None else frozenset(cs))
+    try: ilp = Ilp(p, anchor, MILP_MAX_TERMS if method == "auto" else 1 << 62, deadline)
     except TooBig: notes.append(f"ILP over {MILP_MAX_TERMS} terms: greedy")
     except Late: notes.append("out of time building the ILP: greedy")
+  starts = [frozenset(cs)] + ([] if R is None else [R])   # the greedy first: small kernels, cheap however big the graph
+  st, done, totals = _search(p, starts, cs, deadline, passes)
+  rules_t = None if R is None else anchor if anchor is not None else totals.get(R)
   ref = R if R is not None else frozenset()
-  for _ in range(rounds if ilp is not None else 0):
-    now = time.perf_counter()   # HiGHS gets what is left but a reserve for the starts and the local search
+  for _ in range(rounds if ilp is not None else 0):   # then HiGHS, with what is left but a reserve for polishing its answer
+    now = time.perf_counter()
     if now > deadline or (r := ilp.run(ref, deadline - min(LOCAL_RESERVE * (deadline - now), 5e-4 * len(cs)), sp)) is None: break
     t = p.cost(r[0])
     if found is None or t < found[0]: found = (t, *r)
@@ -530,21 +552,10 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
     ref = r[0]
   if ilp is not None and found is None: notes.append("HiGHS found no solution in time: greedy")
   fused = p.cost(frozenset()) if found is not None else None
-  rules_t = anchor if ilp is not None and R is not None else None
-  if found is not None: starts = [found[1]] + ([] if R is None else [R]) + [frozenset()]
-  else: starts = [frozenset(cs)] + ([] if R is None else [R])   # small kernels: cheap to cost however big the graph
-  st = None
-  for S in starts:
-    if (x := _state(p, S, deadline)) is not None and (st is None or x.total < st.total): st = x
-    if R is not None and S == R and x is not None: rules_t = x.total if rules_t is None else rules_t
+  if found is not None and (st is None or found[0] < st.total):
+    st2, done2, _ = _search(p, [found[1], frozenset()], cs, deadline, passes)
+    if st2 is not None and (st is None or st2.total < st.total): st, done = st2, done2
   if st is None: st, done = State(p, starts[0]), False   # past the deadline already: the first start, costed anyway
-  for _ in range(passes):
-    improved = False
-    for c in cs:
-      if time.perf_counter() > deadline: done = False; break
-      d, T, new = st.delta(c)
-      if d < -1e-15: st.apply(d, T, new); improved = True
-    if not improved or not done: break
   bestS, best = st.S, math.fsum(st.t.values())
   if found is not None:
     method = "milp" + (" (time limit)" if found[5] else "")
