@@ -8,10 +8,10 @@
   over the candidates: `Partition.cost(S)` is the sum over the resulting kernels (one per STORE: the CALL's own and the
   stored candidates') of TimeModel.kernel_seconds(KernelWork), read off the IR by `Kernels` (bytes of each input read
   once, flops with recompute multiplicity: a fused value is computed in every kernel that reads it, once per element
-  of each broadcast and of each reduce it sits inside). `solve` states the choice as a MILP (`Ilp`) and solves it
-  with HiGHS (scipy.optimize.milp, the optional `fusion` extra) up to MILP_MAX_CANDIDATES candidates within the
-  remaining time budget, and runs a greedy local search (single flips from the cheapest start) above it, without
-  scipy, or to polish the MILP's answer; every answer is re-costed by Partition.cost.
+  of each broadcast and of each reduce it sits inside). `solve` runs a greedy local search (single flips from the
+  cheaper of all-stored and rules-like), then, up to MILP_MAX_CANDIDATES candidates and within the remaining time
+  budget, states the choice as a MILP (`Ilp`) solved by HiGHS (scipy.optimize.milp, the optional `fusion` extra);
+  every answer is re-costed by Partition.cost.
 * `StoredIds` is the extracted DAG with the chosen stored members: a stored class reads as its AFTER, the STORE inside
   it as the computed form (~k), which makes the cyclic class {x, AFTER(f, STORE(f, x))} an acyclic CALL.
 The CALL's SINK carries arg "cost" (`mark`): lowering (lower/kernelize.py) then takes the stores as the partition and
@@ -492,8 +492,7 @@ class Ilp:
     A = csr_array((data, (ri, ci)), shape=(len(lo), len(self.lb)))
     res = milp(c, integrality=self.integ, bounds=Bounds(self.lb, self.ub), constraints=LinearConstraint(A, lo, INF),
                options={"time_limit": max(deadline - time.perf_counter(), 1e-3), "presolve": True, "mip_rel_gap": gap})
-    if (x := res.x) is None: return None
-    self.x = x
+    if res.x is None: return None
     S = frozenset(c for c in self.cs if res.x[self.s[c]] > 0.5)
     bound = getattr(res, "mip_dual_bound", None)
     return S, res.fun / self.SCALE, (res.fun if bound is None else bound) / self.SCALE, getattr(res, "mip_gap", 0.0), res.status == 1
