@@ -6,12 +6,18 @@ import ml_dtypes
 import numpy as np
 from egraph.errors import DTypeError
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
+  """Interned: equal fields give the same object (construction, copy and pickle alike), so equality is identity and
+  hashing is C-level (a hash-cons key holds a dtype: the dataclass __hash__ was a Python call per lookup)."""
   name: str
   itemsize: int
   kind: str          # 'b' bool, 'i' signed, 'u' unsigned, 'f' float, 'v' void
   priority: int      # tinygrad's: promotion picks the least common ancestor with the lowest priority
+  def __new__(cls, name: str, itemsize: int, kind: str, priority: int):
+    if (d := _INTERNED.get(k := (name, itemsize, kind, priority))) is None: d = _INTERNED[k] = object.__new__(cls)
+    return d
+  def __reduce__(self): return (DType, (self.name, self.itemsize, self.kind, self.priority))
   def __repr__(self): return f"dtypes.{self.name}"
   @property
   def np(self): return None if self.kind == 'v' else _NP[self.name]
@@ -35,6 +41,7 @@ class DType:
     if (f := _FINFO.get(self.name)) is None: raise DTypeError(f"{self.name}: finfo is defined for floats")
     return f
 
+_INTERNED: dict[tuple, DType] = {}
 _NP = {"bool": np.dtype(np.bool_), "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8), "int16": np.dtype(np.int16),
        "uint16": np.dtype(np.uint16), "int32": np.dtype(np.int32), "uint32": np.dtype(np.uint32),
        "int64": np.dtype(np.int64), "uint64": np.dtype(np.uint64), "float16": np.dtype(np.float16),

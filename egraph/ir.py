@@ -4,7 +4,7 @@ Shapes are plain tuples of ints in `arg` (not nodes, unlike tinygrad): that keep
 carry them as interned arguments. Every check raises at construction, naming the op and the shapes.
 """
 from __future__ import annotations
-import itertools, math, operator, struct, weakref
+import itertools, math, struct, weakref
 from _weakref import _remove_dead_weakref
 from dataclasses import dataclass
 from enum import Enum, auto
@@ -113,11 +113,12 @@ class _Ref(weakref.ref):
   __slots__ = ("key",)
 
 # the hash-cons table, key -> _Ref: a WeakValueDictionary's get and set are Python calls (a fifth of making a node);
-# an entry goes when its node dies, and only while its reference is dead (as WeakValueDictionary removes it)
+# an entry goes when its node dies, and only while its reference is dead (as WeakValueDictionary removes it). A key
+# holds the sources themselves (they hash and compare by identity, and the node keeps them alive anyway): no ids tuple
 _cache: dict = {}
 def _drop(ref: _Ref, table=_cache) -> None: _remove_dead_weakref(table, ref.key)
-_id_of = operator.attrgetter("id")
 _ids = itertools.count()
+_get, _new, _next_id = _cache.get, object.__new__, _ids.__next__
 
 class Node:
   """An immutable, hash-consed IR node. Structurally equal nodes are the same object."""
@@ -127,7 +128,7 @@ class Node:
   def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[Node, ...] = (), arg: Any = None):
     src = tuple(src)
     if dtype is None: dtype = _infer_dtype(op, src, arg)
-    key = (op, dtype, tuple(map(_id_of, src)), const_key(arg) if op is Ops.CONST else arg)
+    key = (op, dtype, src, const_key(arg) if op is Ops.CONST else arg)
     if (ref := _cache.get(key)) is not None and (ret := ref()) is not None: return ret
     return _make(key, op, dtype, src, arg, *_infer(op, dtype, src, arg))
 
@@ -139,12 +140,16 @@ class Node:
     op = self.op
     if len(src) != len(old) or op is Ops.GETTUPLE: return Node(op, self.dtype, src, self.arg)
     for s, o in zip(src, old):   # shapes compare by repr past identity: a bound dimension equals its value as an int
-      if s is not o and (s.device != o.device or (s.dtype is not o.dtype and s.dtype != o.dtype) or
-                         (s.shape is not o.shape and (s.shape != o.shape or repr(s.shape) != repr(o.shape)))):
+      if (s.shape is not o.shape or s.dtype is not o.dtype or s.device != o.device) and \
+         (s.dtype is not o.dtype or s.device != o.device or s.shape != o.shape or repr(s.shape) != repr(o.shape)):
         return Node(op, self.dtype, src, self.arg)
-    key = (op, self.dtype, tuple(map(_id_of, src)), const_key(self.arg) if op is Ops.CONST else self.arg)
-    if (ref := _cache.get(key)) is not None and (ret := ref()) is not None: return ret
-    return _make(key, op, self.dtype, src, self.arg, self.shape, self.device)
+    key = (op, dtype := self.dtype, src, const_key(arg := self.arg) if op is _CONST else (arg := self.arg))
+    if (ref := _get(key)) is not None and (ret := ref()) is not None: return ret
+    ret = _new(Node)   # _make, inline: the fallback CALL makes ~200k nodes here
+    ret.op, ret.dtype, ret.src, ret.arg, ret.id, ret.shape, ret.device = op, dtype, src, arg, _next_id(), self.shape, self.device
+    ref = _cache[key] = _Ref(ret, _drop)
+    ref.key = key
+    return ret
 
   def __reduce__(self): return (Node, (self.op, self.dtype, self.src, self.arg))
   def __repr__(self): return f"<{self.op.name} {self.dtype.name} {self.shape} #{self.id}>"
@@ -186,6 +191,8 @@ class Node:
   def after(self, *deps: Node) -> Node: return Node(Ops.AFTER, self.dtype, (self, *deps)) if deps else self
   def store(self, value: Node) -> Node: return Node(Ops.STORE, dtypes.void, (self, value))
   def sink(*srcs: Node) -> Node: return Node(Ops.SINK, dtypes.void, tuple(srcs))
+
+_CONST = Ops.CONST
 
 def _make(key: tuple, op: Ops, dtype: DType, src: tuple, arg, shape, device) -> Node:
   """A new Node, entered in the hash-cons table under `key` (which it is not in)."""
