@@ -261,9 +261,66 @@ class MaterializedIds:
 
 def materialized_call(enc: Encoding) -> BuiltCall:
   """The all-materialized CALL straight from the Encoding (no e-graph), linear in the graph: callify's fallback when
-  its limits leave no time to saturate and extract."""
+  its limits leave no time to saturate and extract. `build_call` over `MaterializedIds`, node for node, specialized:
+  a vertex v indexes flat lists (~(2i), ~(2i+1) from their end), one walk orders, one numbers the PARAMs (pre-order
+  from the SINK), one loop over the order builds (every PARAM is numbered by then, and hash-consing makes the build
+  order immaterial)."""
   ids = MaterializedIds(enc)
-  return build_call(ids, ids.roots, enc.keys, enc.fresh_buffers, has_bound_dims(enc))
+  nodes, orig, listed, mkids = ids.nodes, ids.orig, ids.listed, ids.kids
+  n_ids = len(nodes)
+  R = list(range(n_ids))
+  for i, r in ids.redirect.items(): R[i] = r
+  rget = R.__getitem__
+  K: list = [None] * (3 * n_ids)   # children; v >= 0 from the front, ~(2i) and ~(2i+1) (< 2 * n_ids) from the back
+  O: list = [None] * (3 * n_ids)   # op names
+  order, stack, done = [], list(reversed(ids.roots)), _DONE   # a vertex under _DONE is finished when _DONE pops
+  while stack:
+    if (v := stack.pop()) is done: order.append(stack.pop()); continue
+    if K[v] is not None: continue
+    if v >= 0:
+      O[v], _, ks = orig[v]
+      ks = K[v] = list(map(rget, listed(ks) if len(ks) == 1 and nodes[ks[0]] is None else ks))
+    else: ks = K[v] = mkids(v); O[v] = "STORE" if ~v & 1 else "AFTER"
+    stack += (v, done)
+    stack += reversed(ks)
+  sink = [v for v in order if O[v] == "AFTER"]
+  args: list[Node] = []
+  slot_of: dict[Node, int] = {}
+  built: list = [None] * (3 * n_ids)
+  walked = bytearray(3 * n_ids)
+  stack = list(reversed(sink))
+  while stack:   # PARAMs numbered at first visit, as `parameterize` walks
+    if walked[v := stack.pop()]: continue
+    walked[v] = 1
+    if (o := O[v]) != "BUFFER" and (o != "SLICE" or O[K[v][0]] != "BUFFER"): stack += reversed(K[v]); continue
+    n = nodes[v] if o == "BUFFER" else nodes[v].over((nodes[K[v][0]],))   # a whole SLICE(BUFFER): one arg
+    if n not in slot_of: slot_of[n] = len(args); args.append(n)
+    built[v] = Node(Ops.PARAM, n.dtype, (), ParamArg(slot_of[n], n.shape, n.device, shard=isinstance(n.device, tuple)))
+  get, void, stores, CALL, FUNCTION, STORE, AFTER = built.__getitem__, dtypes.void, set(), Ops.CALL, Ops.FUNCTION, Ops.STORE, Ops.AFTER
+  for v in order:
+    if not walked[v] or built[v] is not None: continue
+    src = tuple(map(get, K[v]))
+    if v < 0:
+      if ~v & 1: built[v] = n = Node(STORE, void, src); stores.add(n)
+      else: built[v] = Node(AFTER, src[0].dtype, src)
+      continue
+    if (o := (n := nodes[v]).op) is CALL or o is FUNCTION: src = (n.src[0], *src)
+    built[v] = n = n.over(src)   # a BUFFER's PARAM and views keep its shape: most nodes skip inference
+    if o is STORE: stores.add(n)
+  body = Node(Ops.SINK, void, tuple(dict.fromkeys(built[v] for v in sink)))
+  body, args = bind_dims(body, args) if has_bound_dims(enc) else (body, args)
+  buffer_map, views = {}, 0
+  for k, r in zip(enc.keys, ids.roots):
+    chain, v = [], r
+    while (o := O[v]) != "BUFFER" and o != "PARAM":
+      if o not in _SKIP_OPS:
+        if o not in _VIEW_OPS: raise EngineError(f"extraction chose a non-storage form {o} for a realized value")
+        chain.append(ids.template(v))
+      v = K[v][0]
+    buffer_map[k] = view_over(ids.make(v, ()), chain)
+    views += O[r] != "AFTER" and any(t[0] is Ops.SLICE for t in chain)
+  buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in enc.fresh_buffers)
+  return BuiltCall(Node(Ops.CALL, void, (body, *args), CallInfo()), buffer_map, len(stores), buffers, views)
 
 # ---- the result cache: the same graph over other buffers reuses the saturated result ---------------------------------
 

@@ -46,6 +46,24 @@ def test_materialized_call_is_the_unoptimized_e_graph_form(g):
   except EngineError: return   # a form only an optimize rule gives (an assign's several writes): nothing to compare
   assert m.call is call and m.buffer_map == bmap
 
+@SETTINGS
+@given(graphs(dtype=None))
+def test_materialized_call_is_build_call_over_materialized_ids(g):
+  """The fallback's specialized build (flat lists, the PARAMs numbered before the body is built) is node for node the
+  generic `build_call` over the same ids, with the same counts, also where extraction would raise."""
+  enc = encode(g.roots)
+  if not enc.keys: return
+  m, ids = materialized_call(enc), drv.MaterializedIds(enc)
+  b = drv.build_call(ids, ids.roots, enc.keys, enc.fresh_buffers, drv.has_bound_dims(enc))
+  assert m.call is b.call and m.buffer_map == b.buffer_map and (m.stores, m.buffers, m.views) == (b.stores, b.buffers, b.views)
+
+def test_dtypes_are_interned():
+  """Equal dtypes are one object however made (hash-cons keys hash them by identity)."""
+  import copy, pickle
+  from egraph.dtype import DType
+  assert DType("float32", 4, 'f', 14) is dtypes.float32 and pickle.loads(pickle.dumps(dtypes.int8)) is dtypes.int8
+  assert copy.deepcopy(dtypes.bool) is dtypes.bool and dtypes.float32 == dtypes.float and dtypes.float32 != dtypes.int32
+
 @pytest.mark.parametrize("rule", PLANTED)
 def test_materialized_call_matches_with_each_rule_planted(rule):
   @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
