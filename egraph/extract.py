@@ -17,41 +17,60 @@ class Unextractable(EngineError):
   """An e-class needed for the CALL has no extractable e-node (a run stopped before the rule that gives it one)."""
 
 _CTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
+_PRICED = frozenset({"STORE", "BUFFER", "PARAM", "SLICE"})   # the ops CostModel.enode_cost prices beyond `nodes`
 _STORAGE_FORMS = frozenset({"AFTER", "SLICE", "BUFFER", "PARAM", "RESHAPE", "SHRINK", "PERMUTE", "FLIP", "MULTI"})
+
+def _raw_ids(fns, i64) -> bool:
+  """Does value_to_i64 read an e-class Value's raw id (its printed form Value(id))? Checked on one row, else Values are
+  hashed."""
+  rows = next((f.rows for n in _CTORS if n in fns and (f := fns[n]).rows), None)
+  if rows is None: return False
+  try: return str(v := rows[0].output) == f"Value({i64(v)})"
+  except Exception: return False   # noqa: BLE001 -- a panic from egglog's typed accessor: not raw
 
 class EGraphView:
   """The frozen e-graph as flat Python lists: e-nodes (class, op, arg id, child classes) and class facts."""
   def __init__(self, frozen, egraph, enc: Encoding, abort_at: float = INF):
-    self.enc, cls, strs = enc, {}, {}
-    def c(v):
-      if (i := cls.get(v)) is None: i = cls[v] = len(cls)
-      return i
-    def s(v):
-      if (r := strs.get(v)) is None: r = strs[v] = egraph.value_to_string(v)
-      return r
-    i64 = egraph.value_to_i64
+    self.enc, cls, fns = enc, {}, frozen.functions
+    vstr, i64 = egraph.value_to_string, egraph.value_to_i64
+    # e-class Values keyed by their raw ids (egglog 13.2 reads them with value_to_i64: a C call, where hashing a Value
+    # costs ~5x more); numbered in first appearance, each row's output before its children, as the e-nodes are read
+    raw = i64 if _raw_ids(fns, i64) else (lambda v: v)
+    cnum = cls.setdefault
     self.cls, self.op, self.arg, self.kids = [], [], [], []
-    fns = frozen.functions
-    for name in _CTORS:
+    for name in _CTORS:   # one comprehension per constructor: no per-row Python calls beyond egglog's accessors
       if name not in fns: continue
-      for j, r in enumerate(fns[name].rows):
-        if not j % TICK: checkpoint(abort_at, "reading the e-graph")
-        if r.subsumed: continue
-        ins = r.inputs
-        self.cls.append(c(r.output))
-        if name in ("Cons", "Nil"): self.op.append(name); self.arg.append(0); self.kids.append(tuple(c(v) for v in ins))
-        else: self.op.append(s(ins[0])); self.arg.append(i64(ins[1])); self.kids.append(tuple(c(v) for v in ins[2:]))
-    self.class_of_id = {i64(r.inputs[0]): c(r.output) for r in fns["N"].rows}
+      checkpoint(abort_at, "reading the e-graph")
+      rows = [r for r in fns[name].rows if not r.subsumed]
+      ins = [r.inputs for r in rows]
+      if name in ("Cons", "Nil"): self.op += [name] * len(rows); self.arg += [0] * len(rows); ks = ins
+      else:
+        ops = [x[0] for x in ins]
+        smap = {v: vstr(v) for v in dict.fromkeys(ops)}
+        self.op += map(smap.__getitem__, ops); self.arg += [i64(x[1]) for x in ins]; ks = [x[2:] for x in ins]
+      for r, x in zip(rows, ks):
+        self.cls.append(cnum(raw(r.output), len(cls)))
+        self.kids.append(tuple([cnum(raw(v), len(cls)) for v in x]))
+    nrows = fns["N"].rows
+    self.class_of_id = {i64(r.inputs[0]): cnum(raw(r.output), len(cls)) for r in nrows}
     self.n_classes = len(cls)
     self.info: list[Node | None] = [None] * self.n_classes     # an IR node of each class (for shapes and dtypes)
+    info, nodes = self.info, enc.nodes
     for i, k in self.class_of_id.items():
-      if (n := enc.nodes[i]) is not None and self.info[k] is None: self.info[k] = n
+      if info[k] is None and (n := nodes[i]) is not None: info[k] = n
     self.fresh_class: dict[int, set[int]] = {}     # realize class -> its fresh storage classes (several after merges)
     for r, f in enc.fresh.items(): self.fresh_class.setdefault(self.class_of_id[r], set()).add(self.class_of_id[f])
     self.fresh_classes = set().union(*self.fresh_class.values())
+    checkpoint(abort_at, "reading the e-graph")
     self.parents: list[list[int]] = [[] for _ in range(self.n_classes)]
+    self.n_kids: list[int] = []   # distinct child classes per e-node (Knuth's pending counts)
+    parents, nk = self.parents, self.n_kids.append
     for e, ks in enumerate(self.kids):
-      for k in set(ks): self.parents[k].append(e)
+      if len(ks) == 1: parents[ks[0]].append(e); nk(1)
+      elif not ks: nk(0)
+      else:
+        u = set(ks); nk(len(u))
+        for k in u: parents[k].append(e)
     self.forbidden_args = set(enc.computed_args)
 
   @property
@@ -73,18 +92,18 @@ class EGraphView:
     return (kids,) if n.op in (Ops.CALL, Ops.FUNCTION, Ops.SINK, Ops.TUPLE) or (n.op is Ops.AFTER and len(kids) != 2) or len(kids) > 3 else kids
 
   def local_costs(self, model: CostModel, abort_at: float = INF) -> list[int | None]:
-    out = []
-    fresh = self.enc.fresh_buffers
-    for e in range(self.n_enodes):
+    out, fresh, args, info, cls, kids, forbidden = [], self.enc.fresh_buffers, self.enc.args, self.info, self.cls, self.kids, self.forbidden_args
+    plain = type(model).enode_cost is CostModel.enode_cost   # the base model prices only storage ops: no IR node needed
+    flat = model.nodes
+    for e, (op, a) in enumerate(zip(self.op, self.arg)):
       if not e % TICK: checkpoint(abort_at, "costing e-nodes")
-      op = self.op[e]
-      if op == "CONTIGUOUS" or (op == "AFTER" and self.arg[e] in self.forbidden_args): out.append(None); continue
-      if op in ("Cons", "Nil"): out.append(0); continue
-      if op == "FUNCTION" and self.enc.args[self.arg[e]][1][0].precompile: out.append(None); continue   # only its CALL form runs
-      node = self.info[self.cls[e]]
-      target = self.info[self.kids[e][0]] if op == "STORE" else None
-      isfresh = op == "BUFFER" and self.enc.args[self.arg[e]][1].uid in fresh
-      out.append(model.enode_cost(op, node, target, isfresh))
+      if op == "CONTIGUOUS" or (op == "AFTER" and a in forbidden): out.append(None)
+      elif op == "Cons" or op == "Nil": out.append(0)
+      elif op == "FUNCTION" and args[a][1][0].precompile: out.append(None)   # only its CALL form runs
+      elif plain and op not in _PRICED: out.append(flat)
+      else:
+        out.append(model.enode_cost(op, info[cls[e]], info[kids[e][0]] if op == "STORE" else None,
+                                    op == "BUFFER" and args[a][1].uid in fresh))
     return out
 
   @functools.cached_property
@@ -113,23 +132,56 @@ class EGraphView:
 def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = None,
           abort_at: float = INF) -> tuple[list[int], list[int]]:
   """Minimum tree cost per class (Knuth's generalisation of Dijkstra). Returns (best cost, chosen e-node) per class."""
+  return _knuth(g, costs, allowed, abort_at)[:2]
+
+def _forced(g: EGraphView, ok: list[int | None]) -> bool:
+  """Can every class be given at most one e-node? Then Knuth's choice is that e-node wherever it is reachable, whatever
+  the costs. An e-node whose child class has a single e-node that reads its own class back (a stored form
+  AFTER(f, STORE(f, x)) in x's class) is only ready once its class is done, so it never counts."""
+  live = [e for e, c in enumerate(ok) if c is not None]
+  cl = [g.cls[e] for e in live]
+  if len(set(cl)) == len(cl): return True
+  by: dict[int, list[int]] = {}
+  for e, k in zip(live, cl): by.setdefault(k, []).append(e)
+  kids = g.kids
+  return all(len(es) < 2 or sum(not any(len(o := by.get(j, ())) == 1 and k in kids[o[0]] for j in kids[e]) for e in es) < 2
+             for k, es in by.items())
+
+def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, abort_at: float) -> tuple[list, list, bool]:
+  """(best, choice, forced): Knuth's pass; where `_forced`, the same choice by readiness alone (no heap, no order)."""
   best, choice, done = [INF] * g.n_classes, [-1] * g.n_classes, [False] * g.n_classes
-  pending = [len(set(k)) for k in g.kids]
-  heap = [(costs[e], e) for e in range(g.n_enodes) if pending[e] == 0 and costs[e] is not None and (allowed is None or allowed[e])]
+  pending = g.n_kids.copy()
+  ok = costs if allowed is None else [c if a else None for c, a in zip(costs, allowed)]   # None: never chosen
+  heap = [(c, e) for e, (c, p) in enumerate(zip(ok, pending)) if p == 0 and c is not None]
+  cls, parents, ck, bget = g.cls, g.parents, g.cost_kids, best.__getitem__
+  steps, tick = 0, TICK if abort_at < INF else -1
+  if forced := _forced(g, ok):   # one candidate per class: it is chosen once its children are, in any order
+    stack = [e for _, e in heap]
+    while stack:
+      steps += 1
+      if steps == tick: checkpoint(abort_at, "extracting (Knuth)"); tick += TICK
+      e = stack.pop()
+      k = cls[e]
+      if done[k]: continue
+      done[k], best[k], choice[k] = True, ok[e] + sum(map(bget, ck[e])), e
+      for p in parents[k]:
+        pending[p] -= 1
+        if not pending[p] and ok[p] is not None and not done[cls[p]]: stack.append(p)
+    return best, choice, True
   heapq.heapify(heap)
-  steps = 0
+  pop, push = heapq.heappop, heapq.heappush
   while heap:
     steps += 1
-    if not steps % TICK: checkpoint(abort_at, "extracting (Knuth)")
-    c, e = heapq.heappop(heap)
-    k = g.cls[e]
+    if steps == tick: checkpoint(abort_at, "extracting (Knuth)"); tick += TICK
+    c, e = pop(heap)
+    k = cls[e]
     if done[k]: continue
     done[k], best[k], choice[k] = True, c, e
-    for p in g.parents[k]:
+    for p in parents[k]:
       pending[p] -= 1
-      if pending[p] == 0 and costs[p] is not None and (allowed is None or allowed[p]) and not done[g.cls[p]]:
-        heapq.heappush(heap, (costs[p] + sum(best[x] for x in g.cost_kids[p]), p))
-  return best, choice
+      if not pending[p] and (cp := ok[p]) is not None and not done[cls[p]]:
+        push(heap, (cp + sum(map(bget, ck[p])), p))
+  return best, choice, False
 
 def baseline_cost(enc: Encoding, model: CostModel) -> int:
   """Cost of the everything-materialized CALL, read off the encoding: every inserted node once, and every realize
@@ -155,17 +207,12 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
   if its DAG cost is lower (tree cost counts a shared subterm once per use, which can hide the cheaper DAG). No
   refinement round runs past `deadline` (a time.perf_counter() value): the Knuth choice is already valid. Past
   `abort_at` the first Knuth pass raises OutOfBudget."""
-  _, choice = knuth(g, costs, allowed, abort_at)
+  _, choice, forced = _knuth(g, costs, allowed, abort_at)
   best = dag_cost(g, costs, choice, roots)
-  if g.n_classes >= refine_below: return choice, best
+  if g.n_classes >= refine_below or forced: return choice, best   # forced: every round would choose the same
   for _ in range(rounds):
     if time.perf_counter() > deadline: break
-    paid = set()
-    stack, seen = list(roots), set()
-    while stack:
-      k = stack.pop()
-      if k in seen: continue
-      seen.add(k); paid.add(choice[k]); stack.extend(g.kids[choice[k]])
+    paid = {choice[k] for k in _reached(choice, roots, g.kids, g.n_classes, False)}
     try: _, cand = knuth(g, [0 if e in paid and c is not None else c for e, c in enumerate(costs)], allowed, min(deadline, abort_at))
     except OutOfBudget: break
     c = dag_cost(g, costs, cand, roots)
@@ -173,18 +220,20 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
     choice, best = cand, c
   return choice, best
 
-def dag_cost(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int]) -> int:
-  """Cost of the chosen DAG under `roots`: every class reached is paid once (sharing-aware)."""
-  seen, stack, total = set(), list(roots), 0
+def _reached(choice: list[int], roots: list[int], kids: list[tuple], n: int, strict: bool = True) -> list[int]:
+  """The classes reached from `roots` through the chosen e-nodes' `kids`; `strict`: a class without a choice raises."""
+  seen, out, stack = bytearray(n), [], list(roots)
   while stack:
     k = stack.pop()
-    if k in seen: continue
-    seen.add(k)
-    e = choice[k]
-    if e < 0: raise Unextractable(f"extraction: e-class {k} has no extractable e-node")
-    total += costs[e]
-    stack.extend(g.cost_kids[e])
-  return total
+    if seen[k]: continue
+    seen[k] = 1; out.append(k)
+    if (e := choice[k]) >= 0: stack += kids[e]
+    elif strict: raise Unextractable(f"extraction: e-class {k} has no extractable e-node")
+  return out
+
+def dag_cost(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int]) -> int:
+  """Cost of the chosen DAG under `roots`: every class reached is paid once (sharing-aware)."""
+  return sum([costs[choice[k]] for k in _reached(choice, roots, g.cost_kids, g.n_classes)])
 
 class ChosenIds:
   """The extracted DAG for `driver.build_call`: e-class ids, each standing for its chosen e-node (Cons lists flattened)."""
