@@ -3,7 +3,7 @@ cost (exact, Python ints, cycles are fine), then the chosen DAG is costed with e
 egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is not used. Given an `abort_at` time
 (time.perf_counter()), the loops check it every TICK steps and raise OutOfBudget once it has passed."""
 from __future__ import annotations
-import functools, heapq, time
+import functools, heapq, itertools, operator, time
 from egraph.ir import Node, Ops
 from egraph.encode import Encoding, COMPUTED_TARGET
 from egraph.cost import CostModel
@@ -17,6 +17,7 @@ class Unextractable(EngineError):
   """An e-class needed for the CALL has no extractable e-node (a run stopped before the rule that gives it one)."""
 
 _CTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
+_ARITY = {"L": 0, "U": 1, "B": 2, "R": 3, "V": 1, "Cons": 2, "Nil": 0}   # child classes per constructor
 _PRICED = frozenset({"STORE", "BUFFER", "PARAM", "SLICE"})   # the ops CostModel.enode_cost prices beyond `nodes`
 _STORAGE_FORMS = frozenset({"AFTER", "SLICE", "BUFFER", "PARAM", "RESHAPE", "SHRINK", "PERMUTE", "FLIP", "MULTI"})
 
@@ -31,29 +32,36 @@ def _raw_ids(fns, i64) -> bool:
 class EGraphView:
   """The frozen e-graph as flat Python lists: e-nodes (class, op, arg id, child classes) and class facts."""
   def __init__(self, frozen, egraph, enc: Encoding, abort_at: float = INF):
-    self.enc, cls, fns = enc, {}, frozen.functions
+    self.enc, fns = enc, frozen.functions
     vstr, i64 = egraph.value_to_string, egraph.value_to_i64
-    # e-class Values keyed by their raw ids (egglog 13.2 reads them with value_to_i64: a C call, where hashing a Value
-    # costs ~5x more); numbered in first appearance, each row's output before its children, as the e-nodes are read
-    raw = i64 if _raw_ids(fns, i64) else (lambda v: v)
-    cnum = cls.setdefault
-    self.cls, self.op, self.arg, self.kids = [], [], [], []
-    for name in _CTORS:   # one comprehension per constructor: no per-row Python calls beyond egglog's accessors
+    # column by column, in C-level maps: e-class Values as their raw ids where egglog 13.2's value_to_i64 reads them (a
+    # C call; hashing a Value costs several times more), numbered in first appearance, each row's output before its
+    # children, constructors in _CTORS order, then the N rows
+    ids = (lambda xs: list(map(i64, xs))) if _raw_ids(fns, i64) else list
+    out_, in_ = operator.attrgetter("output"), operator.attrgetter("inputs")
+    self.op, self.arg, cols = [], [], []   # cols: per constructor, (output ids, one id column per child)
+    for name in _CTORS:
       if name not in fns: continue
       checkpoint(abort_at, "reading the e-graph")
-      rows = [r for r in fns[name].rows if not r.subsumed]
-      ins = [r.inputs for r in rows]
-      if name in ("Cons", "Nil"): self.op += [name] * len(rows); self.arg += [0] * len(rows); ks = ins
-      else:
-        ops = [x[0] for x in ins]
+      rows = fns[name].rows
+      if any(map(operator.attrgetter("subsumed"), rows)): rows = [r for r in rows if not r.subsumed]
+      ins, skip = list(map(in_, rows)), 0 if name in ("Cons", "Nil") else 2
+      if skip:
+        ops = list(map(operator.itemgetter(0), ins))
         smap = {v: vstr(v) for v in dict.fromkeys(ops)}
-        self.op += map(smap.__getitem__, ops); self.arg += [i64(x[1]) for x in ins]; ks = [x[2:] for x in ins]
-      for r, x in zip(rows, ks):
-        self.cls.append(cnum(raw(r.output), len(cls)))
-        self.kids.append(tuple([cnum(raw(v), len(cls)) for v in x]))
+        self.op += map(smap.__getitem__, ops); self.arg += map(i64, map(operator.itemgetter(1), ins))
+      else: self.op += [name] * len(rows); self.arg += [0] * len(rows)
+      cols.append((ids(map(out_, rows)), [ids(map(operator.itemgetter(skip + j), ins)) for j in range(_ARITY[name])]))
     nrows = fns["N"].rows
-    self.class_of_id = {i64(r.inputs[0]): cnum(raw(r.output), len(cls)) for r in nrows}
-    self.n_classes = len(cls)
+    nout = ids(map(out_, nrows))
+    order = itertools.chain.from_iterable(itertools.chain.from_iterable(zip(o, *ks)) for o, ks in cols)
+    num = dict(zip(dict.fromkeys(itertools.chain(order, nout)), itertools.count()))
+    get, self.cls, self.kids = num.__getitem__, [], []
+    for o, ks in cols:
+      self.cls += map(get, o)
+      self.kids += zip(*[map(get, k) for k in ks]) if ks else [()] * len(o)
+    self.class_of_id = dict(zip(map(i64, map(operator.itemgetter(0), map(in_, nrows))), map(get, nout)))
+    self.n_classes = len(num)
     self.info: list[Node | None] = [None] * self.n_classes     # an IR node of each class (for shapes and dtypes)
     info, nodes = self.info, enc.nodes
     for i, k in self.class_of_id.items():
@@ -63,14 +71,12 @@ class EGraphView:
     self.fresh_classes = set().union(*self.fresh_class.values())
     checkpoint(abort_at, "reading the e-graph")
     self.parents: list[list[int]] = [[] for _ in range(self.n_classes)]
-    self.n_kids: list[int] = []   # distinct child classes per e-node (Knuth's pending counts)
-    parents, nk = self.parents, self.n_kids.append
+    self.n_kids: list[int] = list(map(len, map(set, self.kids)))   # distinct child classes (Knuth's pending counts)
+    parents = self.parents
     for e, ks in enumerate(self.kids):
-      if len(ks) == 1: parents[ks[0]].append(e); nk(1)
-      elif not ks: nk(0)
-      else:
-        u = set(ks); nk(len(u))
-        for k in u: parents[k].append(e)
+      for k in ks: parents[k].append(e)
+    for k in {k for e in itertools.compress(range(self.n_enodes), map(operator.ne, self.n_kids, map(len, self.kids)))
+              for k in self.kids[e]}: parents[k] = list(dict.fromkeys(parents[k]))   # a child class read twice: once
     self.forbidden_args = set(enc.computed_args)
 
   @property
@@ -110,23 +116,18 @@ class EGraphView:
   def cost_kids(self) -> list[tuple[int, ...]]:
     """The child classes whose cost an e-node pays. A SLICE of a BUFFER is passed to the CALL as its own argument: it
     reads its range, not the whole buffer (the SLICE pays its own bytes)."""
-    buffer_classes = {self.cls[e] for e in range(self.n_enodes) if self.op[e] == "BUFFER"}
-    return [() if self.op[e] == "SLICE" and self.kids[e][0] in buffer_classes else self.kids[e] for e in range(self.n_enodes)]
+    buffer_classes = {k for k, o in zip(self.cls, self.op) if o == "BUFFER"}
+    return [() if o == "SLICE" and ks[0] in buffer_classes else ks for o, ks in zip(self.op, self.kids)]
 
   def pinned_allowed(self) -> list[bool]:
     """Identity constraints on extraction: an assign's e-class is a write into that assign's own target, and a realized
     e-class is a storage form (a write, a view, a buffer), never the computation it holds the value of."""
     pin = {self.class_of_id[a]: self.class_of_id[t] for a, t in self.enc.pins.items()}
     realized = {self.class_of_id[i] for i in self.enc.key_ids.values()}
-    heads = {self.cls[e]: self.kids[e][0] for e in range(self.n_enodes) if self.op[e] == "Cons"}   # list class -> head
-    out = []
-    for e in range(self.n_enodes):
-      k, op = self.cls[e], self.op[e]
-      if k in pin:   # an AFTER with several writes lists its target first: AFTER(Cons(target, ...))
-        ks = self.kids[e]
-        out.append(op == "AFTER" and bool(ks) and pin[k] in (ks[0], heads.get(ks[0]) if len(ks) == 1 else None))
-      else: out.append(k not in realized or op in _STORAGE_FORMS)
-    return out
+    heads = {k: ks[0] for k, o, ks in zip(self.cls, self.op, self.kids) if o == "Cons"}   # list class -> head
+    def pinned(k: int, op: str, ks: tuple) -> bool:   # an AFTER with several writes lists its target first: AFTER(Cons(target, ...))
+      return op == "AFTER" and bool(ks) and pin[k] in (ks[0], heads.get(ks[0]) if len(ks) == 1 else None)
+    return [pinned(k, o, ks) if k in pin else k not in realized or o in _STORAGE_FORMS for k, o, ks in zip(self.cls, self.op, self.kids)]
 
 
 def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = None,
@@ -138,8 +139,8 @@ def _forced(g: EGraphView, ok: list[int | None]) -> bool:
   """Can every class be given at most one e-node? Then Knuth's choice is that e-node wherever it is reachable, whatever
   the costs. An e-node whose child class has a single e-node that reads its own class back (a stored form
   AFTER(f, STORE(f, x)) in x's class) is only ready once its class is done, so it never counts."""
-  live = [e for e, c in enumerate(ok) if c is not None]
-  cl = [g.cls[e] for e in live]
+  live = list(itertools.compress(range(len(ok)), map(operator.is_not, ok, itertools.repeat(None))))
+  cl = list(map(g.cls.__getitem__, live))
   if len(set(cl)) == len(cl): return True
   by: dict[int, list[int]] = {}
   for e, k in zip(live, cl): by.setdefault(k, []).append(e)
@@ -152,11 +153,10 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
   best, choice, done = [INF] * g.n_classes, [-1] * g.n_classes, [False] * g.n_classes
   pending = g.n_kids.copy()
   ok = costs if allowed is None else [c if a else None for c, a in zip(costs, allowed)]   # None: never chosen
-  heap = [(c, e) for e, (c, p) in enumerate(zip(ok, pending)) if p == 0 and c is not None]
   cls, parents, ck, bget = g.cls, g.parents, g.cost_kids, best.__getitem__
   steps, tick = 0, TICK if abort_at < INF else -1
   if forced := _forced(g, ok):   # one candidate per class: it is chosen once its children are, in any order
-    stack = [e for _, e in heap]
+    stack = [e for e, (c, p) in enumerate(zip(ok, pending)) if not p and c is not None]
     while stack:
       steps += 1
       if steps == tick: checkpoint(abort_at, "extracting (Knuth)"); tick += TICK
@@ -168,6 +168,7 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
         pending[p] -= 1
         if not pending[p] and ok[p] is not None and not done[cls[p]]: stack.append(p)
     return best, choice, True
+  heap = [(c, e) for e, (c, p) in enumerate(zip(ok, pending)) if p == 0 and c is not None]
   heapq.heapify(heap)
   pop, push = heapq.heappop, heapq.heappush
   while heap:
