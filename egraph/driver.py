@@ -511,7 +511,7 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
     ids = ChosenIds(sat.graph, ex.choice)
     if tm is not None:   # the partition gets what is left of the time budget
       t3 = time.perf_counter()
-      ids, report.partition = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm,
+      ids, report.partition = partition_ids(sat.graph, ex.choice, ex.terms if cands else {}, ex.root_classes, enc, cands, tm,
                                             solver_deadline(t3 - t0, budget.start + lim.seconds))
       report.seconds["partition"] = time.perf_counter() - t3
     t2 = time.perf_counter()

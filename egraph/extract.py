@@ -3,7 +3,7 @@ cost (exact, Python ints, cycles are fine), then the chosen DAG is costed with e
 egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is not used. Given an `abort_at` time
 (time.perf_counter()), the loops check it every TICK steps and raise OutOfBudget once it has passed."""
 from __future__ import annotations
-import functools, heapq, itertools, operator, time
+import collections, functools, heapq, itertools, operator, time
 from egraph.ir import Node, Ops
 from egraph.encode import Encoding, COMPUTED_TARGET
 from egraph.cost import CostModel
@@ -85,11 +85,10 @@ class EGraphView:
   @functools.cached_property
   def original_node(self) -> dict[int, Node]:
     """e-node index -> the inserted IR node it encodes (decode reuses it when the children match)."""
-    sig = {(self.op[e], self.arg[e], self.kids[e]): e for e in range(self.n_enodes)}
-    out = {}
+    sig = dict(zip(zip(self.op, self.arg, self.kids), itertools.count()))   # the last e-node of each signature
+    out, nodes, coi = {}, self.enc.nodes, self.class_of_id.__getitem__
     for i, (op, a, kids) in self.enc.original.items():
-      if (n := self.enc.nodes[i]) is not None and (e := sig.get((op, a, tuple(self.class_of_id[k] for k in kids)))) is not None:
-        out.setdefault(e, n)
+      if (n := nodes[i]) is not None and (e := sig.get((op, a, tuple(map(coi, kids))))) is not None: out.setdefault(e, n)
     return out
 
   @staticmethod
@@ -142,11 +141,13 @@ def _forced(g: EGraphView, ok: list[int | None]) -> bool:
   live = list(itertools.compress(range(len(ok)), map(operator.is_not, ok, itertools.repeat(None))))
   cl = list(map(g.cls.__getitem__, live))
   if len(set(cl)) == len(cl): return True
-  by: dict[int, list[int]] = {}
-  for e, k in zip(live, cl): by.setdefault(k, []).append(e)
-  kids = g.kids
-  return all(len(es) < 2 or sum(not any(len(o := by.get(j, ())) == 1 and k in kids[o[0]] for j in kids[e]) for e in es) < 2
-             for k, es in by.items())
+  cnt, last, kids = collections.Counter(cl), dict(zip(cl, live)), g.kids   # last: a single-member class's e-node
+  multi: dict[int, int] = {}   # class with several e-nodes -> those that can be ready before it is done
+  for e, k in zip(live, cl):
+    if cnt[k] > 1 and not any(cnt[j] == 1 and k in kids[last[j]] for j in kids[e]):
+      if (n := multi.get(k, 0) + 1) > 1: return False
+      multi[k] = n
+  return True
 
 def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, abort_at: float) -> tuple[list, list, bool]:
   """(best, choice, forced): Knuth's pass; where `_forced`, the same choice by readiness alone (no heap, no order)."""
@@ -268,22 +269,22 @@ class ChosenIds:
 def decode(g: EGraphView, choice: list[int], roots: list[int]) -> dict[int, Node]:
   """Chosen e-nodes -> IR Nodes, children first, without recursion. Cons lists become tuples of Nodes."""
   out: dict[int, object] = {}
-  stack = [(r, False) for r in roots]
+  orig, kids_of, ops, argi, args, osrc = g.original_node, g.kids, g.op, g.arg, g.enc.args, g.original_src
+  stack = list(roots)   # k: visit class k, ~k: build it (its children are built)
   while stack:
-    k, ready = stack.pop()
-    if k in out: continue
+    if (k := stack.pop()) >= 0:
+      if k in out: continue
+      if (e := choice[k]) < 0: raise Unextractable(f"extraction: e-class {k} has no extractable e-node")
+      stack.append(~k); stack += [x for x in kids_of[e] if x not in out]; continue
+    if (k := ~k) in out: continue
     e = choice[k]
-    if e < 0: raise Unextractable(f"extraction: e-class {k} has no extractable e-node")
-    if not ready:
-      stack.append((k, True)); stack.extend((x, False) for x in g.kids[e] if x not in out); continue
-    op, kids = g.op[e], [out[x] for x in g.kids[e]]
-    if (n := g.original_node.get(e)) is not None and tuple(kids) == g.original_src(n): out[k] = n; continue   # reuse the input node
+    op, kids = ops[e], [out[x] for x in kids_of[e]]
+    if (n := orig.get(e)) is not None and tuple(kids) == osrc(n): out[k] = n; continue   # reuse the input node
     if op == "Nil": out[k] = (); continue
     if op == "Cons": out[k] = (kids[0], *kids[1]); continue
     srcs = kids[0] if len(kids) == 1 and isinstance(kids[0], tuple) else tuple(kids)   # a V node's list
-    dtype, arg = g.enc.args[g.arg[e]]
+    dtype, arg = args[argi[e]]
     o = Ops[op]
     if o in (Ops.CALL, Ops.FUNCTION): arg, body = arg; srcs = (body, *srcs)
-    out[k] = Node(o, dtype if g.arg[e] else None, srcs, arg)
+    out[k] = Node(o, dtype if argi[e] else None, srcs, arg)
   return out
-

@@ -25,6 +25,7 @@ from egraph.encode import Encoding
 from egraph.extract import EGraphView, ChosenIds, INF
 from egraph.report import PartitionReport
 from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION
+from egraph.greedy import LOADS as _LOADS, node_ops as _node_ops, Late, search as _search, worth_flipping
 
 MODES = ("rules", "cost")
 MILP_MAX_CANDIDATES = 64    # candidates up to which HiGHS runs after the greedy: 20 take it ~6 s, 120 over 60 s (notes/fusion.md)
@@ -137,7 +138,6 @@ def mark(call: Node) -> Node:
 
 # ---- the partition cost ------------------------------------------------------------------------------------------------
 
-_LOADS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.SLICE, Ops.AFTER})
 _FREE = frozenset({Ops.CONST, Ops.BITCAST, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.COPY, Ops.MULTI}) | GroupOp.Movement
 
 def _unview(n: Node) -> Node:
@@ -216,13 +216,6 @@ def _matmul_operands(root: Node) -> tuple[Node, ...] | None:
     return tuple(_unview(s) for s in mul.src)
   return None
 
-def _node_ops(m: TimeModel, n: Node, evals: int) -> float:
-  """The model's ops of `evals` evaluations of n (TimeModel.ops of its share of KernelWork)."""
-  if n.op is Ops.REDUCE: return evals * (n.src[0].numel // max(n.numel, 1))
-  if n.op in GroupOp.ALU or n.op is Ops.CAST:
-    return evals * (m.transcendental_ops if n.op in TRANSCENDENTAL else m.division_ops if n.op in DIVISION else 1)
-  return 0
-
 class Partition:
   """The kernels of a CALL body (its STOREs) and the candidates that may be stored; `cost(S)` in model seconds.
   A kernel's work depends only on the stored candidates its walk meets (its boundary), so kernel times are memoized
@@ -248,13 +241,17 @@ class Partition:
 
   def cost(self, S) -> float: return sum(self.kernel(v, w, S)[0] for _, v, w in self.roots(S))
 
-  def lower_bound(self) -> float:
+  def lower_bound(self, deadline: float = INF) -> float:
     """A floor under every partition: one launch, every input read and every output written once at cache bandwidth,
-    each value computed once at the fastest kind's throughput (every kernel pays at least its share of each)."""
-    m, allc = self.model, frozenset(self.cands)
-    works = [self.k.work(v, w, allc) for v, w in self.stores] + [self.k.work(n, 0, allc) for n in self.cands.values()]
+    each value computed once at the fastest kind's throughput (every kernel pays at least its share of each). Late past
+    `deadline`."""
+    m, allc, works = self.model, frozenset(self.cands), []
+    for v, w in self.stores + [(n, 0) for n in self.cands.values()]:
+      if time.perf_counter() > deadline: raise Late()
+      works.append(self.k.work(v, w, allc))
     inputs: dict[int, int] = {}   # storage root -> the most of it one load reads (every partition reads it somewhere)
     for v, _ in self.stores:
+      if time.perf_counter() > deadline: raise Late()
       evals, order, _ = self.k.walk(v, allc)
       for n in order:
         if n.op in _LOADS: r = _storage_root(n); inputs[r.id] = max(inputs.get(r.id, 0), min(min(evals.get(n.id, 0), n.numel) * n.dtype.itemsize, r.nbytes))
@@ -295,45 +292,6 @@ def rules_like(p: Partition, deadline: float = INF) -> frozenset | None:
       if not top and (n.id in nested or (n.op is Ops.REDUCE and b)): out.add(n.id); b = False   # its own kernel
       stack.extend((s, b or _widens(n), False) for s in n.src)
   return frozenset(out & set(p.cands))
-
-class Late(Exception):
-  """The solver's deadline passed while a partition was being costed."""
-
-class State:
-  """A partition being searched: the stored set, each kernel's time and the candidates it meets, and per candidate
-  the kernels that meet it (only they change when it flips). Costing stops with Late past `deadline`."""
-  def __init__(self, p: Partition, S: frozenset, deadline: float = INF):
-    self.p, self.S, self.t, self.meets, self.users = p, frozenset(), {}, {}, {c: set() for c in p.cands}
-    self.S = S
-    for key, v, w in p.roots(S):
-      if time.perf_counter() > deadline: raise Late()
-      self._set(key, *p.kernel(v, w, S))
-    self.total = sum(self.t.values())
-
-  def _set(self, key, t: float | None, meets: frozenset = frozenset()) -> None:
-    for c in self.meets.pop(key, ()): self.users[c].discard(key)
-    self.t.pop(key, None)
-    if t is None: return
-    self.t[key], self.meets[key] = t, meets
-    for c in meets: self.users[c].add(key)
-
-  def delta(self, c: int) -> tuple[float, frozenset, dict]:
-    """(cost change, new set, new kernel times) of flipping candidate c."""
-    T, p = self.S ^ {c}, self.p
-    new: dict = {}
-    for key in self.users[c] | {("c", c)}:
-      if key[0] == "c" and key[1] not in T: new[key] = (None,); continue
-      v, w = (p.stores[key[1]] if key[0] == "s" else (p.cands[key[1]], p.cands[key[1]].nbytes))
-      new[key] = p.kernel(v, w, T)
-    return sum((x[0] or 0.0) - self.t.get(k, 0.0) for k, x in new.items()), T, new
-
-  def apply(self, d: float, T: frozenset, new: dict) -> None:
-    for key, x in new.items(): self._set(key, *x)
-    self.S, self.total = T, self.total + d
-
-def _state(p: Partition, S: frozenset, deadline: float) -> State | None:
-  try: return State(p, S, deadline)
-  except Late: return None
 
 class TooBig(Exception):
   """The ILP outgrew MILP_MAX_TERMS while being built."""
@@ -497,24 +455,6 @@ class Ilp:
     bound = getattr(res, "mip_dual_bound", None)
     return S, res.fun / self.SCALE, (res.fun if bound is None else bound) / self.SCALE, getattr(res, "mip_gap", 0.0), res.status == 1
 
-def _search(p: Partition, starts: list, cs: list, deadline: float, passes: int) -> tuple[State | None, bool, dict]:
-  """The local search (single flips, at most `passes` passes) from the cheapest of `starts`: (state, finished, each
-  start's cost)."""
-  st, totals = None, {}
-  for S in starts:
-    if (x := _state(p, S, deadline)) is not None:
-      totals[S] = x.total
-      if st is None or x.total < st.total: st = x
-  if st is None: return None, False, totals
-  for _ in range(passes):
-    improved = False
-    for c in cs:
-      if time.perf_counter() > deadline: return st, False, totals
-      d, T, new = st.delta(c)
-      if d < -1e-15: st.apply(d, T, new); improved = True
-    if not improved: break
-  return st, True, totals
-
 def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int = 3, margin: float = MARGIN,
           rounds: int = MILP_ROUNDS) -> tuple[frozenset, PartitionReport]:
   """The cheapest set of candidates to store. First the greedy: single flips (at most `passes` passes) from the cheaper
@@ -532,6 +472,8 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
     deadline += ti; notes.append(f"scipy imported in {ti:.2f}s, outside the budget")
   if method != "greedy" and cs and sp is None: notes.append("scipy not installed: greedy")
   elif method == "auto" and len(cs) > MILP_MAX_CANDIDATES: sp = None; notes.append(f"{len(cs)} > {MILP_MAX_CANDIDATES} candidates: greedy")
+  flips = cs   # above the MILP's bound only the candidates that might pay for a launch are flipped (greedy.worth_flipping)
+  if len(cs) > MILP_MAX_CANDIDATES: flips = worth_flipping(p, cs, deadline); notes.append(f"{len(flips)} might pay for a launch")
   ilp, found, anchor = None, None, None   # found: (true cost, S, objective, bound, mip gap, cut)
   if sp is not None:
     anchor = p.cost(R if R is not None else frozenset(cs))
@@ -539,7 +481,9 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
     except TooBig: notes.append(f"ILP over {MILP_MAX_TERMS} terms: greedy")
     except Late: notes.append("out of time building the ILP: greedy")
   starts = [frozenset(cs)] + ([] if R is None else [R])   # the greedy first: small kernels, cheap however big the graph
-  st, done, totals = _search(p, starts, cs, deadline, passes)
+  if flips is not cs:   # the anchor first (fewer kernels to cost), then every flippable candidate stored, if different
+    starts = [R if R is not None else frozenset()]; starts += [x] if (x := frozenset(flips) | starts[0]) != starts[0] else []
+  st, done, totals = _search(p, starts, flips, deadline, passes)
   rules_t = None if R is None else anchor if anchor is not None else totals.get(R)
   ref = R if R is not None else frozenset()
   for _ in range(rounds if ilp is not None else 0):   # then HiGHS, with what is left but a reserve for polishing its answer
@@ -554,7 +498,10 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   if found is not None and (st is None or found[0] < st.total):
     st2, done2, _ = _search(p, [found[1], frozenset()], cs, deadline, passes)
     if st2 is not None and (st is None or st2.total < st.total): st, done = st2, done2
-  if st is None: st, done = State(p, starts[0]), False   # past the deadline already: the first start, costed anyway
+  if st is None:   # not even the first start was costed in time: it is the answer, uncosted
+    notes.append("out of time before a partition was costed: " + ("the rules-like one" if starts[0] == R else "the first start") + " kept")
+    return starts[0], PartitionReport("greedy (out of time)", len(cs), len(starts[0]), None, None, 0.0, 0.0, budget,
+                                      time.perf_counter() - t0, p.evaluations, rules_t, None, None, "; ".join(notes))
   bestS, best = st.S, math.fsum(st.t.values())
   if found is not None:
     method = "milp" + (" (time limit)" if found[5] else "")
@@ -564,7 +511,8 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   elif not cs: method, bound, mip_gap, model_gap = "none (no candidates)", best, None, None
   else:
     method, mip_gap, model_gap = "greedy" + ("" if done else " (stopped at the deadline)"), None, None
-    bound = min(p.lower_bound(), best) if time.perf_counter() < deadline else min(p.model.launch_s, best)
+    try: bound = min(p.lower_bound(deadline), best)
+    except Late: bound = min(p.model.launch_s, best)
   if rules_t is not None and R is not None and bestS != R and best > rules_t * (1 - margin): bestS, best, method = R, rules_t, method + ", rules-like kept"
   rep = PartitionReport(method, len(cs), len(bestS), best, fused, bound, (best - bound) / best if best > 0 else 0.0, budget,
                         time.perf_counter() - t0, p.evaluations, rules_t, mip_gap, model_gap, "; ".join(notes))

@@ -10,7 +10,7 @@ class PartitionReport:
                             # "(time limit)" / "(stopped at the deadline)" when cut, ", rules-like kept" under the margin
   candidates: int = 0       # candidate classes that had a stored form to choose
   stored: int = 0           # of those, stored
-  predicted_s: float | None = 0.0   # the chosen partition's predicted run time; None: no candidates, nothing costed
+  predicted_s: float | None = 0.0   # the chosen partition's predicted run time; None: nothing costed (no candidates, or out of time)
   fused_s: float | None = 0.0   # nothing stored (every candidate fused into each consumer's kernel); None: not costed in time
   bound_s: float = 0.0      # a lower bound: milp, HiGHS's dual bound on the linearized model (at most the best found)
   gap: float = 0.0          # (predicted - bound) / predicted

@@ -12,7 +12,7 @@ FLOORS = {
   1: ("IR", ["egraph.face", "egraph.errors", "egraph.dtype", "egraph.symbolic", "egraph.ir", "egraph.view", "egraph.storage",
              "egraph.corpus"]),
   2: ("rule data", ["rules.registry", "rules.callify"]),
-  3: ("engine", ["egraph.encode", "egraph.language", "egraph.runner", "egraph.extract", "egraph.cost", "egraph.report", "egraph.fusion",
+  3: ("engine", ["egraph.encode", "egraph.language", "egraph.runner", "egraph.extract", "egraph.cost", "egraph.report", "egraph.greedy", "egraph.fusion",
                  "egraph.driver", "egraph.timemodel"]),
   4: ("lowering", ["lower.*"]),
   5: ("research kit", ["rules.checker", "rules.soundness", "rules.strategies"]),

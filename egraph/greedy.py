@@ -1,0 +1,102 @@
+"""The partition's local search (egraph/fusion.py): a stored set being searched (`State`), single flips from the
+cheapest start (`search`), and the model's filter of what is worth flipping on big graphs (`worth_flipping`). Every
+costing stops at the solver's deadline (Late)."""
+from __future__ import annotations
+import time
+from egraph.ir import Node, Ops, GroupOp, toposort
+from egraph.timemodel import TimeModel, TRANSCENDENTAL, DIVISION
+
+INF = float("inf")
+LOADS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.SLICE, Ops.AFTER})   # what a kernel reads from memory (an AFTER: a write's result)
+
+def node_ops(m: TimeModel, n: Node, evals: int) -> float:
+  """The model's ops of `evals` evaluations of n (TimeModel.ops of its share of KernelWork)."""
+  if n.op is Ops.REDUCE: return evals * (n.src[0].numel // max(n.numel, 1))
+  if n.op in GroupOp.ALU or n.op is Ops.CAST:
+    return evals * (m.transcendental_ops if n.op in TRANSCENDENTAL else m.division_ops if n.op in DIVISION else 1)
+  return 0
+
+class Late(Exception):
+  """The solver's deadline passed while a partition was being costed."""
+
+class State:
+  """A partition being searched: the stored set, each kernel's time and the candidates it meets, and per candidate
+  the kernels that meet it (only they change when it flips). Costing stops with Late past `deadline`."""
+  def __init__(self, p, S: frozenset, deadline: float = INF):
+    self.p, self.S, self.t, self.meets, self.users = p, frozenset(), {}, {}, {c: set() for c in p.cands}
+    self.S = S
+    for key, v, w in p.roots(S):
+      if time.perf_counter() > deadline: raise Late()
+      self._set(key, *p.kernel(v, w, S))
+    self.total = sum(self.t.values())
+
+  def _set(self, key, t: float | None, meets: frozenset = frozenset()) -> None:
+    for c in self.meets.pop(key, ()): self.users[c].discard(key)
+    self.t.pop(key, None)
+    if t is None: return
+    self.t[key], self.meets[key] = t, meets
+    for c in meets: self.users[c].add(key)
+
+  def delta(self, c: int) -> tuple[float, frozenset, dict]:
+    """(cost change, new set, new kernel times) of flipping candidate c."""
+    T, p = self.S ^ {c}, self.p
+    new: dict = {}
+    for key in self.users[c] | {("c", c)}:
+      if key[0] == "c" and key[1] not in T: new[key] = (None,); continue
+      v, w = (p.stores[key[1]] if key[0] == "s" else (p.cands[key[1]], p.cands[key[1]].nbytes))
+      new[key] = p.kernel(v, w, T)
+    return sum((x[0] or 0.0) - self.t.get(k, 0.0) for k, x in new.items()), T, new
+
+  def apply(self, d: float, T: frozenset, new: dict) -> None:
+    for key, x in new.items(): self._set(key, *x)
+    self.S, self.total = T, self.total + d
+
+def search(p, starts: list, cs: list, deadline: float, passes: int) -> tuple[State | None, bool, dict]:
+  """The local search (single flips of `cs`, at most `passes` passes) from the cheapest of `starts`, each costed in
+  turn until the deadline: (state, finished, each costed start's cost)."""
+  st, totals = None, {}
+  for S in starts:
+    try: x = State(p, S, deadline)
+    except Late: break   # the later starts would be later still
+    totals[S] = x.total
+    if st is None or x.total < st.total: st = x
+  if st is None: return None, False, totals
+  for _ in range(passes):
+    improved = False
+    for c in cs:
+      if time.perf_counter() > deadline: return st, False, totals
+      d, T, new = st.delta(c)
+      if d < -1e-15: st.apply(d, T, new); improved = True
+    if not improved: break
+  return st, True, totals
+
+def worth_flipping(p, cs: list, deadline: float = INF) -> list:
+  """The candidates whose stored form might pay for its own kernel's launch. Storing c saves at most the recompute of
+  its cone (down to memory) wherever it is fused: at most total(c) evaluations, each its cone's ops at the slowest rate
+  and its bytes at the slowest bandwidth (strided where the cone permutes), unsplit. total(n) is the larger of n's own
+  size (a kernel root: a STORE value or a stored candidate) and the sum over its consumers of theirs times the reduce
+  factor (n fused into them), and a shared part of a cone counts once per path: upper bounds, so a candidate left out
+  could not pay for launch_s. One pass each way over the graph; past `deadline` every candidate is kept (the search
+  stops at the deadline by itself)."""
+  m, cands = p.model, p.cands
+  if time.perf_counter() > deadline: return list(cs)
+  order = toposort([v for v, _ in p.stores] + [cands[c] for c in cs], enter_calls=False)   # children first
+  per: dict[int, tuple[float, float, bool]] = {}   # node id -> (ops, bytes, permutes) per evaluation of its all-fused cone
+  for i, n in enumerate(order):
+    if not i % 4096 and time.perf_counter() > deadline: return list(cs)
+    if n.op in LOADS: per[n.id] = (0.0, float(n.dtype.itemsize), False); continue
+    f = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1
+    o, b, t = float(node_ops(m, n, 1)), 0.0, n.op is Ops.PERMUTE
+    for s in n.src: so, sb, st = per.get(s.id, (0.0, 0.0, False)); o, b, t = o + f * so, b + f * sb, t or st
+    per[n.id] = (o, b, t)
+  roots = {v.id for v, _ in p.stores} | set(cands)
+  fused: dict[int, float] = {}   # node id -> evaluations its consumers make of it (summed over them)
+  total: dict[int, float] = {}
+  for n in reversed(order):   # consumers first: a node's sum is complete when it is reached
+    total[n.id] = t = max(fused.get(n.id, 0.0), n.numel if n.id in roots else 0)
+    if n.op in LOADS: continue
+    f = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1
+    for s in n.src: fused[s.id] = fused.get(s.id, 0.0) + t * f
+  P = max(m.par_speedup, 1.0)
+  rate, bw, bws = P / min(m.throughput.values()), min(m.bw_mem, m.bw_cache) / P, min(m.bw_mem, m.bw_cache, m.bw_strided) / P
+  return [c for c in cs if total[c] * (per[c][0] * rate + per[c][1] / (bws if per[c][2] else bw)) >= m.launch_s]
