@@ -162,16 +162,7 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
     if v not in built: built[v] = make(v, tuple(map(get, K[v])))
   body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
   body, args = bind_dims(body, args) if bound_dims else (body, args)
-  buffer_map, views = {}, 0
-  for k, r in zip(keys, roots):
-    chain, v = [], r
-    while (o := O[v]) != "BUFFER" and o != "PARAM":
-      if o not in _SKIP_OPS:
-        if o not in _VIEW_OPS: raise EngineError(f"extraction chose a non-storage form {o} for a realized value")
-        chain.append(ids.template(v))
-      v = K[v][0]
-    buffer_map[k] = view_over(ids.make(v, ()), chain)
-    views += O[r] != "AFTER" and any(t[0] is Ops.SLICE for t in chain)
+  buffer_map, views = _buffer_map(keys, roots, O, K, ids)
   stores = len({built[v].id for v in walked if O[v] == "STORE"})
   buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in fresh_buffers)
   return BuiltCall(Node(Ops.CALL, dtypes.void, (body, *args), CallInfo()), buffer_map, stores, buffers, views)
@@ -259,6 +250,20 @@ class MaterializedIds:
     if (o := n.op) is Ops.CALL or o is Ops.FUNCTION: src = (n.src[0], *src)
     return n.over(src)   # a BUFFER's PARAM and views keep its shape: most nodes skip inference
 
+def _buffer_map(keys, roots, O, K, ids) -> tuple[dict, int]:
+  """Each realized key -> its storage (a BUFFER's or PARAM's view chain), and how many keys are zero-copy SLICE views."""
+  buffer_map, views = {}, 0
+  for k, r in zip(keys, roots):
+    chain, v = [], r
+    while (o := O[v]) != "BUFFER" and o != "PARAM":
+      if o not in _SKIP_OPS:
+        if o not in _VIEW_OPS: raise EngineError(f"extraction chose a non-storage form {o} for a realized value")
+        chain.append(ids.template(v))
+      v = K[v][0]
+    buffer_map[k] = view_over(ids.make(v, ()), chain)
+    views += O[r] != "AFTER" and any(t[0] is Ops.SLICE for t in chain)
+  return buffer_map, views
+
 def materialized_call(enc: Encoding) -> BuiltCall:
   """The all-materialized CALL straight from the Encoding (no e-graph), linear in the graph: callify's fallback when
   its limits leave no time to saturate and extract. `build_call` over `MaterializedIds`, node for node, specialized:
@@ -309,16 +314,7 @@ def materialized_call(enc: Encoding) -> BuiltCall:
     if o is STORE: stores.add(n)
   body = Node(Ops.SINK, void, tuple(dict.fromkeys(built[v] for v in sink)))
   body, args = bind_dims(body, args) if has_bound_dims(enc) else (body, args)
-  buffer_map, views = {}, 0
-  for k, r in zip(enc.keys, ids.roots):
-    chain, v = [], r
-    while (o := O[v]) != "BUFFER" and o != "PARAM":
-      if o not in _SKIP_OPS:
-        if o not in _VIEW_OPS: raise EngineError(f"extraction chose a non-storage form {o} for a realized value")
-        chain.append(ids.template(v))
-      v = K[v][0]
-    buffer_map[k] = view_over(ids.make(v, ()), chain)
-    views += O[r] != "AFTER" and any(t[0] is Ops.SLICE for t in chain)
+  buffer_map, views = _buffer_map(enc.keys, ids.roots, O, K, ids)
   buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in enc.fresh_buffers)
   return BuiltCall(Node(Ops.CALL, void, (body, *args), CallInfo()), buffer_map, len(stores), buffers, views)
 
