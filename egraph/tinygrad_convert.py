@@ -224,10 +224,9 @@ def _check_disk(topo) -> None:
   COPY off the disk, and whole-buffer writes AFTER(buf, STORE(buf, COPY onto the disk)); anything else is refused."""
   for u in topo:
     if not _on_disk(u) or u.op in (TOps.BUFFER, TOps.SINK): continue
-    if u.op is TOps.CONTIGUOUS and _strided_file(u.src[0]): raise DiskViewError(u.src[0])
     if u.op in _MOVE or u.op is TOps.BITCAST: continue   # checked where it is read
-    if u.op is TOps.CONTIGUOUS and _disk_view(u.src[0]): continue    # a view of the file, read where it is copied
-    if u.op is TOps.CONTIGUOUS and _written_file_view(u.src[0]): continue   # a file written (or a view of it)
+    if u.op is TOps.CONTIGUOUS and _file_view(u.src[0]): continue   # a view of a file or a file written, read where copied
+    if u.op is TOps.CONTIGUOUS and _file_chain(u.src[0]): raise DiskViewError(u.src[0])
     if u.op is TOps.COPY and not _on_disk(u.src[0]): continue       # checked where it is stored
     if u.op in (TOps.AFTER, TOps.STORE):
       st = u.src[1] if u.op is TOps.AFTER and len(u.src) == 2 else u
@@ -238,8 +237,9 @@ def _check_disk(topo) -> None:
   for u in topo:
     if u.op is TOps.COPY and _on_disk(u.src[0]) and not _on_disk(u):
       x = u.src[0].src[0] if u.src[0].op is TOps.CONTIGUOUS else u.src[0]
-      if _strided_file(x): raise DiskViewError(x)
-      if not (_disk_view(x) or _written_file_view(x)): raise BridgeRefusal("form:disk", f"a copy off {u.src[0].device} of a {u.src[0].op.name} chain")
+      if _file_view(x): continue
+      if _file_chain(x): raise DiskViewError(x)
+      raise BridgeRefusal("form:disk", f"a copy off {u.src[0].device} of a {u.src[0].op.name} chain")
 
 def _disk_view(x: UOp) -> bool:
   """A RESHAPE/SHRINK chain over a DISK buffer that is one contiguous range of it (tinygrad's contiguous_view), with
@@ -250,19 +250,20 @@ def _disk_view(x: UOp) -> bool:
   if y.op is TOps.BITCAST: y = y.src[0]
   return y.op is TOps.BUFFER and (x is y or x.contiguous_view() is not None)
 
-def _strided_file(x: UOp) -> bool:
-  """A movement chain over a DISK buffer (or a file being written) that is no contiguous range of it."""
+def _file_view(x: UOp) -> bool: return _disk_view(x) or _written_file_view(x)
+
+def _file_chain(x: UOp) -> bool:
+  """A movement chain over a DISK buffer or a file being written (a view of it or not)."""
   y = x
   while y.op in _MOVE or y.op is TOps.CONTIGUOUS: y = y.src[0]
-  if x is y or not (y.op is TOps.BUFFER and _on_disk(y) or y.op is TOps.COPY and _on_disk(y) and not _on_disk(y.src[0])): return False
-  return not (_disk_view(x) or _written_file_view(x))
+  return x is not y and (y.op is TOps.BUFFER and _on_disk(y) or y.op is TOps.COPY and _on_disk(y) and not _on_disk(y.src[0]))
 
 def _written_file_view(x: UOp) -> bool:
   """A contiguous RESHAPE/SHRINK chain over a file being written (COPY onto the disk of a host value): a view of it."""
   y = x
   while y.op in (TOps.RESHAPE, TOps.SHRINK): y = y.src[0]
   if y.op is not TOps.COPY or _on_disk(y.src[0]): return False
-  chain = []
+  chain = []   # walked here: tinygrad's contiguous_view() misses some of these (x[1] of a (2, 1) file)
   while x is not y: chain.append(x); x = x.src[0]
   dense = True   # is the view so far one contiguous range (row-major over its shape)?
   for m in reversed(chain):
