@@ -3,13 +3,18 @@ fusion="cost", in one process, modes interleaved in each round. Steady-state rea
 once per mode (compile and callify excluded: the first run_call compiles), then each sample is run_call repeated to
 last at least --min-ms, and the table shows medians over rounds: time, kernels, bytes moved (KernelWork: read + written
 per kernel), peak memory (lower/work.peak_bytes: the temporaries' arena peak plus every buffer the CALL writes) and the
-time model's prediction (egraph/timemodel.py). Values are checked against numpy first. The machine is shared and noisy (bursts of other jobs last
-seconds): each round takes --pairs adjacent (rules, cost) sample pairs per program, the order alternating, and the
-rules / cost column is the median of the paired ratios (both samples of a pair see the same load). Programs whose two
-CALLs lower to the same kernels measure the noise floor. Every kernel is also timed alone (lower/work.step_seconds)
-against its predicted time: the Spearman rank correlation, and a scatter plot with --plot.
+time model's prediction (egraph/timemodel.py). Values are checked against numpy first. The machine is shared and noisy (bursts of other jobs, and
+other tenants' memory traffic, last seconds and only ever add time): each round takes --pairs adjacent (rules, cost)
+sample pairs per program, the order alternating, --pairs x --more more for a program whose modes lower to different
+kernels. The rules / cost column is the ratio of the two modes' fastest samples (each sample a >= --min-ms average:
+the program's speed when nothing else ran; what ranks the modes, and what the time model is calibrated on), the
+"paired" column the median of the paired ratios (both samples of a pair see the same load: the typical speed under
+this machine's load). A program whose two CALLs lower to the same kernels (names and KernelWork) is marked `=` and
+counted as 1.00 in the geomean and the worst list: its ratio is 1 by construction; its measured spread, the noise
+floor, is reported beside. Every kernel is also timed alone (lower/work.step_seconds) against its predicted time: the
+Spearman rank correlation, and a scatter plot with --plot.
 
-  python bench/fusion.py --rounds 5 [--pairs 3] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
+  python bench/fusion.py --rounds 5 [--pairs 3] [--more 2] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
   python bench/fusion.py --solver [--solver-floor 0.05] [--only substr]   # the partition solver alone: method, time, gaps
 
 --solver callifies every corpus program and the ~10k-UOp graphs of bench/callify_vs_tinygrad.py in cost mode and
@@ -122,6 +127,7 @@ def main():
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--modes", default="rules,cost")
   ap.add_argument("--pairs", type=int, default=3, help="adjacent sample pairs (modes alternating) per program per round")
+  ap.add_argument("--more", type=int, default=2, help="programs whose modes lower to different kernels: this many times --pairs more pairs")
   ap.add_argument("--min-ms", type=float, default=30.0, help="each sample is run_call repeated to last at least this")
   ap.add_argument("--only", default=None, help="programs whose name contains this")
   ap.add_argument("--out", default=None, help="append the table to this markdown file")
@@ -148,11 +154,13 @@ def main():
       c = cases[(p.name, m)] = Case(p, roots, ref, m, model)
       c.check()
       c.calibrate_reps(args.min_ms / 1e3)
-  load0 = os.getloadavg()[0]
+  both = "rules" in modes and "cost" in modes
+  same = {p.name: both and _same(cases[(p.name, "rules")], cases[(p.name, "cost")]) for p in progs}
+  load0, cpu0 = os.getloadavg()[0], time.process_time()
   for r in range(args.rounds):
     for p in progs:
       order = modes if r % 2 == 0 else modes[::-1]
-      for _ in range(args.pairs):   # adjacent pairs, the order alternating: both samples of a pair see the same load
+      for _ in range(args.pairs * (1 if same[p.name] else 1 + args.more)):   # adjacent pairs, the order alternating: both samples of a pair see the same load
         for m in order: cases[(p.name, m)].sample()
         order = order[::-1]
   points, per_mode = [], {m: [] for m in modes}
@@ -165,8 +173,7 @@ def main():
   rho = spearman([a for a, _, _ in points], [b for _, b, _ in points]) if points else float("nan")
   med = {k: statistics.median(c.samples) for k, c in cases.items()}
   prho = {m: spearman([cases[(p.name, m)].predicted for p in progs], [med[(p.name, m)] for p in progs]) for m in modes}
-  both = "rules" in modes and "cost" in modes
-  head = "| program | group | " + " | ".join(f"{m} ms" for m in modes) + (" | rules / cost" if both else "") + \
+  head = "| program | group | " + " | ".join(f"{m} ms" for m in modes) + (" | rules / cost (min) | paired (median)" if both else "") + \
          " | kernels | MB moved | peak MB | predicted ms |"
   rows = [head, "|" + "---|" * (head.count("|") - 1)]
   sl = lambda f: " / ".join(f(cases[(p.name, m)]) for m in modes)
@@ -176,24 +183,30 @@ def main():
     sp = ""
     if both:
       rc = [a / b for a, b in zip(cases[(p.name, "rules")].samples, cases[(p.name, "cost")].samples)]
-      s = statistics.median(rc); same = _same(cases[(p.name, "rules")], cases[(p.name, "cost")])
-      speed.append((s, p.name, same)); sp = f" | {s:.2f}x" + (" =" if same else "")
+      pm = statistics.median(rc); mn = min(cases[(p.name, "rules")].samples) / min(cases[(p.name, "cost")].samples)
+      speed.append((1.0 if same[p.name] else mn, p.name, same[p.name], mn, pm))
+      sp = f" | = (1.00; {mn:.2f}x) | {pm:.2f}x" if same[p.name] else f" | {mn:.2f}x | {pm:.2f}x"
     rows.append(f"| {p.name} | {p.group} | " + " | ".join(f"{x:.2f}" for x in ms) + sp +
                 f" | {sl(lambda c: str(c.kernels))} | {sl(lambda c: f'{c.moved / 1e6:.1f}')} | {sl(lambda c: f'{c.peak / 1e6:.1f}')}"
                 f" | {sl(lambda c: f'{c.predicted * 1e3:.2f}')} |")
   summary = [f"kernel time rank correlation (Spearman, predicted vs measured, {len(points)} kernels timed alone): {rho:.3f}",
              "program time rank correlation (predicted vs measured median): " + ", ".join(f"{m} {r:.3f}" for m, r in prho.items())]
   if both:
-    g = math.exp(statistics.mean(math.log(s) for s, _, _ in speed)); w = sorted(speed)
-    eq = [s for s, _, same in speed if same]
-    summary += [f"geomean speedup rules / cost (median paired ratio per program): {g:.3f}x; worst 5: " +
-                ", ".join(f"{n} {s:.3f}x" for s, n, _ in w[:5]),
-                f"programs whose CALLs lower to the same kernels (marked =, the noise floor): {len(eq)}" +
-                (f", their ratios {min(eq):.3f}x .. {max(eq):.3f}x" if eq else "")]
+    geo = lambda xs: math.exp(statistics.mean(math.log(x) for x in xs))
+    diff = [x for x in speed if not x[2]]; w = sorted(diff)
+    eq = [x for x in speed if x[2]]
+    summary += [f"geomean speedup rules / cost (ratio of the fastest samples, = programs at 1.00): {geo([x[0] for x in speed]):.3f}x; "
+                f"over the {len(diff)} programs whose kernels differ: {geo([x[0] for x in diff]) if diff else float('nan'):.3f}x; worst 5: " +
+                ", ".join(f"{x[1]} {x[0]:.3f}x" for x in w[:5]),
+                f"the same by the median paired ratio (= programs at 1.00): {geo([1.0 if x[2] else x[4] for x in speed]):.3f}x; worst 5: " +
+                ", ".join(f"{x[1]} {x[4]:.3f}x" for x in sorted(diff, key=lambda x: x[4])[:5]),
+                f"programs whose CALLs lower to the same kernels (marked =, 1.00 by construction): {len(eq)}" +
+                (f"; their measured ratios, the noise floor: fastest samples {min(x[3] for x in eq):.3f}x .. {max(x[3] for x in eq):.3f}x, "
+                 f"median paired {min(x[4] for x in eq):.3f}x .. {max(x[4] for x in eq):.3f}x" if eq else "")]
   cmd = "python bench/fusion.py " + " ".join(sys.argv[1:])
   text = "\n".join([f"`{cmd}` — {len(progs)} programs, modes {', '.join(modes)} interleaved, medians of {args.rounds} rounds x {args.pairs} "
-                    f"adjacent pairs, each sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}; "
-                    f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}. Slashed columns: " + " / ".join(modes) + ".", "", *rows, "",
+                    f"adjacent pairs ({args.pairs * (1 + args.more)} where the kernels differ), each sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}; "
+                    f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}, {time.process_time() - cpu0:.0f} s CPU while sampling. Slashed columns: " + " / ".join(modes) + ".", "", *rows, "",
                     *[f"- {s}" for s in notes + summary]])
   print(text)
   if args.plot: plot(points, args.plot, rho)
