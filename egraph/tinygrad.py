@@ -27,17 +27,40 @@ import tinygrad.tensor as _tg_tensor   # noqa: E402  (only once the version is k
 from tinygrad.uop.ops import UOp   # noqa: E402
 from egraph.tinygrad_convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.driver import callify   # noqa: E402
+from egraph.tinygrad_fusion import bridge_fusion, cost_hints, realize_hints, Hints   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
 
 def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """tinygrad 0.14's `transform_to_call` by equality saturation: (CALL, buffer_map) over tinygrad UOps. Raises
-  BridgeRefusal (a CallsatError naming the op, dtype or form) for a graph callsat cannot take."""
+  BridgeRefusal (a CallsatError naming the op, dtype or form) for a graph callsat cannot take. With
+  CALLSAT_BRIDGE_FUSION=cost the values callsat's cost mode stores come back as CONTIGUOUS in the CALL body, with
+  cost-store as STOREs of the CALL (egraph/tinygrad_fusion.py)."""
   cv, roots = to_callsat(big_sink)
+  mode = bridge_fusion()
+  hints = _hints(cv, roots) if mode != "rules" else Hints()
+  if mode == "cost-store": roots = realize_hints(cv, roots, hints.idents)   # stored by callify, as a program's own CONTIGUOUS
   # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an
   # assign into a realize point as a write into that point's storage
   res = callify(*roots, cache=False, assigns="realized")
-  return to_tinygrad(cv, res.call, res.buffer_map)
+  return to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
+
+def _hints(cv, roots) -> Hints:
+  """cost_hints, counted. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
+  is counted; strict (and a direct call) raises it."""
+  try: h = cost_hints(cv, roots)
+  except Exception as e:
+    if _STATE["mode"] != "fallback": raise
+    h = Hints(note=f"{type(e).__name__}: {e}")
+    with _LOCK: _COUNTS["hint_errors"] += 1
+  with _LOCK:
+    _COUNTS["hinted" if h.idents else "unhinted"] += 1; _COUNTS["hints"] += len(h.idents)
+    _LAST["hints"] = h
+  return h
+
+def last_hints() -> Hints | None:
+  """The hints of the last bridged call in cost mode (CALLSAT_BRIDGE_FUSION=cost), for reports and tests."""
+  return _LAST.get("hints")
 
 # ---- install, stats ---------------------------------------------------------------------------------------------------
 
@@ -45,6 +68,7 @@ _LOCK = threading.Lock()
 _STATE = {"mode": None}   # None: not installed; "strict" | "fallback"
 _COUNTS: Counter = Counter()
 _REASONS: Counter = Counter()
+_LAST: dict = {}
 
 def _reason(e: BaseException) -> str:
   if isinstance(e, BridgeRefusal): return e.reason
@@ -58,6 +82,7 @@ def _count(kind: str, reason: str | None = None) -> None:
 def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
+  bridge_fusion()   # a bad CALLSAT_BRIDGE_FUSION is the user's error in both modes, never a fallback
   try: out = transform_to_call(big_sink)
   except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
     _count("bridged")
@@ -97,13 +122,16 @@ def installed(strict: bool = False):
     else: install(before == "strict")
 
 def stats() -> dict:
-  """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count)."""
+  """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
+  mode hinted / unhinted calls, hints (realize points handed to tinygrad) and hint_errors (fallback mode: none given)."""
   with _LOCK:
     return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
-            "refused": _COUNTS["refused"], "reasons": dict(_REASONS.most_common())}
+            "refused": _COUNTS["refused"], "reasons": dict(_REASONS.most_common()),
+            "hinted": _COUNTS["hinted"], "unhinted": _COUNTS["unhinted"], "hints": _COUNTS["hints"],
+            "hint_errors": _COUNTS["hint_errors"]}
 
 def reset_stats() -> None:
-  with _LOCK: _COUNTS.clear(); _REASONS.clear()
+  with _LOCK: _COUNTS.clear(); _REASONS.clear(); _LAST.clear()
 
 def summary(top: int = 5) -> str:
   s = stats()

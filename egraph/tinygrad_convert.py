@@ -295,8 +295,8 @@ def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
 
 class _Back:
   """callsat Nodes -> tinygrad UOps for one CALL and its buffer_map (fresh buffers shared between them)."""
-  def __init__(self, cv: Conversion):
-    self.cv, self.memo, self.fresh, self.moves = cv, {}, {}, {}
+  def __init__(self, cv: Conversion, contiguous: frozenset = frozenset()):
+    self.cv, self.memo, self.fresh, self.moves, self.contiguous = cv, {}, {}, {}, contiguous
 
   def d(self, x):
     """callsat dimensions (and nested tuples of them) as tinygrad's."""
@@ -350,7 +350,8 @@ class _Back:
       if u is None: return s[0]   # a RETYPE
       new = list(u.src)
       for i, k in enumerate(pos): new[k] = s[i]
-      return u if all(a is b for a, b in zip(new, u.src)) else u.replace(src=tuple(new))
+      r = u if all(a is b for a, b in zip(new, u.src)) else u.replace(src=tuple(new))
+      return r.contiguous() if n.arg.ident in self.contiguous else r   # a realize point cost mode chose (tinygrad_fusion)
     if op is Ops.BUFFER: return self.buffer(n)
     if op is Ops.MULTI: return s[0].unshard(n.arg)
     if op in (Ops.CALL, Ops.FUNCTION): return self.call(n, s)
@@ -377,9 +378,10 @@ class _Back:
       return UOp({Ops.CONTIGUOUS: TOps.CONTIGUOUS, Ops.DETACH: TOps.DETACH, Ops.CONTIGUOUS_BACKWARD: TOps.CONTIGUOUS_BACKWARD}[op], s[0].dtype, (s[0],))
     raise BridgeRefusal(f"op:{op.name}", "callify produced an op the bridge cannot give back to tinygrad")
 
-def to_tinygrad(cv: Conversion, call: Node, buffer_map: dict) -> tuple[UOp, dict]:
-  """callsat's CALL and buffer_map as tinygrad's: bound variables join the args as ALU PARAMs (tinygrad's cache key)."""
-  back = _Back(cv)
+def to_tinygrad(cv: Conversion, call: Node, buffer_map: dict, contiguous: frozenset = frozenset()) -> tuple[UOp, dict]:
+  """callsat's CALL and buffer_map as tinygrad's: bound variables join the args as ALU PARAMs (tinygrad's cache key);
+  the OPAQUE values whose idents are in `contiguous` are read through a CONTIGUOUS (tinygrad realizes them)."""
+  back = _Back(cv, contiguous)
   args = [back(a) for a in call.src[1:]]
   if any(a.op is Ops.BIND for a in call.src[1:]): raise BridgeRefusal("form:bind", "symbolic BIND arguments")
   body = back(call.src[0], args)

@@ -1,0 +1,159 @@
+"""The bridge's cost-mode option (CALLSAT_BRIDGE_FUSION, egraph/tinygrad_fusion.py): with it on, tinygrad programs give
+stock tinygrad's values (and numpy's) on tinygrad's CPU device while the partition's extra realize points come back as
+CONTIGUOUS in the CALL body (cost) or as STOREs of the CALL (cost-store), and the kernel counts change; with it off
+nothing changes. No timing here (bench/fusion_tinygrad.py measures)."""
+import numpy as np
+import pytest
+
+tinygrad = pytest.importorskip("tinygrad")
+from tinygrad import Tensor, GlobalCounters, Context, nn   # noqa: E402
+from tinygrad.uop.ops import UOp, Ops as TOps   # noqa: E402
+from egraph import tinygrad as bridge   # noqa: E402
+from egraph.errors import CallsatError   # noqa: E402
+from egraph.ir import Ops   # noqa: E402
+from egraph.tinygrad_convert import to_callsat   # noqa: E402
+from egraph.tinygrad_fusion import Shadow, bridge_fusion, cost_hints   # noqa: E402
+
+DEV = "CPU"
+
+def _np_softmax(v): e = np.exp(v - v.max(-1, keepdims=True)); return e / e.sum(-1, keepdims=True)
+
+def _softmax(rng):
+  x = rng.standard_normal((64, 128)).astype(np.float32)
+  return lambda: [Tensor(x).softmax(-1)], lambda: [_np_softmax(x)]
+
+def _layernorm(rng):
+  x, g, b = (rng.standard_normal(s).astype(np.float32) for s in ((64, 128), (128,), (128,)))
+  def ref():
+    c = x - x.mean(-1, keepdims=True)
+    return [c / np.sqrt((c * c).mean(-1, keepdims=True) + 1e-5) * g + b]
+  return lambda: [Tensor(x).layernorm() * Tensor(g) + Tensor(b)], ref
+
+def _shared(rng):   # one expensive value read by two reduces over different axes
+  x, y = (rng.standard_normal((64, 96)).astype(np.float32) * 0.5 for _ in range(2))
+  def build():
+    e = (Tensor(x) * Tensor(y)).exp()
+    return [e.sum(0).reshape(1, -1) + e.max(1).reshape(-1, 1)]
+  return build, lambda: [(e := np.exp(x * y)).sum(0)[None, :] + e.max(1)[:, None]]
+
+def _mlp_step(rng):
+  x = rng.standard_normal((16, 32)).astype(np.float32)
+  w1, w2 = rng.standard_normal((64, 32)).astype(np.float32) * 0.2, rng.standard_normal((8, 64)).astype(np.float32) * 0.2
+  def build():
+    l1, l2 = nn.Linear(32, 64, bias=False), nn.Linear(64, 8, bias=False)
+    l1.weight, l2.weight = Tensor(w1).realize(), Tensor(w2).realize()
+    opt = nn.optim.SGD([l1.weight, l2.weight], lr=0.5)
+    with Context(TRAINING=1):
+      opt.zero_grad()
+      loss = l2(l1(Tensor(x)).relu()).log_softmax(-1).mean()
+      loss.backward(); opt.step()
+    return [loss, l1.weight, l2.weight]
+  def ref():
+    h = x @ w1.T; r = np.maximum(h, 0); z = r @ w2.T
+    dz = 1 / z.size - _np_softmax(z) * (z.shape[-1] / z.size)   # d mean(log_softmax(z)) / dz
+    gw2, dr = dz.T @ r, dz @ w2
+    gw1 = ((h > 0) * dr).T @ x
+    # the loss, realized with the step, reads the updated weights in stock tinygrad too: compared with stock only
+    return [None, w1 - 0.5 * gw1, w2 - 0.5 * gw2]
+  return build, ref
+
+PROGRAMS = {"softmax": _softmax, "layernorm": _layernorm, "shared": _shared, "mlp_step": _mlp_step}
+HINTED = {"softmax": {"EXP2"}, "layernorm": set(), "shared": {"EXP2"}, "mlp_step": set()}   # values the CONTIGUOUS must cover
+
+def _run(name: str, mode: str | None, monkeypatch) -> tuple[list, int, dict]:
+  """(values, kernels, bridge stats) of one program: stock tinygrad (mode None) or the strict bridge in `mode`."""
+  build, _ = PROGRAMS[name](np.random.default_rng(7))
+  if mode is not None: monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", mode)
+  with Context(DEV=DEV):
+    bridge.reset_stats()
+    ctx = bridge.installed(strict=True) if mode is not None else _Stock()
+    with ctx:
+      outs = build()
+      GlobalCounters.reset()
+      Tensor.realize(*outs)
+      kernels = GlobalCounters.kernel_count
+      return [o.numpy() for o in outs], kernels, bridge.stats()
+
+class _Stock:
+  def __enter__(self): bridge.uninstall()
+  def __exit__(self, *a): return False
+
+@pytest.mark.parametrize("mode", ["cost", "cost-store"])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_values_match_stock_and_numpy(name, mode, monkeypatch):
+  stock, _, _ = _run(name, None, monkeypatch)
+  ours, _, st = _run(name, mode, monkeypatch)
+  assert st["bridged"] > 0 and st["hints"] > 0, st
+  ref = PROGRAMS[name](np.random.default_rng(7))[1]()
+  for a, b, r in zip(ours, stock, ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    if r is not None: np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_kernel_counts_change_where_the_partition_stores(name, monkeypatch):
+  _, stock, _ = _run(name, None, monkeypatch)
+  _, off, st_off = _run(name, "rules", monkeypatch)
+  _, on, st_on = _run(name, "cost", monkeypatch)
+  _, store, _ = _run(name, "cost-store", monkeypatch)
+  assert off == stock and st_off["hints"] == 0 and st_on["hints"] > 0
+  # mlp_step: tinygrad already splits its kernels where the partition stores; layernorm's stored points, as STOREs,
+  # replace two of tinygrad's own kernels one for one
+  if name != "mlp_step": assert on > stock
+  if name in ("softmax", "shared"): assert store > stock
+
+def _body(name: str, mode: str, monkeypatch):
+  """The CALL body the bridge returns for one program's graph (callsat's pass called directly) and its hints."""
+  build, _ = PROGRAMS[name](np.random.default_rng(7))
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", mode)
+  with Context(DEV=DEV):
+    outs = build()
+    call, bmap = bridge.transform_to_call(UOp.sink(*[o.uop for o in outs]))
+  return call.src[0], bridge.last_hints()
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_contiguous_where_the_partition_stores(name, monkeypatch):
+  body, _ = _body(name, "rules", monkeypatch)
+  assert not [u for u in body.toposort() if u.op is TOps.CONTIGUOUS]
+  stores_off = sum(u.op is TOps.STORE for u in body.toposort())
+  body, h = _body(name, "cost", monkeypatch)
+  cs = [u for u in body.toposort() if u.op is TOps.CONTIGUOUS]
+  assert len(cs) == len(h.idents) > 0 and h.partition is not None and h.partition.stored >= len(cs)
+  assert {u.src[0].op for u in cs} <= {TOps.REDUCE, *(getattr(TOps, n) for n in ("ADD", "MUL", "EXP2", "RECIPROCAL", "SQRT", "MAX", "SUB", "WHERE", "CAST", "NEG"))}
+  assert HINTED[name] <= {u.src[0].op.name for u in cs}
+  assert {u.op for u in h.uops} == {u.src[0].op for u in cs}
+  assert all(u.src[0].dtype not in (tinygrad.dtypes.weakint, tinygrad.dtypes.weakfloat) for u in cs)
+  body, h = _body(name, "cost-store", monkeypatch)
+  assert not [u for u in body.toposort() if u.op is TOps.CONTIGUOUS]
+  assert sum(u.op is TOps.STORE for u in body.toposort()) == stores_off + len(h.idents)
+
+def test_off_is_the_default(monkeypatch):
+  monkeypatch.delenv("CALLSAT_BRIDGE_FUSION", raising=False)
+  assert bridge_fusion() == "rules"
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "")
+  assert bridge_fusion() == "rules"
+
+def test_bad_mode_raises_in_both_bridge_modes(monkeypatch):
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "fast")
+  with pytest.raises(CallsatError, match="CALLSAT_BRIDGE_FUSION"): bridge_fusion()
+  for strict in (True, False):
+    with Context(DEV=DEV), bridge.installed(strict=strict):
+      with pytest.raises(CallsatError, match="CALLSAT_BRIDGE_FUSION"): (Tensor.ones(4, 4).contiguous() + 1).realize()
+
+def test_shadow_prices_tinygrad_arithmetic():
+  with Context(DEV=DEV):
+    x = Tensor(np.ones((8, 16), np.float32)).realize()
+    y = (x * 2 + 1).softmax(-1)
+    cv, roots = to_callsat(UOp.sink(y.uop))
+  assert {n.arg.name for n in roots[0].toposort() if n.op is Ops.OPAQUE} >= {"EXP2", "REDUCE", "MUL"}
+  shadow = Shadow(cv, "CPU").build(roots)
+  ops = {n.op for n in shadow[0].toposort()}
+  assert {Ops.EXP2, Ops.REDUCE, Ops.RECIPROCAL, Ops.EXPAND} <= ops and Ops.OPAQUE not in ops
+  assert shadow[0].shape == roots[0].shape == (8, 16) and shadow[0].device == "CPU"
+
+def test_no_hints_for_realize_points_on_two_devices():
+  with Context(DEV=DEV):
+    x = Tensor(np.ones((4, 4), np.float32)).realize()
+    y = x.to("PYTHON") + 1
+    cv, roots = to_callsat(UOp.sink(y.uop, (x * 2).uop))
+  h = cost_hints(cv, roots)
+  assert not h.idents and "devices" in h.note
