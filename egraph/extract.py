@@ -3,7 +3,7 @@ cost (exact, Python ints, cycles are fine), then the chosen DAG is costed with e
 egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is not used. Given an `abort_at` time
 (time.perf_counter()), the loops check it every TICK steps and raise OutOfBudget once it has passed."""
 from __future__ import annotations
-import collections, functools, heapq, itertools, operator, time
+import collections, collections.abc, functools, heapq, itertools, operator, time
 from egraph.ir import Node, Ops
 from egraph.encode import Encoding, COMPUTED_TARGET
 from egraph.cost import CostModel
@@ -214,7 +214,7 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
   if g.n_classes >= refine_below or forced: return choice, best   # forced: every round would choose the same
   for _ in range(rounds):
     if time.perf_counter() > deadline: break
-    paid = {choice[k] for k in _reached(choice, roots, g.kids, g.n_classes, False)}
+    paid = {choice[k] for k in reached_classes(choice, roots, g.kids, g.n_classes, False)}
     try: _, cand = knuth(g, [0 if e in paid and c is not None else c for e, c in enumerate(costs)], allowed, min(deadline, abort_at))
     except OutOfBudget: break
     c = dag_cost(g, costs, cand, roots)
@@ -222,7 +222,7 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
     choice, best = cand, c
   return choice, best
 
-def _reached(choice: list[int], roots: list[int], kids: list[tuple], n: int, strict: bool = True) -> list[int]:
+def reached_classes(choice: list[int], roots: list[int], kids: list[tuple], n: int, strict: bool = True) -> list[int]:
   """The classes reached from `roots` through the chosen e-nodes' `kids`; `strict`: a class without a choice raises."""
   seen, out, stack = bytearray(n), [], list(roots)
   while stack:
@@ -235,7 +235,7 @@ def _reached(choice: list[int], roots: list[int], kids: list[tuple], n: int, str
 
 def dag_cost(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int]) -> int:
   """Cost of the chosen DAG under `roots`: every class reached is paid once (sharing-aware)."""
-  return sum([costs[choice[k]] for k in _reached(choice, roots, g.cost_kids, g.n_classes)])
+  return sum([costs[choice[k]] for k in reached_classes(choice, roots, g.cost_kids, g.n_classes)])
 
 class ChosenIds:
   """The extracted DAG for `driver.build_call`: e-class ids, each standing for its chosen e-node (Cons lists flattened)."""
@@ -266,9 +266,31 @@ class ChosenIds:
     if o is Ops.CALL or o is Ops.FUNCTION: arg, body = arg; src = (body, *src)
     return Node(o, dtype, src, arg)
 
-def decode(g: EGraphView, choice: list[int], roots: list[int]) -> dict[int, Node]:
-  """Chosen e-nodes -> IR Nodes, children first, without recursion. Cons lists become tuples of Nodes."""
-  out: dict[int, object] = {}
+class Terms(collections.abc.Mapping):
+  """decode's answer, class -> IR Node (a Cons list: a tuple), built on first use: `terms[k]` decodes only k's subterm
+  (a cost-mode partition with no time to cost reads none); iterating, `len` and `in` decode everything under the roots
+  first, so as a mapping it is the eager decode's dict."""
+  def __init__(self, g: EGraphView, choice: list[int], roots: list[int]):
+    self.g, self.choice, self.roots, self.out, self.full = g, choice, roots, {}, False
+
+  def __getitem__(self, k: int) -> Node:
+    if (n := self.out.get(k)) is None and k not in self.out: _decode_into(self.out, self.g, self.choice, [k]); n = self.out[k]
+    return n
+
+  def _all(self) -> dict:
+    if not self.full: _decode_into(self.out, self.g, self.choice, self.roots); self.full = True
+    return self.out
+
+  def __iter__(self): return iter(self._all())
+  def __len__(self) -> int: return len(self._all())
+  def __contains__(self, k) -> bool: return k in self._all()
+
+def decode(g: EGraphView, choice: list[int], roots: list[int]) -> Terms:
+  """Chosen e-nodes -> IR Nodes, children first, without recursion, on first use (Terms). Cons lists become tuples."""
+  return Terms(g, choice, roots)
+
+def _decode_into(out: dict, g: EGraphView, choice: list[int], roots: list[int]) -> None:
+  """Decode the classes under `roots` into `out` (classes already there are reused)."""
   orig, kids_of, ops, argi, args, osrc = g.original_node, g.kids, g.op, g.arg, g.enc.args, g.original_src
   stack = list(roots)   # k: visit class k, ~k: build it (its children are built)
   while stack:
@@ -287,4 +309,3 @@ def decode(g: EGraphView, choice: list[int], roots: list[int]) -> dict[int, Node
     o = Ops[op]
     if o in (Ops.CALL, Ops.FUNCTION): arg, body = arg; srcs = (body, *srcs)
     out[k] = Node(o, dtype if argi[e] else None, srcs, arg)
-  return out

@@ -18,14 +18,15 @@ The CALL's SINK carries arg "cost" (`mark`): lowering (lower/kernelize.py) then 
 drops its own fusion heuristics."""
 from __future__ import annotations
 import math, os, time
+from operator import attrgetter
 from egraph.errors import CallsatError
 from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, GroupOp, empty_view, toposort, HOST_DEVICES
 from egraph.encode import Encoding
-from egraph.extract import EGraphView, ChosenIds, INF
+from egraph.extract import EGraphView, ChosenIds, INF, reached_classes
 from egraph.report import PartitionReport
 from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION
-from egraph.greedy import LOADS as _LOADS, node_ops as _node_ops, Late, search as _search, worth_flipping
+from egraph.greedy import LOADS as _LOADS, NESTED_REDUCE_WORK, node_ops as _node_ops, Late, search as _search, worth_flipping, rules_realized
 
 MODES = ("rules", "cost")
 MILP_MAX_CANDIDATES = 64    # candidates up to which HiGHS runs after the greedy: 20 take it ~6 s, 120 over 60 s (notes/fusion.md)
@@ -36,8 +37,8 @@ MIP_GAP = 0.01            # HiGHS stops within 1 % of its bound: the model is no
 MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
 COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
 SOLVER_SHARE, SOLVER_FLOOR_S = 0.25, 0.05   # the solver's time: this share of what callify spent before it, at least the floor
+COST_S_PER_CLASS = 8e-6   # decoding a class (~4 us), its share of toposort and stored_members, one costing walk: measured on the 10k graphs
 MARGIN = 0.10             # a partition other than the rules-like one must be predicted this much faster (the model's error)
-NESTED_REDUCE_WORK = 1 << 15   # lower/kernelize's: a REDUCE this big below another REDUCE or an ALU op is realized
 
 def solver_deadline(spent: float, budget_deadline: float = INF) -> float:
   """When the partition search stops: callify's remaining budget, and a share of what callify spent so far (the
@@ -142,12 +143,6 @@ _FREE = frozenset({Ops.CONST, Ops.BITCAST, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, 
 
 def _unview(n: Node) -> Node:
   while n.op in GroupOp.Movement and n.op is not Ops.PAD: n = n.src[0]
-  return n
-
-_IDENT = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
-
-def _unview_id(n: Node) -> Node:
-  while n.op in GroupOp.Movement or n.op in _IDENT: n = n.src[0]
   return n
 
 def _storage_root(n: Node) -> Node:
@@ -260,38 +255,12 @@ class Partition:
     return m.launch_s + (max(tb, tc) if m.combine == "max" else tb + tc)
 
 def rules_like(p: Partition, deadline: float = INF) -> frozenset | None:
-  """The candidates lower/'s rules-mode heuristics realize, per STORE value (a copy of lower/kernelize._nested_reduces
-  and of the builder's REDUCE-under-a-broadcast split: egraph does not import lower/): the solver's anchor, so that
-  cost mode is never predicted slower than the rules. None past `deadline` (each STORE's whole region is walked)."""
-  out: set[int] = set()
-  big = lambda r: r.op is Ops.REDUCE and math.prod(r.src[0].shape) >= NESTED_REDUCE_WORK
-  for v, _ in p.stores:
-    if time.perf_counter() > deadline: return None
-    order, seen, stack = [], set(), [(v, False)]   # the kernel's region: down to storage (AFTER reads are loads)
-    while stack:
-      n, done = stack.pop()
-      if done: order.append(n); continue
-      if n.id in seen: continue
-      seen.add(n.id); stack.append((n, True))
-      if n.op not in _LOADS: stack.extend((s, False) for s in n.src if s.id not in seen)
-    under, nested = set(), set()
-    for n in reversed(order):
-      if n.op is Ops.REDUCE or n.id in under: under.update(s.id for s in n.src)
-    for n in order:
-      if n.op in GroupOp.ALU: nested.update(c.id for c in map(_unview_id, n.src) if big(c))
-      if n.id not in under or n.shape is None: continue
-      if big(n): nested.add(n.id)
-      elif n.op is Ops.EXPAND and math.prod(n.shape) >= NESTED_REDUCE_WORK:
-        c = _unview_id(n.src[0])
-        if (c.op in GroupOp.ALU or c.op is Ops.REDUCE) and math.prod(c.shape) > 1: nested.add(c.id)
-    walked, stack = set(), [(v, False, True)]   # the builder's walk: a REDUCE reached under a widening EXPAND is split
-    while stack:
-      n, b, top = stack.pop()
-      if (n.id, b) in walked or n.op in _LOADS: continue
-      walked.add((n.id, b))
-      if not top and (n.id in nested or (n.op is Ops.REDUCE and b)): out.add(n.id); b = False   # its own kernel
-      stack.extend((s, b or _widens(n), False) for s in n.src)
-  return frozenset(out & set(p.cands))
+  """The candidates lower/'s rules-mode heuristics realize in the kernels of p's STOREs (greedy.rules_realized): the
+  solver's anchor, so that cost mode is never predicted slower than the rules. None past `deadline`."""
+  out = rules_realized([v for v, _ in p.stores], _op, _src, _shape, deadline)
+  return None if out is None else frozenset(n.id for n in out if n.id in p.cands)
+
+_op, _src, _shape = attrgetter("op"), attrgetter("src"), attrgetter("shape")
 
 class TooBig(Exception):
   """The ILP outgrew MILP_MAX_TERMS while being built."""
@@ -518,16 +487,47 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
                         time.perf_counter() - t0, p.evaluations, rules_t, mip_gap, model_gap, "; ".join(notes))
   return bestS, rep
 
-def partition_ids(g: EGraphView, choice: list[int], terms: dict[int, Node], root_classes: list[int], enc: Encoding,
+def partition_ids(g: EGraphView, choice: list[int], terms, root_classes: list[int], enc: Encoding,
                   cands, model: TimeModel, deadline: float = INF) -> tuple[StoredIds, PartitionReport]:
   """The extracted DAG with the cheapest partition's candidates stored, and the report: the kernels are the STOREs of
-  the realized terms (`terms`: the decoded extraction) plus each stored candidate."""
+  the realized terms (`terms`: the decoded extraction, extract.Terms, read only when there is time to cost) plus each
+  stored candidate. When decoding and one costing of the graph cannot fit before `deadline` (COST_S_PER_CLASS per
+  class reached), nothing is costed: the rules-like partition is read off the e-class ids (`rules_like_ids`)."""
+  t0 = time.perf_counter()
+  budget = max(deadline - t0, 0.0) if deadline < INF else None
   if not cands:   # nothing to choose: the kernels are what they are (a 10k-node chain costed them all for nothing)
-    return StoredIds(g, choice, {}), PartitionReport("none (no candidates)", predicted_s=None, fused_s=None,
-                                                     budget_s=max(deadline - time.perf_counter(), 0.0) if deadline < INF else None)
+    return StoredIds(g, choice, {}), PartitionReport("none (no candidates)", predicted_s=None, fused_s=None, budget_s=budget)
+  reached = reached_classes(choice, root_classes, g.kids, g.n_classes)
   members = stored_members(g, enc, cands)
+  rset = set(reached)
+  members = {k: m for k, m in members.items() if k in rset}   # the candidates in the extracted DAG
+  if len(reached) * COST_S_PER_CLASS > deadline - time.perf_counter():
+    R = rules_like_ids(g, choice, reached, members, deadline + len(reached) * COST_S_PER_CLASS)
+    note = f"{len(reached)} classes: no time to decode and cost one partition (budget {budget * 1e3:.0f}ms)" if budget is not None else ""
+    return StoredIds(g, choice, {k: members[k] for k in R}), PartitionReport(
+      "rules-like (no time to cost)", len(members), len(R), None, None, 0.0, 0.0, budget, time.perf_counter() - t0, 0, None, None, None, note)
   stores = [(n.src[1], n.src[1].nbytes) for n in toposort([terms[c] for c in root_classes], enter_calls=False)
             if n.op is Ops.STORE and n.src[1].shape is not None]
-  cls_of = {terms[k].id: k for k in members if k in terms}
+  cls_of = {terms[k].id: k for k in members}
   S, rep = solve(Partition(model, stores, {i: terms[k] for i, k in cls_of.items()}), deadline)
   return StoredIds(g, choice, {cls_of[i]: members[cls_of[i]] for i in S}), rep
+
+_OPS = {o.name: o for o in Ops}
+
+def rules_like_ids(g: EGraphView, choice: list[int], reached: list[int], members, deadline: float = INF) -> frozenset:
+  """fusion.rules_like over the extracted DAG's e-class ids, without decoding: ops from the chosen e-nodes, sources
+  their child classes (a V node's Cons list flattened, as ChosenIds does), shapes from each class's inserted IR node
+  (g.info; None: unknown, never big). Past `deadline` (it is linear: only a pathological graph gets there) nothing is
+  stored."""
+  es = list(map(choice.__getitem__, reached))
+  if -1 in es: ChosenIds(g, choice).enode(reached[es.index(-1)])   # raises Unextractable, as decoding would
+  op = dict(zip(reached, map(_OPS.get, map(g.op.__getitem__, es))))
+  src = dict(zip(reached, map(g.kids.__getitem__, es)))
+  ids = ChosenIds(g, choice)
+  for k, ks in src.items():
+    if len(ks) == 1 and ks[0] in op and op[ks[0]] is None: src[k] = ids.kids(k)   # a Cons / Nil list
+  info = g.info
+  shape = {k: None if (n := info[k]) is None else n.shape for k in reached}
+  values = [v for k, o in op.items() if o is Ops.STORE and len(ks := src[k]) == 2 and (info[v := ks[1]] is None or shape[v] is not None)]
+  out = rules_realized(values, op.__getitem__, src.__getitem__, shape.__getitem__, deadline)
+  return frozenset() if out is None else frozenset(k for k in out if k in members)

@@ -1,13 +1,68 @@
 """The partition's local search (egraph/fusion.py): a stored set being searched (`State`), single flips from the
-cheapest start (`search`), and the model's filter of what is worth flipping on big graphs (`worth_flipping`). Every
-costing stops at the solver's deadline (Late)."""
+cheapest start (`search`), the model's filter of what is worth flipping on big graphs (`worth_flipping`), and the
+anchor: what lower/'s rules mode realizes (`rules_realized`, over IR Nodes or e-class ids). Every costing stops at the
+solver's deadline (Late)."""
 from __future__ import annotations
-import time
+import math, time
 from egraph.ir import Node, Ops, GroupOp, toposort
 from egraph.timemodel import TimeModel, TRANSCENDENTAL, DIVISION
 
 INF = float("inf")
 LOADS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.SLICE, Ops.AFTER})   # what a kernel reads from memory (an AFTER: a write's result)
+NESTED_REDUCE_WORK = 1 << 15   # lower/kernelize's: a REDUCE this big below another REDUCE or an ALU op is realized
+_IDENT = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
+_THROUGH = GroupOp.Movement | _IDENT
+
+def rules_realized(values, op, src, shape, deadline: float = INF) -> set | None:
+  """What lower/'s rules-mode heuristics realize in the kernels computing `values` (a copy of
+  lower/kernelize._nested_reduces and of the builder's REDUCE-under-a-broadcast split: egraph does not import lower/),
+  over any handles: `op(x)` an Ops, `src(x)` its sources, `shape(x)` a tuple or None. A big REDUCE (NESTED_REDUCE_WORK)
+  read by an ALU op or under another REDUCE, the computed operand of a big EXPAND under a REDUCE, and a REDUCE reached
+  through a widening EXPAND get a kernel of their own. Kernels stop at loads; every node is walked once over the union
+  of the kernels (what one kernel realizes is realized for all: lowering then reads it from memory in each). None past
+  `deadline`."""
+  seen, stack, loads = set(values), list(values), LOADS   # the union of the kernels' regions: every node once
+  while stack:
+    if op(n := stack.pop()) not in loads:
+      for x in src(n):
+        if x not in seen: seen.add(x); stack.append(x)
+  if time.perf_counter() > deadline: return None
+  red, exp, alu, through = Ops.REDUCE, Ops.EXPAND, GroupOp.ALU, _THROUGH
+  def unview(n):
+    while op(n) in through and (ss := src(n)): n = ss[0]
+    return n
+  bigs = {n for n in seen if op(n) is red and (s := shape(src(n)[0])) is not None and math.prod(s) >= NESTED_REDUCE_WORK}
+  under, stack = set(), [x for n in seen if op(n) is red for x in src(n)]   # below a REDUCE of the same kernel
+  while stack:
+    if (n := stack.pop()) not in under:
+      under.add(n)
+      if op(n) not in loads: stack += src(n)
+  nested = set()
+  for n in seen:
+    if (o := op(n)) in alu:   # a big REDUCE read by an ALU op
+      for c in src(n):
+        while op(c) in through and (ss := src(c)): c = ss[0]
+        if c in bigs: nested.add(c)
+    if n not in under or o in loads: continue
+    if n in bigs: nested.add(n)   # a big REDUCE under another
+    elif o is exp and (sh := shape(n)) is not None and math.prod(sh) >= NESTED_REDUCE_WORK:   # a big broadcast's operand
+      c = unview(src(n)[0])
+      if (op(c) in alu or op(c) is red) and (cs := shape(c)) is not None and math.prod(cs) > 1: nested.add(c)
+  if time.perf_counter() > deadline: return None
+  def widens(n) -> bool:
+    return op(n) is exp and (s0 := shape(src(n)[0])) is not None and any(a == 1 and t != 1 for a, t in zip(s0, shape(n)))
+  # the builder's walk from each kernel's root (never split itself): a nested node, or a REDUCE reached through a
+  # widening EXPAND, gets its own kernel
+  out, walked = set(), (set(), set())
+  stack = [(x, widens(v)) for v in values if op(v) not in loads for x in src(v)]
+  while stack:
+    n, b = stack.pop()
+    if n in walked[b] or (o := op(n)) in loads: continue
+    walked[b].add(n)
+    if n in nested or (b and o is red): out.add(n); b = False   # its own kernel
+    w = b or widens(n)
+    stack += [(x, w) for x in src(n)]
+  return out
 
 def node_ops(m: TimeModel, n: Node, evals: int) -> float:
   """The model's ops of `evals` evaluations of n (TimeModel.ops of its share of KernelWork)."""

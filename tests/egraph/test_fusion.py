@@ -246,3 +246,85 @@ def test_ordering_kit_covers_the_fusion_rule():
   assert all(x.predicted_s is not None for x in [r.saturated, r.reference, *r.orders])
   assert r.saturated.predicted_s <= r.reference.predicted_s
   assert ordering.run_graph("model:mlp", k=1, fusion="rules").saturated.predicted_s is None
+
+def _rules_like_per_kernel(p: Partition) -> frozenset:
+  """The oracle: lower/'s rules-mode splits walked kernel by kernel (each STORE's region on its own, the old
+  fusion.rules_like), against greedy.rules_realized's one walk over the union of the regions."""
+  out, W = set(), fusion.NESTED_REDUCE_WORK
+  def unview(n):
+    while n.op in GroupOp.Movement or n.op in (Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY): n = n.src[0]
+    return n
+  big = lambda r: r.op is Ops.REDUCE and math.prod(r.src[0].shape) >= W
+  widens = lambda n: n.op is Ops.EXPAND and any(s == 1 and t != 1 for s, t in zip(n.src[0].shape, n.arg))
+  for v, _ in p.stores:
+    order, seen, stack = [], set(), [(v, False)]
+    while stack:
+      n, done = stack.pop()
+      if done: order.append(n); continue
+      if n.id in seen: continue
+      seen.add(n.id); stack.append((n, True))
+      if n.op not in fusion._LOADS: stack.extend((s, False) for s in n.src if s.id not in seen)
+    under, nested = set(), set()
+    for n in reversed(order):
+      if n.op is Ops.REDUCE or n.id in under: under.update(s.id for s in n.src)
+    for n in order:
+      if n.op in GroupOp.ALU: nested.update(c.id for c in map(unview, n.src) if big(c))
+      if n.id not in under or n.shape is None: continue
+      if big(n): nested.add(n.id)
+      elif n.op is Ops.EXPAND and math.prod(n.shape) >= W and ((c := unview(n.src[0])).op in GroupOp.ALU or c.op is Ops.REDUCE) and math.prod(c.shape) > 1: nested.add(c.id)
+    walked, stack = set(), [(v, False, True)]
+    while stack:
+      n, b, top = stack.pop()
+      if (n.id, b) in walked or n.op in fusion._LOADS: continue
+      walked.add((n.id, b))
+      if not top and (n.id in nested or (n.op is Ops.REDUCE and b)): out.add(n.id); b = False
+      stack.extend((s, b or widens(n), False) for s in n.src)
+  return frozenset(out & set(p.cands))
+
+def _extracted(ts):
+  """(Partition over the decoded terms, its candidates' classes, and what rules_like_ids reads) of a cost-mode e-graph."""
+  from egraph.encode import encode
+  from egraph.driver import saturate, extract_call
+  from egraph.cost import COST_PRESETS
+  from egraph.extract import reached_classes
+  enc = encode([t.node for t in ts], "fresh")
+  cands = fusion.add_candidates(enc)
+  sat = saturate(enc)
+  ex, g = extract_call(sat, COST_PRESETS["bytes"]), sat.graph
+  reached = reached_classes(ex.choice, ex.root_classes, g.kids, g.n_classes)
+  members = {k: m for k, m in fusion.stored_members(g, enc, cands).items() if k in set(reached)}
+  terms = ex.terms
+  stores = [(n.src[1], n.src[1].nbytes) for n in toposort([terms[c] for c in ex.root_classes], enter_calls=False) if n.op is Ops.STORE]
+  return Partition(TimeModel.load("CPU"), stores, {terms[k].id: terms[k] for k in members}), terms, g, ex.choice, reached, members
+
+def test_rules_like_one_walk_and_over_ids_are_the_per_kernel_walk():
+  """greedy.rules_realized walks each node once over the union of the kernels; over the decoded terms (rules_like) and
+  over e-class ids without decoding (rules_like_ids, the partition's answer when there is no time to cost) it stores
+  the candidates the per-kernel walk does, on the test programs at 256^2 (above NESTED_REDUCE_WORK) and random ones."""
+  big = [RNG.standard_normal((256, 256)).astype(np.float32) for _ in range(5)]
+  progs = [prog(*(Tensor(z).realize() for z in big)) for prog in PROGRAMS]
+  nonempty = 0
+  for ts in progs:
+    p, terms, g, choice, reached, members = _extracted(ts)
+    R = fusion.rules_like(p)
+    assert R == _rules_like_per_kernel(p) == frozenset(terms[k].id for k in fusion.rules_like_ids(g, choice, reached, members))
+    nonempty += bool(R)
+  for seed in range(6):
+    stores, cands = _random_program(seed)
+    p = Partition(TimeModel.load("CPU"), stores, cands)
+    R = fusion.rules_like(p); nonempty += bool(R)
+    assert R == _rules_like_per_kernel(p)
+  assert nonempty >= 3
+
+def test_no_time_to_cost_stores_the_rules_like_partition(monkeypatch):
+  """When decoding and costing cannot fit the solver's budget, partition_ids stores the rules-like candidates read off
+  the ids (nothing costed, nothing decoded for it) and says so; the values are right."""
+  monkeypatch.setattr(fusion, "COST_S_PER_CLASS", 1.0)
+  a = Tensor(arr(256, 256)).realize()
+  t = (a - a.max(axis=1, keepdim=True)).exp()
+  res = callify(t / t.sum(axis=1, keepdim=True), fusion="cost", cache=False)
+  rep = res.report.partition
+  assert rep.method == "rules-like (no time to cost)" and rep.predicted_s is None and rep.evaluations == 0 and "no time" in rep.note
+  assert len(_stores(res)) == 1 + rep.stored and rep.stored >= 1   # the max and the sum under a broadcast
+  e = np.exp(a.numpy() - a.numpy().max(axis=1, keepdims=True))
+  np.testing.assert_allclose((t / t.sum(axis=1, keepdim=True)).numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
