@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("DEV", "CPU")
 import numpy as np
 from tinygrad import Tensor, TinyJit, GlobalCounters, Context, nn
+from tinygrad.uop.ops import Ops as TOps
 from egraph import tinygrad as bridge
 
 PROGRAMS: list[tuple[str, object]] = []   # (name, setup(rng) -> (step(*inputs) -> Tensor, inputs))
@@ -78,6 +79,10 @@ def use(mode: str) -> None:
   os.environ["CALLSAT_BRIDGE_FUSION"] = mode
   bridge.install(strict=True)
 
+def code_of(jit) -> tuple:
+  """The captured program's kernels, each as its source (copies as their op): equal tuples run the same kernels."""
+  return tuple(c.src[0].src[2].arg if c.src[0].op is TOps.PROGRAM else c.src[0].op.name for c in jit.captured._linear.src)
+
 class Case:
   """One program under one mode: kernels and hints of one realize, its values, and the jitted step."""
   def __init__(self, name: str, setup, mode: str):
@@ -90,10 +95,11 @@ class Case:
     out = step(*self.inputs); out.realize()
     self.kernels = GlobalCounters.kernel_count
     st = bridge.stats()
-    self.hints = st["hints"] if mode != "stock" else 0
+    self.hints, self.hint_s = (st["hints"], st["hint_seconds"]) if mode != "stock" else (0, 0.0)
     self.value = out.numpy()
     self.jit = TinyJit(lambda *xs: step(*xs).realize())
     for _ in range(3): self.jit(*self.inputs)   # captured on the second call; replays from the third
+    self.code = code_of(self.jit)
     self.samples: list[float] = []
     self.reps = 1
 
@@ -129,19 +135,23 @@ def main() -> None:
                                       for m, c in cases.items()), flush=True)
   bridge.uninstall()
   load = os.getloadavg()
-  head = "| program | " + " | ".join(f"{m} kernels" for m in modes) + " | hints | " + " | ".join(f"{m} ms" for m in modes) + \
+  head = "| program | " + " | ".join(f"{m} kernels" for m in modes) + " | hints | choosing them s | " + " | ".join(f"{m} ms" for m in modes) + \
          " | " + " | ".join(f"stock / {m}" for m in modes if m != "stock") + " |"
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
-  ratios = {m: [] for m in modes if m != "stock"}
+  ratios, same = {m: [] for m in modes if m != "stock"}, {m: [] for m in modes if m != "stock"}
   for name, cases, med, ok in rows:
-    for m in ratios: ratios[m].append(med["stock"] / med[m])
+    for m in ratios:
+      ratios[m].append(med["stock"] / med[m])
+      same[m].append(1.0 if cases[m].code == cases["stock"].code else med["stock"] / med[m])
     lines.append(f"| {name} | " + " | ".join(f"{cases[m].kernels}" for m in modes) + " | " +
                  "/".join(str(cases[m].hints) for m in modes if m != "stock") + " | " +
+                 "/".join(f"{cases[m].hint_s:.2f}" for m in modes if m != "stock") + " | " +
                  " | ".join(f"{med[m] * 1e3:.3f}" + ("" if ok[m] else " (values differ)") for m in modes) + " | " +
-                 " | ".join(f"{med['stock'] / med[m]:.2f}x" for m in ratios) + " |")
-  geo = {m: math.exp(sum(map(math.log, v)) / len(v)) for m, v in ratios.items() if v}
-  lines.append("| **geomean** |" + " |" * (2 * len(modes) + 1) + " " + " | ".join(f"**{geo[m]:.2f}x**" for m in geo) + " |")
-  txt = "\n".join(lines) + f"\n\n{len(rows)} programs, {a.rounds} rounds, samples >= {a.min_ms:g} ms, " \
+                 " | ".join(f"{med['stock'] / med[m]:.2f}x" + (" =" if cases[m].code == cases["stock"].code else "") for m in ratios) + " |")
+  gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))
+  geo = {m: f"**{gm(v):.2f}x** ({gm(same[m]):.2f}x with `=` as 1.00)" for m, v in ratios.items() if v}
+  lines.append("| **geomean** |" + " |" * (2 * len(modes) + 2) + " " + " | ".join(geo.values()) + " |")
+  txt = "\n".join(lines) + "\n\n`=`: the mode's captured kernels are stock's, source for source (its ratio is noise).\n" + f"{len(rows)} programs, {a.rounds} rounds, samples >= {a.min_ms:g} ms, " \
         f"{time.time() - t0:.0f} s, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}\n"
   print(txt)
   if a.out:

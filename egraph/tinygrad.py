@@ -54,7 +54,7 @@ def _hints(cv, roots) -> Hints:
     h = Hints(note=f"{type(e).__name__}: {e}")
     with _LOCK: _COUNTS["hint_errors"] += 1
   with _LOCK:
-    _COUNTS["hinted" if h.idents else "unhinted"] += 1; _COUNTS["hints"] += len(h.idents)
+    _COUNTS["hinted" if h.idents else "unhinted"] += 1; _COUNTS["hints"] += len(h.idents); _COUNTS["hint_seconds"] += h.seconds
     _LAST["hints"] = h
   return h
 
@@ -123,12 +123,13 @@ def installed(strict: bool = False):
 
 def stats() -> dict:
   """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
-  mode hinted / unhinted calls, hints (realize points handed to tinygrad) and hint_errors (fallback mode: none given)."""
+  mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
+  hint_seconds (choosing them)."""
   with _LOCK:
     return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
             "refused": _COUNTS["refused"], "reasons": dict(_REASONS.most_common()),
             "hinted": _COUNTS["hinted"], "unhinted": _COUNTS["unhinted"], "hints": _COUNTS["hints"],
-            "hint_errors": _COUNTS["hint_errors"]}
+            "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"]}
 
 def reset_stats() -> None:
   with _LOCK: _COUNTS.clear(); _REASONS.clear(); _LAST.clear()
