@@ -264,59 +264,85 @@ def _buffer_map(keys, roots, O, K, ids) -> tuple[dict, int]:
     views += O[r] != "AFTER" and any(t[0] is Ops.SLICE for t in chain)
   return buffer_map, views
 
+def in_encoding_order(enc: Encoding) -> bool:
+  """Does the ordering walk of `build_call` over `MaterializedIds` finish the AFTERs in id order? Yes when the keys
+  begin with the roots' bases (so it walks from the roots, as encode's toposort did, numbering in post-order) and no
+  realize point is redirected out of that order or drops a subtree (precompiled calls, zero-size values, assigns into
+  computed values)."""
+  if enc.computed_args or "precompiled_row" in enc.rows or "zero_row" in enc.rows: return False
+  bases = list(dict.fromkeys(r.base for r in enc.roots))
+  return len(bases) <= len(enc.keys) and all(k is b for k, b in zip(enc.keys, bases))
+
 def materialized_call(enc: Encoding) -> BuiltCall:
   """The all-materialized CALL straight from the Encoding (no e-graph), linear in the graph: callify's fallback when
   its limits leave no time to saturate and extract. `build_call` over `MaterializedIds`, node for node, specialized:
-  a vertex v indexes flat lists (~(2i), ~(2i+1) from their end), one walk orders, one numbers the PARAMs (pre-order
-  from the SINK), one loop over the order builds (every PARAM is numbered by then, and hash-consing makes the build
-  order immaterial)."""
+  a vertex v indexes flat lists (~(2i), ~(2i+1) from their end); the SINK's AFTERs are in id order where
+  `in_encoding_order` says so (else one walk orders them); one walk numbers the PARAMs (pre-order from the SINK) and
+  builds each vertex as it finishes (every buffer under it has its PARAM by then)."""
   ids = MaterializedIds(enc)
-  nodes, orig, listed, mkids = ids.nodes, ids.orig, ids.listed, ids.kids
+  nodes, orig, listed, fresh = ids.nodes, ids.orig, ids.listed, enc.fresh
   n_ids = len(nodes)
   R = list(range(n_ids))
   for i, r in ids.redirect.items(): R[i] = r
   rget = R.__getitem__
   K: list = [None] * (3 * n_ids)   # children; v >= 0 from the front, ~(2i) and ~(2i+1) (< 2 * n_ids) from the back
   O: list = [None] * (3 * n_ids)   # op names
-  order, stack, done = [], list(reversed(ids.roots)), _DONE   # a vertex under _DONE is finished when _DONE pops
-  while stack:
-    if (v := stack.pop()) is done: order.append(stack.pop()); continue
-    if K[v] is not None: continue
+  def expand(v: int) -> list[int]:
     if v >= 0:
       O[v], _, ks = orig[v]
       ks = K[v] = list(map(rget, listed(ks) if len(ks) == 1 and nodes[ks[0]] is None else ks))
-    else: ks = K[v] = mkids(v); O[v] = "STORE" if ~v & 1 else "AFTER"
-    stack += (v, done)
-    stack += reversed(ks)
-  sink = [v for v in order if O[v] == "AFTER"]
+      return ks
+    i, is_store = divmod(~v, 2)   # AFTER(f, STORE(f, value)) into realize point i's fresh buffer f
+    f = rget(fresh[i])
+    if not is_store: O[v] = "AFTER"; ks = K[v] = [f, v - 1]; return ks
+    op, _, iks = orig[i]
+    O[v] = "STORE"; ks = K[v] = [f, rget(iks[0] if op == "CONTIGUOUS" else listed(orig[iks[1]][2])[1])]; return ks
+  done = _DONE   # a vertex under _DONE is finished when _DONE pops
+  if in_encoding_order(enc):
+    sink = [R[i] for i in sorted({i for i, (o, _, _) in orig.items() if o == "AFTER" and R[i] == i} |
+                                 {i for i, r in ids.redirect.items() if r == ~(2 * i)})]
+  else:
+    order, stack = [], list(reversed(ids.roots))
+    while stack:
+      if (v := stack.pop()) is done: order.append(stack.pop()); continue
+      if K[v] is not None: continue
+      stack += (v, done)
+      stack += reversed(expand(v))
+    sink = [v for v in order if O[v] == "AFTER"]
   args: list[Node] = []
   slot_of: dict[Node, int] = {}
   built: list = [None] * (3 * n_ids)
   walked = bytearray(3 * n_ids)
+  get, stores, CALL, FUNCTION, STORE = built.__getitem__, set(), Ops.CALL, Ops.FUNCTION, Ops.STORE
   stack = list(reversed(sink))
-  while stack:   # PARAMs numbered at first visit, as `parameterize` walks
-    if walked[v := stack.pop()]: continue
+  while stack:   # PARAMs numbered at first visit, as `parameterize` walks; a vertex built when it finishes
+    if (v := stack.pop()) is done:
+      v = stack.pop()
+      if v < 0:
+        if ~v & 1: continue   # the STORE is made with its AFTER
+        t, (_, val) = get(K[v][0]), K[v - 1]
+        built[v - 1], built[v] = st = t.stored(get(val)); stores.add(st[0])
+        continue
+      src = tuple(map(get, K[v]))
+      if (o := (n := nodes[v]).op) is CALL or o is FUNCTION: src = (n.src[0], *src)
+      built[v] = n = n.over(src)   # a BUFFER's PARAM and views keep its shape: most nodes skip inference
+      if o is STORE: stores.add(n)
+      continue
+    if walked[v]: continue
     walked[v] = 1
-    if (o := O[v]) != "BUFFER" and (o != "SLICE" or O[K[v][0]] != "BUFFER"): stack += reversed(K[v]); continue
-    n = nodes[v] if o == "BUFFER" else nodes[v].over((nodes[K[v][0]],))   # a whole SLICE(BUFFER): one arg
+    ks = K[v] if K[v] is not None else expand(v)
+    if (o := O[v]) == "SLICE" and K[ks[0]] is None: expand(ks[0])
+    if o != "BUFFER" and (o != "SLICE" or O[ks[0]] != "BUFFER"): stack += (v, done); stack += reversed(ks); continue
+    n = nodes[v] if o == "BUFFER" else nodes[v].over((nodes[ks[0]],))   # a whole SLICE(BUFFER): one arg
     if n not in slot_of: slot_of[n] = len(args); args.append(n)
     built[v] = Node(Ops.PARAM, n.dtype, (), ParamArg(slot_of[n], n.shape, n.device, shard=isinstance(n.device, tuple)))
-  get, void, stores, CALL, FUNCTION, STORE, AFTER = built.__getitem__, dtypes.void, set(), Ops.CALL, Ops.FUNCTION, Ops.STORE, Ops.AFTER
-  for v in order:
-    if not walked[v] or built[v] is not None: continue
-    src = tuple(map(get, K[v]))
-    if v < 0:
-      if ~v & 1: built[v] = n = Node(STORE, void, src); stores.add(n)
-      else: built[v] = Node(AFTER, src[0].dtype, src)
-      continue
-    if (o := (n := nodes[v]).op) is CALL or o is FUNCTION: src = (n.src[0], *src)
-    built[v] = n = n.over(src)   # a BUFFER's PARAM and views keep its shape: most nodes skip inference
-    if o is STORE: stores.add(n)
-  body = Node(Ops.SINK, void, tuple(dict.fromkeys(built[v] for v in sink)))
+  body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
   body, args = bind_dims(body, args) if has_bound_dims(enc) else (body, args)
+  for v in ids.roots:   # the storage chains of realize points that are views (not walked from the SINK)
+    while (ks := K[v] if K[v] is not None else expand(v)) and O[v] != "BUFFER" and O[v] != "PARAM": v = ks[0]
   buffer_map, views = _buffer_map(enc.keys, ids.roots, O, K, ids)
   buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in enc.fresh_buffers)
-  return BuiltCall(Node(Ops.CALL, void, (body, *args), CallInfo()), buffer_map, len(stores), buffers, views)
+  return BuiltCall(Node(Ops.CALL, dtypes.void, (body, *args), CallInfo()), buffer_map, len(stores), buffers, views)
 
 # ---- the result cache: the same graph over other buffers reuses the saturated result ---------------------------------
 

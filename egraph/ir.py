@@ -192,6 +192,17 @@ class Node:
   def store(self, value: Node) -> Node: return Node(Ops.STORE, dtypes.void, (self, value))
   def sink(*srcs: Node) -> Node: return Node(Ops.SINK, dtypes.void, tuple(srcs))
 
+  def stored(self, value: Node) -> tuple[Node, Node]:
+    """(STORE(self, value), AFTER(self, STORE)): a realize point written into its buffer, checked as STORE checks it and
+    made without dispatching inference (the all-materialized CALL makes one pair per realize point)."""
+    if value.shape is not self.shape and value.shape != self.shape:
+      raise ShapeError(f"STORE: value shape {value.shape} does not match target shape {self.shape}")
+    if value.dtype is not self.dtype and value.dtype != self.dtype:
+      raise DTypeError(f"STORE: value dtype {value.dtype.name} does not match target dtype {self.dtype.name}")
+    dev = self.device if self.device is not None else value.device
+    st = _known(Ops.STORE, dtypes.void, (self, value), None, self.shape, dev)
+    return st, _known(Ops.AFTER, self.dtype, (self, st), None, self.shape, self.device)
+
 _CONST = Ops.CONST
 
 def _make(key: tuple, op: Ops, dtype: DType, src: tuple, arg, shape, device) -> Node:
@@ -201,6 +212,12 @@ def _make(key: tuple, op: Ops, dtype: DType, src: tuple, arg, shape, device) -> 
   ref = _cache[key] = _Ref(ret, _drop)
   ref.key = key
   return ret
+
+def _known(op: Ops, dtype: DType, src: tuple, arg, shape, device) -> Node:
+  """The node with a shape and device its caller derived (hash-consed as Node() would)."""
+  key = (op, dtype, src, arg)
+  if (ref := _get(key)) is not None and (ret := ref()) is not None: return ret
+  return _make(key, op, dtype, src, arg, shape, device)
 
 def _dim(x): return x if is_symbolic(x) else int(x)
 
