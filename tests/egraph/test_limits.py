@@ -117,6 +117,17 @@ def test_an_assign_with_several_writes_extracts():
   assert callify(*g.roots, cache=False).report.fallback is None
   fallback_is_sound(g)
 
+def test_an_assign_into_computed_inside_another_assigns_value():
+  """The oracle rewrites an assign into a computed value that sits inside another one's value (it used to leave the
+  inner one, and then refused its STORE into NEG: a rare hypothesis failure); callify and its fallback agree."""
+  st = Storage()
+  x = new_buffer(4, dtypes.float32, "CPU"); st.set_data(x, np.arange(4, dtype=np.float32))
+  t1 = Node(Ops.NEG, None, (x,)); a1 = t1.after(t1.store(Node(Ops.ADD, None, (x, x))))
+  t2 = Node(Ops.EXP2, None, (x,)); a2 = t2.after(t2.store(Node(Ops.MUL, None, (a1, x))))
+  g = Graph([a2.contiguous()], st, [x])
+  np.testing.assert_array_equal(reference_values(g, list(g.roots))[0], [0, 2, 8, 18])
+  fallback_is_sound(g)
+
 def fallback_is_sound(g):
   """The fallback CALL keeps the structural invariants and realizes the values the saturated CALL and the reference do."""
   fb, full = callify(*g.roots, limits=NOW, cache=False), callify(*g.roots, cache=False)
