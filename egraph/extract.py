@@ -19,6 +19,7 @@ class Unextractable(EngineError):
 _CTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
 _ARITY = {"L": 0, "U": 1, "B": 2, "R": 3, "V": 1, "Cons": 2, "Nil": 0}   # child classes per constructor
 _PRICED = frozenset({"STORE", "BUFFER", "PARAM", "SLICE"})   # the ops CostModel.enode_cost prices beyond `nodes`
+_SPECIAL = _PRICED | {"CONTIGUOUS", "AFTER", "Cons", "Nil", "FUNCTION"}   # local_costs looks at these one by one
 _STORAGE_FORMS = frozenset({"AFTER", "SLICE", "BUFFER", "PARAM", "RESHAPE", "SHRINK", "PERMUTE", "FLIP", "MULTI"})
 
 def _raw_ids(fns, i64) -> bool:
@@ -97,18 +98,25 @@ class EGraphView:
     return (kids,) if n.op in (Ops.CALL, Ops.FUNCTION, Ops.SINK, Ops.TUPLE) or (n.op is Ops.AFTER and len(kids) != 2) or len(kids) > 3 else kids
 
   def local_costs(self, model: CostModel, abort_at: float = INF) -> list[int | None]:
-    out, fresh, args, info, cls, kids, forbidden = [], self.enc.fresh_buffers, self.enc.args, self.info, self.cls, self.kids, self.forbidden_args
+    fresh, args, info, cls, kids, forbidden = self.enc.fresh_buffers, self.enc.args, self.info, self.cls, self.kids, self.forbidden_args
     plain = type(model).enode_cost is CostModel.enode_cost   # the base model prices only storage ops: no IR node needed
     flat = model.nodes
+    def one(e: int, op: str, a: int) -> int | None:
+      if op == "CONTIGUOUS" or (op == "AFTER" and a in forbidden): return None
+      if op == "Cons" or op == "Nil": return 0
+      if op == "FUNCTION" and args[a][1][0].precompile: return None   # only its CALL form runs
+      if plain and op not in _PRICED: return flat
+      return model.enode_cost(op, info[cls[e]], info[kids[e][0]] if op == "STORE" else None, op == "BUFFER" and args[a][1].uid in fresh)
+    if plain:   # most e-nodes cost `nodes`: only the others are looked at one by one
+      out = [flat] * self.n_enodes
+      for i, e in enumerate(itertools.compress(range(self.n_enodes), map(_SPECIAL.__contains__, self.op))):
+        if not i % TICK: checkpoint(abort_at, "costing e-nodes")
+        out[e] = one(e, self.op[e], self.arg[e])
+      return out
+    out = []
     for e, (op, a) in enumerate(zip(self.op, self.arg)):
       if not e % TICK: checkpoint(abort_at, "costing e-nodes")
-      if op == "CONTIGUOUS" or (op == "AFTER" and a in forbidden): out.append(None)
-      elif op == "Cons" or op == "Nil": out.append(0)
-      elif op == "FUNCTION" and args[a][1][0].precompile: out.append(None)   # only its CALL form runs
-      elif plain and op not in _PRICED: out.append(flat)
-      else:
-        out.append(model.enode_cost(op, info[cls[e]], info[kids[e][0]] if op == "STORE" else None,
-                                    op == "BUFFER" and args[a][1].uid in fresh))
+      out.append(one(e, op, a))
     return out
 
   @functools.cached_property
@@ -149,26 +157,30 @@ def _forced(g: EGraphView, ok: list[int | None]) -> bool:
       multi[k] = n
   return True
 
-def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, abort_at: float) -> tuple[list, list, bool]:
-  """(best, choice, forced): Knuth's pass; where `_forced`, the same choice by readiness alone (no heap, no order)."""
-  best, choice, done = [INF] * g.n_classes, [-1] * g.n_classes, [False] * g.n_classes
+def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, abort_at: float,
+           tree: bool = True) -> tuple[list, list, bool]:
+  """(best, choice, forced): Knuth's pass; where `_forced`, the same choice by readiness alone (no heap, no order), and
+  without `tree` the tree costs are not summed there (best stays INF: extract costs the chosen DAG instead)."""
+  best, choice = [INF] * g.n_classes, [-1] * g.n_classes
   pending = g.n_kids.copy()
   ok = costs if allowed is None else [c if a else None for c, a in zip(costs, allowed)]   # None: never chosen
   cls, parents, ck, bget = g.cls, g.parents, g.cost_kids, best.__getitem__
   steps, tick = 0, TICK if abort_at < INF else -1
   if forced := _forced(g, ok):   # one candidate per class: it is chosen once its children are, in any order
     stack = [e for e, (c, p) in enumerate(zip(ok, pending)) if not p and c is not None]
+    pop, push = stack.pop, stack.append
     while stack:
       steps += 1
       if steps == tick: checkpoint(abort_at, "extracting (Knuth)"); tick += TICK
-      e = stack.pop()
-      k = cls[e]
-      if done[k]: continue
-      done[k], best[k], choice[k] = True, ok[e] + sum(map(bget, ck[e])), e
+      e = pop()
+      if choice[k := cls[e]] >= 0: continue
+      choice[k] = e
+      if tree: best[k] = ok[e] + sum(map(bget, ck[e]))
       for p in parents[k]:
         pending[p] -= 1
-        if not pending[p] and ok[p] is not None and not done[cls[p]]: stack.append(p)
+        if not pending[p] and ok[p] is not None and choice[cls[p]] < 0: push(p)
     return best, choice, True
+  done = [False] * g.n_classes
   heap = [(c, e) for e, (c, p) in enumerate(zip(ok, pending)) if p == 0 and c is not None]
   heapq.heapify(heap)
   pop, push = heapq.heappop, heapq.heappush
@@ -209,7 +221,7 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
   if its DAG cost is lower (tree cost counts a shared subterm once per use, which can hide the cheaper DAG). No
   refinement round runs past `deadline` (a time.perf_counter() value): the Knuth choice is already valid. Past
   `abort_at` the first Knuth pass raises OutOfBudget."""
-  _, choice, forced = _knuth(g, costs, allowed, abort_at)
+  _, choice, forced = _knuth(g, costs, allowed, abort_at, tree=False)
   best = dag_cost(g, costs, choice, roots)
   if g.n_classes >= refine_below or forced: return choice, best   # forced: every round would choose the same
   for _ in range(rounds):
