@@ -59,7 +59,7 @@ def parameterize(body: Node) -> tuple[Node, list[Node]]:
     if n.id in seen: continue
     seen.add(n.id)
     if n.op is Ops.BUFFER or (n.op is Ops.SLICE and n.src[0].op is Ops.BUFFER):
-      slots[n] = Node(Ops.PARAM, n.dtype, (), ParamArg(len(args), n.shape, n.device, shard=isinstance(n.device, tuple)))
+      slots[n] = n.param(len(args))
       args.append(n); continue
     stack.extend(reversed(n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))
   return bind_dims(substitute([body], slots)[0], args)
@@ -157,7 +157,7 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
     elif o == "SLICE" and O[K[v][0]] == "BUFFER": n = make(v, (make(K[v][0], ()),))   # a whole SLICE(BUFFER): one arg
     else: stack += (v, done); stack += reversed(K[v]); continue
     if n not in slot_of: slot_of[n] = len(args); args.append(n)
-    built[v] = Node(Ops.PARAM, n.dtype, (), ParamArg(slot_of[n], n.shape, n.device, shard=isinstance(n.device, tuple)))
+    built[v] = n.param(slot_of[n])
   for v in order:
     if v not in built: built[v] = make(v, tuple(map(get, K[v])))
   body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
@@ -335,7 +335,7 @@ def materialized_call(enc: Encoding) -> BuiltCall:
     if o != "BUFFER" and (o != "SLICE" or O[ks[0]] != "BUFFER"): stack += (v, done); stack += reversed(ks); continue
     n = nodes[v] if o == "BUFFER" else nodes[v].over((nodes[ks[0]],))   # a whole SLICE(BUFFER): one arg
     if n not in slot_of: slot_of[n] = len(args); args.append(n)
-    built[v] = Node(Ops.PARAM, n.dtype, (), ParamArg(slot_of[n], n.shape, n.device, shard=isinstance(n.device, tuple)))
+    built[v] = n.param(slot_of[n])
   body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
   body, args = bind_dims(body, args) if has_bound_dims(enc) else (body, args)
   for v in ids.roots:   # the storage chains of realize points that are views (not walked from the SINK)

@@ -192,6 +192,11 @@ class Node:
   def store(self, value: Node) -> Node: return Node(Ops.STORE, dtypes.void, (self, value))
   def sink(*srcs: Node) -> Node: return Node(Ops.SINK, dtypes.void, tuple(srcs))
 
+  def param(self, slot: int) -> Node:
+    """PARAM(slot) standing for this storage (a BUFFER, a whole SLICE of one) in a CALL body: its shape and device."""
+    return _known(Ops.PARAM, self.dtype, (), ParamArg(slot, self.shape, self.device, shard=isinstance(self.device, tuple)),
+                  self.shape, self.device)
+
   def stored(self, value: Node) -> tuple[Node, Node]:
     """(STORE(self, value), AFTER(self, STORE)): a realize point written into its buffer, checked as STORE checks it and
     made without dispatching inference (the all-materialized CALL makes one pair per realize point)."""
