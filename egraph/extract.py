@@ -151,8 +151,9 @@ def _forced(g: EGraphView, ok: list[int | None]) -> bool:
   if len(set(cl)) == len(cl): return True
   cnt, last, kids = collections.Counter(cl), dict(zip(cl, live)), g.kids   # last: a single-member class's e-node
   multi: dict[int, int] = {}   # class with several e-nodes -> those that can be ready before it is done
-  for e, k in zip(live, cl):
-    if cnt[k] > 1 and not any(cnt[j] == 1 and k in kids[last[j]] for j in kids[e]):
+  several = {k for k, n in cnt.items() if n > 1}
+  for e, k in itertools.compress(zip(live, cl), map(several.__contains__, cl)):   # only the e-nodes of those classes
+    if not any(cnt[j] == 1 and k in kids[last[j]] for j in kids[e]):
       if (n := multi.get(k, 0) + 1) > 1: return False
       multi[k] = n
   return True

@@ -36,7 +36,7 @@ LOCAL_RESERVE = 0.3       # of the solver's remaining time, at most 0.5 ms per c
 MIP_GAP = 0.01            # HiGHS stops within 1 % of its bound: the model is not that accurate (MARGIN), the search is costly
 MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
 COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
-SOLVER_SHARE, SOLVER_FLOOR_S = 0.25, 0.05   # the solver's time: this share of what callify spent before it, at least the floor
+SOLVER_SHARE, SOLVER_FLOOR_S = 0.1, 0.05   # the solver's time: this share of what callify spent before it (extraction must stay under 20 % of callify: a 25 % share could not), at least the floor
 COST_S_PER_CLASS = 1e-5   # per class reached, a floor under decoding, toposort, rules_like and one costing: 10 us on the 10k transformer, 540 on the 10k dag (overlapping kernels)
 MARGIN = 0.10             # a partition other than the rules-like one must be predicted this much faster (the model's error)
 
@@ -523,11 +523,12 @@ def rules_like_ids(g: EGraphView, choice: list[int], reached: list[int], members
   if -1 in es: ChosenIds(g, choice).enode(reached[es.index(-1)])   # raises Unextractable, as decoding would
   op = dict(zip(reached, map(_OPS.get, map(g.op.__getitem__, es))))
   src = dict(zip(reached, map(g.kids.__getitem__, es)))
-  ids = ChosenIds(g, choice)
-  for k, ks in src.items():
-    if len(ks) == 1 and ks[0] in op and op[ks[0]] is None: src[k] = ids.kids(k)   # a Cons / Nil list
+  if None in op.values():   # a V node's Cons / Nil list: its elements are the sources
+    ids = ChosenIds(g, choice)
+    for k, ks in src.items():
+      if len(ks) == 1 and ks[0] in op and op[ks[0]] is None: src[k] = ids.kids(k)
   info = g.info
-  shape = {k: None if (n := info[k]) is None else n.shape for k in reached}
-  values = [v for k, o in op.items() if o is Ops.STORE and len(ks := src[k]) == 2 and (info[v := ks[1]] is None or shape[v] is not None)]
-  out = rules_realized(values, op.__getitem__, src.__getitem__, shape.__getitem__, deadline)
+  def shape(k: int): return None if (n := info[k]) is None else n.shape
+  values = [v for k, o in op.items() if o is Ops.STORE and len(ks := src[k]) == 2 and (info[v := ks[1]] is None or info[v].shape is not None)]
+  out = rules_realized(values, op.__getitem__, src.__getitem__, shape, deadline)
   return frozenset() if out is None else frozenset(k for k in out if k in members)

@@ -292,7 +292,8 @@ def _extracted(ts):
   sat = saturate(enc)
   ex, g = extract_call(sat, COST_PRESETS["bytes"]), sat.graph
   reached = reached_classes(ex.choice, ex.root_classes, g.kids, g.n_classes)
-  members = {k: m for k, m in fusion.stored_members(g, enc, cands).items() if k in set(reached)}
+  rset = set(reached)
+  members = {k: m for k, m in fusion.stored_members(g, enc, cands).items() if k in rset}
   terms = ex.terms
   stores = [(n.src[1], n.src[1].nbytes) for n in toposort([terms[c] for c in ex.root_classes], enter_calls=False) if n.op is Ops.STORE]
   return Partition(TimeModel.load("CPU"), stores, {terms[k].id: terms[k] for k in members}), terms, g, ex.choice, reached, members
