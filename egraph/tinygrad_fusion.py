@@ -1,20 +1,21 @@
-"""The bridge's cost-mode option (issue 14): callsat's time model chooses extra realize points in a tinygrad graph, and
-the bridge hands them to tinygrad as CONTIGUOUS in the CALL it returns, so tinygrad's rangeify realizes them (a user
-CONTIGUOUS is never removed by its remove_bufferize). Opt-in: CALLSAT_BRIDGE_FUSION=cost (default rules: no hints).
+"""The bridge's cost-mode option (issue 14): callsat's time model chooses extra realize points in a tinygrad graph and
+the bridge hands them to tinygrad. Opt-in: CALLSAT_BRIDGE_FUSION=cost puts a CONTIGUOUS on each in the CALL it returns
+(tinygrad's rangeify never removes one), cost-store has the CALL store each (`realize_hints`: as a program's own
+.contiguous()); the default, rules, gives no hints.
 
 The bridge's own conversion carries tinygrad's arithmetic as OPAQUE, which the time model cannot cost. So the hints
-come from a shadow of the converted graph used only for costing: OPAQUE ALU ops, REDUCE, MULACC and CONSTs rebuilt as
-callsat ops (tinygrad's implicit broadcasting made explicit, weak constants typed like their consumer, REDUCE's
-leading-axes form as a keepdim REDUCE and a RESHAPE), the device priced as callsat's calibrated CPU. Its cost-mode
-partition (egraph/fusion.py) stores some candidates; each stored candidate that is a tinygrad ALU or REDUCE value
-becomes a CONTIGUOUS on that value in the rules-mode CALL, which is the bridge's CALL of today otherwise. The shadow is
-never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild stays OPAQUE."""
+come from a shadow of the converted graph used only for costing (`Shadow`): OPAQUE ALU ops, REDUCE, MULACC and CONSTs
+rebuilt as callsat ops (tinygrad's implicit broadcasting made explicit, weak constants typed like their consumer,
+REDUCE's leading-axes form as a keepdim REDUCE and a RESHAPE), the device priced as callsat's calibrated CPU. Its
+cost-mode partition (egraph/fusion.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the
+hints. The shadow is never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild
+stays OPAQUE."""
 from __future__ import annotations
 import dataclasses, os, time
 from dataclasses import dataclass, field
 from tinygrad.uop.ops import UOp, Ops as TOps
 from tinygrad.dtype import dtypes as tdt
-from egraph.ir import Node, Ops, BufferArg, OpaqueArg, toposort, const
+from egraph.ir import Node, Ops, BufferArg, toposort, const
 from egraph.errors import CallsatError
 from egraph.encode import encode
 from egraph.cost import COST_PRESETS
