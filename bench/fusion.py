@@ -6,12 +6,14 @@ per kernel), peak memory (lower/work.peak_bytes: the temporaries' arena peak plu
 time model's prediction (egraph/timemodel.py). Values are checked against numpy first. The machine is shared and noisy (bursts of other jobs, and
 other tenants' memory traffic, last seconds and only ever add time): each round takes --pairs adjacent (rules, cost)
 sample pairs per program, the order alternating, --pairs x --more more for a program whose modes lower to different
-kernels. The rules / cost column is the ratio of the two modes' fastest samples (each sample a >= --min-ms average:
-the program's speed when nothing else ran; what ranks the modes, and what the time model is calibrated on), the
-"paired" column the median of the paired ratios (both samples of a pair see the same load: the typical speed under
-this machine's load). A program whose two CALLs lower to the same kernels (names and KernelWork) is marked `=` and
-counted as 1.00 in the geomean and the worst list: its ratio is 1 by construction; its measured spread, the noise
-floor, is reported beside. Every kernel is also timed alone (lower/work.step_seconds) against its predicted time: the
+kernels. The rules / cost column is the median of the paired ratios (both samples of a pair see the same load), the
+"fastest" column the ratio of the two modes' fastest samples (each a >= --min-ms average; under load it is noisier than
+the paired median: a quiet window is rare and lands in one mode). A program whose two CALLs lower to the same kernels
+(names and KernelWork) is marked `=` and counted as 1.00 in the geomean and the worst list: its ratio is 1 by
+construction; its measured spread, the noise floor, is reported beside. On a shared machine a kernel split across
+threads waits for a worker another job has descheduled, once per kernel: `CALLSAT_THREADS=1 python bench/fusion.py ...`
+runs every kernel on one thread (the time model then splits none either: egraph/timemodel.py), which compares the
+partitions with that noise gone. Every kernel is also timed alone (lower/work.step_seconds) against its predicted time: the
 Spearman rank correlation, and a scatter plot with --plot.
 
   python bench/fusion.py --rounds 5 [--pairs 3] [--more 2] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
@@ -173,7 +175,7 @@ def main():
   rho = spearman([a for a, _, _ in points], [b for _, b, _ in points]) if points else float("nan")
   med = {k: statistics.median(c.samples) for k, c in cases.items()}
   prho = {m: spearman([cases[(p.name, m)].predicted for p in progs], [med[(p.name, m)] for p in progs]) for m in modes}
-  head = "| program | group | " + " | ".join(f"{m} ms" for m in modes) + (" | rules / cost (min) | paired (median)" if both else "") + \
+  head = "| program | group | " + " | ".join(f"{m} ms" for m in modes) + (" | rules / cost (paired median) | fastest" if both else "") + \
          " | kernels | MB moved | peak MB | predicted ms |"
   rows = [head, "|" + "---|" * (head.count("|") - 1)]
   sl = lambda f: " / ".join(f(cases[(p.name, m)]) for m in modes)
@@ -184,8 +186,8 @@ def main():
     if both:
       rc = [a / b for a, b in zip(cases[(p.name, "rules")].samples, cases[(p.name, "cost")].samples)]
       pm = statistics.median(rc); mn = min(cases[(p.name, "rules")].samples) / min(cases[(p.name, "cost")].samples)
-      speed.append((1.0 if same[p.name] else mn, p.name, same[p.name], mn, pm))
-      sp = f" | = (1.00; {mn:.2f}x) | {pm:.2f}x" if same[p.name] else f" | {mn:.2f}x | {pm:.2f}x"
+      speed.append((1.0 if same[p.name] else pm, p.name, same[p.name], mn, pm))
+      sp = f" | = (1.00; {pm:.2f}x) | {mn:.2f}x" if same[p.name] else f" | {pm:.2f}x | {mn:.2f}x"
     rows.append(f"| {p.name} | {p.group} | " + " | ".join(f"{x:.2f}" for x in ms) + sp +
                 f" | {sl(lambda c: str(c.kernels))} | {sl(lambda c: f'{c.moved / 1e6:.1f}')} | {sl(lambda c: f'{c.peak / 1e6:.1f}')}"
                 f" | {sl(lambda c: f'{c.predicted * 1e3:.2f}')} |")
@@ -195,17 +197,18 @@ def main():
     geo = lambda xs: math.exp(statistics.mean(math.log(x) for x in xs))
     diff = [x for x in speed if not x[2]]; w = sorted(diff)
     eq = [x for x in speed if x[2]]
-    summary += [f"geomean speedup rules / cost (ratio of the fastest samples, = programs at 1.00): {geo([x[0] for x in speed]):.3f}x; "
+    summary += [f"geomean speedup rules / cost (median paired ratio, = programs at 1.00): {geo([x[0] for x in speed]):.3f}x; "
                 f"over the {len(diff)} programs whose kernels differ: {geo([x[0] for x in diff]) if diff else float('nan'):.3f}x; worst 5: " +
                 ", ".join(f"{x[1]} {x[0]:.3f}x" for x in w[:5]),
-                f"the same by the median paired ratio (= programs at 1.00): {geo([1.0 if x[2] else x[4] for x in speed]):.3f}x; worst 5: " +
-                ", ".join(f"{x[1]} {x[4]:.3f}x" for x in sorted(diff, key=lambda x: x[4])[:5]),
+                f"the same by the fastest samples (= programs at 1.00): {geo([1.0 if x[2] else x[3] for x in speed]):.3f}x; worst 5: " +
+                ", ".join(f"{x[1]} {x[3]:.3f}x" for x in sorted(diff, key=lambda x: x[3])[:5]),
                 f"programs whose CALLs lower to the same kernels (marked =, 1.00 by construction): {len(eq)}" +
-                (f"; their measured ratios, the noise floor: fastest samples {min(x[3] for x in eq):.3f}x .. {max(x[3] for x in eq):.3f}x, "
-                 f"median paired {min(x[4] for x in eq):.3f}x .. {max(x[4] for x in eq):.3f}x" if eq else "")]
+                (f"; their measured ratios, the noise floor: median paired {min(x[4] for x in eq):.3f}x .. {max(x[4] for x in eq):.3f}x, "
+                 f"fastest samples {min(x[3] for x in eq):.3f}x .. {max(x[3] for x in eq):.3f}x" if eq else "")]
   cmd = "python bench/fusion.py " + " ".join(sys.argv[1:])
   text = "\n".join([f"`{cmd}` — {len(progs)} programs, modes {', '.join(modes)} interleaved, medians of {args.rounds} rounds x {args.pairs} "
-                    f"adjacent pairs ({args.pairs * (1 + args.more)} where the kernels differ), each sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}; "
+                    f"adjacent pairs ({args.pairs * (1 + args.more)} where the kernels differ), each sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}"
+                    f"{' (CALLSAT_THREADS=1: no kernel split, in the model too)' if native.THREADS == 1 else ''}; "
                     f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}, {time.process_time() - cpu0:.0f} s CPU while sampling. Slashed columns: " + " / ".join(modes) + ".", "", *rows, "",
                     *[f"- {s}" for s in notes + summary]])
   print(text)

@@ -12,12 +12,13 @@ Per kernel: `launch + combine(bytes / bandwidth + strided_bytes / bw_strided, op
     vectorized loop) except for the share `reread` of its loads that re-read elements the kernel already read (the
     broadcast operands of a fused matmul or a conv-like reduce): that share runs at throughput["reduce"];
   * a kernel whose work (ops + elements read, lower/finalize's estimate) is under `parallel_work` runs on one thread
-    (lower/native.py splits only bigger ones): its time is multiplied by `par_speedup`, what splitting gains;
+    (lower/native.py splits only bigger ones): its time is multiplied by `par_speedup`, what splitting gains; with
+    CALLSAT_THREADS=1 no kernel is split (`load` sets parallel_work out of reach);
   * combine is "max" (bytes and arithmetic overlap) or "sum", whichever fitted the calibration kernels better.
 The constants live in egraph/timemodel.json, written by `python bench/calibrate.py` on the machine; a device without
 constants raises NoTimeModel (CUDA has none: callify stays on the rules there)."""
 from __future__ import annotations
-import json, os
+import dataclasses, json, os
 from dataclasses import dataclass
 from egraph.errors import CallsatError
 from egraph.ir import Ops
@@ -27,6 +28,12 @@ DIVISION = frozenset({Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD})
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timemodel.json")
 KINDS = ("elementwise", "reduce", "matmul", "copy")
+
+def _cpu_threads() -> int:
+  """The threads lower/ splits CPU kernels across (lower/native's rule: CALLSAT_THREADS, else the CPUs this process may
+  use); with one, no kernel is split and every kernel runs at the single-thread speed (time x par_speedup)."""
+  try: return int(os.environ.get("CALLSAT_THREADS") or 0) or len(os.sched_getaffinity(0))
+  except (ValueError, AttributeError): return os.cpu_count() or 1
 
 class NoTimeModel(CallsatError, LookupError):
   """No calibrated constants for a device (run bench/calibrate.py there, or keep fusion='rules')."""
@@ -73,7 +80,9 @@ class TimeModel:
     if base not in data.get("devices", {}):
       raise NoTimeModel(f"no calibrated time model for device {device!r} (have {sorted(data.get('devices', {}))}); "
                         "run bench/calibrate.py on it or use fusion='rules'")
-    return cls.from_dict(base, data["devices"][base])
+    m = cls.from_dict(base, data["devices"][base])
+    return dataclasses.replace(m, parallel_work=1 << 62) if base == "CPU" and _cpu_threads() == 1 else m   # never split
+
 
   @classmethod
   def from_dict(cls, device: str, d: dict) -> "TimeModel":
