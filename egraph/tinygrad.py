@@ -138,6 +138,8 @@ def summary(top: int = 5) -> str:
   s = stats()
   line = f"callsat bridge: {s['calls']} calls, {s['bridged']} bridged, {s['fallback']} fell back"
   if s["refused"]: line += f", {s['refused']} refused"
+  if s["hinted"] + s["unhinted"]:   # CALLSAT_BRIDGE_FUSION=cost or cost-store ran
+    line += f"; cost mode: {s['hinted']} calls hinted, {s['hints']} realize points, {s['hint_errors']} errors, {s['hint_seconds']:.1f}s"
   reasons = list(s["reasons"].items())[:top]
   return line + "".join(f"\n  {n:6d}  {r}" for r, n in reasons)
 
