@@ -449,7 +449,7 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
     try: ilp = Ilp(p, anchor, MILP_MAX_TERMS if method == "auto" else 1 << 62, deadline)
     except TooBig: notes.append(f"ILP over {MILP_MAX_TERMS} terms: greedy")
     except Late: notes.append("out of time building the ILP: greedy")
-  starts = [frozenset(cs)] + ([] if R is None else [R])   # the greedy first: small kernels, cheap however big the graph
+  starts = ([] if R is None else [R]) + [frozenset(cs)]   # the anchor first: whatever else is costed, the margin test has it
   if flips is not cs:   # the anchor first (fewer kernels to cost), then every flippable candidate stored, if different
     starts = [R if R is not None else frozenset()]; starts += [x] if (x := frozenset(flips) | starts[0]) != starts[0] else []
   st, done, totals = _search(p, starts, flips, deadline, passes)
@@ -467,10 +467,11 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   if found is not None and (st is None or found[0] < st.total):
     st2, done2, _ = _search(p, [found[1], frozenset()], cs, deadline, passes)
     if st2 is not None and (st is None or st2.total < st.total): st, done = st2, done2
-  if st is None:   # not even the first start was costed in time: it is the answer, uncosted
-    notes.append("out of time before a partition was costed: " + ("the rules-like one" if starts[0] == R else "the first start") + " kept")
-    return starts[0], PartitionReport("greedy (out of time)", len(cs), len(starts[0]), None, None, 0.0, 0.0, budget,
-                                      time.perf_counter() - t0, p.evaluations, rules_t, None, None, "; ".join(notes))
+  if st is None:   # not even the first start was costed in time: the rules-like partition (else the first start), uncosted
+    first = R if R is not None else starts[0]
+    notes.append("out of time before a partition was costed: " + ("the rules-like one" if first == R else "the first start") + " kept")
+    return first, PartitionReport("greedy (out of time)", len(cs), len(first), None, None, 0.0, 0.0, budget,
+                                  time.perf_counter() - t0, p.evaluations, rules_t, None, None, "; ".join(notes))
   bestS, best = st.S, math.fsum(st.t.values())
   if found is not None:
     method = "milp" + (" (time limit)" if found[5] else "")
