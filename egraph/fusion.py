@@ -38,6 +38,7 @@ MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay 
 COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
 SOLVER_SHARE, SOLVER_FLOOR_S = 0.1, 0.05   # the solver's time: this share of what callify spent before it (extraction must stay under 20 % of callify: a 25 % share could not), at least the floor
 COST_S_PER_CLASS = 1e-5   # per class reached, a floor under decoding, toposort, rules_like and one costing: 10 us on the 10k transformer, 540 on the 10k dag (overlapping kernels)
+SHARED_MAX_NODES = int(SOLVER_FLOOR_S / COST_S_PER_CLASS)   # 5000: above, the solver's budget (10 % of ~40 us per node) never covers a costing
 MARGIN = 0.10             # a partition other than the rules-like one must be predicted this much faster (the model's error)
 
 def solver_deadline(spent: float, budget_deadline: float = INF) -> float:
@@ -69,7 +70,9 @@ def _widens(n: Node) -> bool: return n.op is Ops.EXPAND and any(s == 1 and t != 
 
 def add_candidates(enc: Encoding, limit: int = MAX_CANDIDATES) -> dict[int, str]:
   """Mint a fresh buffer view for every candidate intermediate of `enc` and emit its (candidate x f) row. Returns
-  {candidate id: why}. Left out: sources of a CONTIGUOUS (already realize points: a second stored form would merge the
+  {candidate id: why}. Above SHARED_MAX_NODES inserted nodes a shared value is no candidate: no partition can be
+  costed in the solver's budget there (partition_ids), so the answer is the rules-like one, which stores only reduces
+  and broadcast operands; stored forms of shared values would only grow the e-graph. Left out: sources of a CONTIGUOUS (already realize points: a second stored form would merge the
   realized class with its own computation), assign targets and STORE targets, symbolic and sharded values."""
   orig, nodes = enc.original, enc.nodes
   base: dict[int, tuple[int, bool]] = {}   # movement id -> (id below the movement chain, an EXPAND widened on the way)
@@ -88,9 +91,10 @@ def add_candidates(enc: Encoding, limit: int = MAX_CANDIDATES) -> dict[int, str]
       b, w = base.get(k, (k, False))
       uses[b] = uses.get(b, 0) + 1
       if w: why.setdefault(b, "broadcast")
+  shared = len(orig) <= SHARED_MAX_NODES
   for i, (op, _, _) in orig.items():
     if op == "REDUCE": why[i] = "reduce"
-    elif uses.get(i, 0) > 1: why.setdefault(i, "shared")
+    elif shared and uses.get(i, 0) > 1: why.setdefault(i, "shared")
   out: dict[int, str] = {}
   for i in sorted(why):
     n = nodes[i]

@@ -329,3 +329,14 @@ def test_no_time_to_cost_stores_the_rules_like_partition(monkeypatch):
   assert len(_stores(res)) == 1 + rep.stored and rep.stored >= 1   # the max and the sum under a broadcast
   e = np.exp(a.numpy() - a.numpy().max(axis=1, keepdims=True))
   np.testing.assert_allclose((t / t.sum(axis=1, keepdim=True)).numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+def test_big_graphs_mint_no_shared_candidates(monkeypatch):
+  """Above SHARED_MAX_NODES inserted nodes only reduces and broadcast operands get stored forms (what the rules-like
+  answer can store); below, shared values too."""
+  from egraph.encode import encode
+  ts = shared(*(Tensor(z).realize() for z in (A, B, W, V, X)))
+  small = fusion.add_candidates(encode([t.node for t in ts], "fresh"))
+  monkeypatch.setattr(fusion, "SHARED_MAX_NODES", 1)
+  big = fusion.add_candidates(encode([t.node for t in ts], "fresh"))
+  assert "shared" in small.values() and "shared" not in big.values() and set(big.values()) <= {"reduce", "broadcast"}
+  assert {i for i, w in small.items() if w != "shared"} == set(big)
