@@ -26,7 +26,7 @@ from egraph.encode import Encoding
 from egraph.extract import EGraphView, ChosenIds, INF, reached_classes
 from egraph.report import PartitionReport
 from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION
-from egraph.greedy import LOADS as _LOADS, NESTED_REDUCE_WORK, node_ops as _node_ops, Late, search as _search, worth_flipping, rules_realized
+from egraph.greedy import LOADS as _LOADS, NESTED_REDUCE_WORK, hoisted, node_ops as _node_ops, Late, search as _search, worth_flipping, rules_realized
 
 MODES = ("rules", "cost")
 MILP_MAX_CANDIDATES = 64    # candidates up to which HiGHS runs after the greedy: 20 take it ~6 s, 120 over 60 s (notes/fusion.md)
@@ -153,6 +153,15 @@ def _storage_root(n: Node) -> Node:
   while n.src and n.op not in (Ops.BUFFER, Ops.PARAM): n = n.src[0]
   return n
 
+def _reduce_below(order: list[Node], root: Node, stored) -> set[int]:
+  """Ids of the nodes of a kernel (`order`: consumers first) with a fused REDUCE at or below them: a loop, which LLVM
+  does not hoist (greedy.hoisted applies only to loop-free sources)."""
+  red: set[int] = set()
+  for n in reversed(order):
+    if n.op in _LOADS or (n is not root and n.id in stored): continue
+    if n.op is Ops.REDUCE or any(s.id in red for s in n.src): red.add(n.id)
+  return red
+
 class Kernels:
   """KernelWork of one kernel per root value (a STORE's value, or a stored candidate), read off the IR, for a given set
   of stored candidate node ids; `region(root)` is the candidates a kernel reaches when nothing is stored."""
@@ -172,11 +181,12 @@ class Kernels:
       if n.op in _LOADS or (n is not root and n.id in stored): continue
       stack.extend((s, False) for s in n.src if s.id not in seen)
     order.reverse()
-    evals = {root.id: root.numel}
+    evals, red = {root.id: root.numel}, _reduce_below(order, root, stored)
     for n in order:
       m = evals.get(n.id, 0)
       if n.op in _LOADS or (n is not root and n.id in stored): continue
       f = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1
+      if n.op is Ops.EXPAND and n.src[0].id not in red: m = max(1, m // hoisted(n))   # loop-free: hoisted out of the loops it does not vary in
       for s in n.src: evals[s.id] = max(evals.get(s.id, 0), m * f)   # a shared value is memoized within one scope
     return evals, order, reached
 
@@ -327,6 +337,7 @@ class Ilp:
   def _kernel(self, v: Node, written: int, rv: int) -> tuple:
     p, m = self.p, self.p.model
     evals, order, _ = p.k.walk(v, frozenset())
+    red = _reduce_below(order, v, frozenset())   # hoisting only where no REDUCE is fused below in any partition (else conservative)
     cap = lambda unit: self.cap_s * max(m.throughput.values()) / unit   # more evaluations cost more than the anchor
     Y, E, memo = {v.id: rv}, {v.id: (rv, v.numel)}, {}   # E: candidate (or the root) -> (variable, scale): its evaluations
     F = {v.id: {v.id: 1}}   # node -> {nearest candidate consumer (or the root): most evaluations per evaluation of it}
@@ -365,7 +376,7 @@ class Ilp:
       if unit:
         r = self._any(frozenset(Y[x] for x in f), memo)
         work[r], hi_ops = work.get(r, 0.0) + unit * min(low[n.id], cap(unit)), hi_ops + unit * min(evals[n.id], cap(unit))
-      mult = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1
+      mult = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1 / hoisted(n) if n.op is Ops.EXPAND and n.src[0].id not in red else 1
       for x in n.src:
         d = F.setdefault(x.id, {})
         for c, k in f.items(): d[c] = max(d.get(c, 0), k * mult)

@@ -64,6 +64,17 @@ def rules_realized(values, op, src, shape, deadline: float = INF) -> set | None:
     stack += [(x, w) for x in src(n)]
   return out
 
+def hoisted(n: Node) -> int:
+  """How many times fewer an EXPAND's source is computed than the EXPAND is read: LLVM hoists loop-invariant code
+  (lower/work._uses counts it so), so a source is computed once per iteration of the loops it varies in, outside the
+  trailing loops it is broadcast along (a row broadcast (N, 1) -> (N, M): N times, not N * M). The EXPAND's own axis
+  order stands for the kernel's loops (a permute above it is not followed)."""
+  h = 1
+  for s, t in zip(reversed(n.src[0].shape), reversed(n.arg)):
+    if s == 1 and t != 1: h *= t
+    elif s != 1: break
+  return h if isinstance(h, int) else 1
+
 def node_ops(m: TimeModel, n: Node, evals: int) -> float:
   """The model's ops of `evals` evaluations of n (TimeModel.ops of its share of KernelWork)."""
   if n.op is Ops.REDUCE: return evals * (n.src[0].numel // max(n.numel, 1))

@@ -68,11 +68,14 @@ def test_numpy_values_of_the_cost_partition(monkeypatch):
 def _stores(res) -> list[Node]: return [n for n in toposort([res.call.src[0]], enter_calls=False) if n.op is Ops.STORE]
 
 def test_expensive_shared_value_is_stored_once_cheap_one_fused():
-  a, b = Tensor(arr(256, 1)).realize(), Tensor(arr(256, 256)).realize()
-  e = (a.exp().sin() + 2).sqrt().log()             # 256 values, each a chain of transcendentals, broadcast to 256 x 256
+  a, b = Tensor(arr(1, 256)).realize(), Tensor(arr(256, 256)).realize()
+  e = (a.exp().sin() + 2).sqrt().log()             # 256 values, each a chain of transcendentals, broadcast down 256 rows
   res = callify(e * b, e + b, fusion="cost", cache=False)
   assert res.report.partition.stored == 1 and len(_stores(res)) == 3
-  assert any(s.src[1].shape == (256, 1) for s in _stores(res))
+  assert any(s.src[1].shape == (1, 256) for s in _stores(res))
+  r = Tensor(arr(256, 1)).realize()
+  er = (r.exp().sin() + 2).sqrt().log()            # broadcast along the rows: hoisted out of the inner loop, 256 evaluations fused
+  assert callify(er * b, er + b, fusion="cost", cache=False).report.partition.stored == 0
   c = a.reshape((1, 256)).expand((256, 256)) + b   # one add per element: recomputing beats a store and a read back
   res = callify(c * b, c - b, fusion="cost", cache=False)
   assert res.report.partition.stored == 0 and len(_stores(res)) == 2 and res.report.partition.candidates >= 1
@@ -118,13 +121,15 @@ def _brute(p: Partition) -> tuple[float, frozenset]:
   return min((p.cost(frozenset(x)), frozenset(x)) for k in range(len(cs) + 1) for x in itertools.combinations(cs, k))
 
 def _random_program(seed: int, n: int = 512):
-  """8-12 random ops (add, mul, exp, a row sum, sqrt) over two (n, n) inputs and a broadcast (n, 1) one: (stores,
-  candidates) of its rules-mode CALL, up to 9 candidates (every computed node other than a STORE's value)."""
+  """8-12 random ops (add, mul, exp, a column sum, sqrt) over two (n, n) inputs and a broadcast (1, n) one: (stores,
+  candidates) of its rules-mode CALL, up to 9 candidates (every computed node other than a STORE's value). Broadcasts
+  run along the leading axis: a value broadcast along a trailing one is hoisted out of that loop (greedy.hoisted), which
+  makes recomputing it nearly free and the choice trivial."""
   g = np.random.default_rng(seed)
-  pool = [Tensor(g.standard_normal(s).astype(np.float32)).realize() for s in ((n, n), (n, n), (n, 1))]
+  pool = [Tensor(g.standard_normal(s).astype(np.float32)).realize() for s in ((n, n), (n, n), (1, n))]
   for _ in range(g.integers(8, 13)):
     k, a, b = g.integers(0, 5), pool[g.integers(len(pool))], pool[g.integers(len(pool))]
-    pool.append([lambda: a + b, lambda: a * b, lambda: (a * 0.1).exp(), lambda: a.sum(axis=1, keepdim=True) * 0.01, lambda: (a * a + 1).sqrt()][k]())
+    pool.append([lambda: a + b, lambda: a * b, lambda: (a * 0.1).exp(), lambda: a.sum(axis=0, keepdim=True) * 0.01, lambda: (a * a + 1).sqrt()][k]())
   rres = callify(*dict.fromkeys(pool[-2:]), fusion="rules", cache=False)
   stores = [(s.src[1], s.src[1].nbytes) for s in _stores(rres)]
   roots = {v.id for v, _ in stores}
