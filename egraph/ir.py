@@ -116,7 +116,8 @@ class _Ref(weakref.ref):
 # an entry goes when its node dies, and only while its reference is dead (as WeakValueDictionary removes it). A key
 # holds the sources themselves (they hash and compare by identity, and the node keeps them alive anyway): no ids tuple
 _cache: dict = {}
-def _drop(ref: _Ref, table=_cache) -> None: _remove_dead_weakref(table, ref.key)
+# its helpers are bound as defaults: at interpreter exit a module's globals are cleared while nodes still die
+def _drop(ref: _Ref, table=_cache, remove=_remove_dead_weakref) -> None: remove(table, ref.key)
 _ids = itertools.count()
 _get, _new, _next_id = _cache.get, object.__new__, _ids.__next__
 
