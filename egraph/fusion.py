@@ -25,7 +25,7 @@ from egraph.ir import Node, Ops, GroupOp, empty_view, toposort, HOST_DEVICES
 from egraph.encode import Encoding
 from egraph.extract import EGraphView, ChosenIds, INF, reached_classes
 from egraph.report import PartitionReport
-from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION
+from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION, STREAM_BYTES
 from egraph.greedy import LOADS as _LOADS, NESTED_REDUCE_WORK, hoisted, node_ops as _node_ops, Late, search as _search, worth_flipping, rules_realized
 
 MODES = ("rules", "cost")
@@ -209,8 +209,9 @@ class Kernels:
         if n.op in TRANSCENDENTAL: trans += m
         elif n.op in DIVISION: divs += m
     bread = sum(min(a, cap) if cap else a for a, cap in reads.values())
+    dram = sum(min(a, cap) for i, (a, cap) in reads.items() if i in stored and cap >= STREAM_BYTES)   # streamed out, read from DRAM
     return KernelWork(bread, written, flops, self.kind(root, stored, red, flops), self.device, trans, 0,
-                      1 - distinct / execs if execs else 0.0, divs)
+                      1 - distinct / execs if execs else 0.0, divs, dram)
 
   def kind(self, root: Node, stored, red: bool, flops: int) -> str:
     """"matmul" where lower/ tiles: a matmul-shaped reduce whose two operands are read from memory."""
@@ -313,7 +314,7 @@ class Ilp:
     self.lb, self.ub, self.integ, self.rows = [], [], [], []   # rows: ([(var, coef)], lo): sum >= lo
     self.one = self.var(1, 1)
     self.s = {c: self.var(0, 1, True) for c in self.cs}
-    self.kern = []   # per kernel: root, written, root var, [(var, bytes)], [(var, ops)], hi ops, mm, mem, big, tb, T, t
+    self.kern = []   # per kernel: root, written, root var, [(var, bytes)], [(var, ops)], hi ops, mm, mem, big, tb, T, t, read vars at bw_mem
     for v, w, rv in [(v, w, self.one) for v, w in p.stores] + [(p.cands[c], p.cands[c].nbytes, self.s[c]) for c in self.cs]:
       if time.perf_counter() > deadline: raise Late()
       self.kern.append(self._kernel(v, w, rv))
@@ -342,7 +343,7 @@ class Ilp:
     Y, E, memo = {v.id: rv}, {v.id: (rv, v.numel)}, {}   # E: candidate (or the root) -> (variable, scale): its evaluations
     F = {v.id: {v.id: 1}}   # node -> {nearest candidate consumer (or the root): most evaluations per evaluation of it}
     low = {v.id: v.numel}   # evaluations along the thriftiest path: a floor under any partition's (the split's test)
-    comp, work, groups, loads, reads, hi_ops = {}, {}, {}, {}, [], 0.0   # loads: storage root -> [bytes, cap, consumers]
+    comp, work, groups, loads, reads, hi_ops, dram = {}, {}, {}, {}, [], 0.0, set()   # loads: storage root -> [bytes, cap, consumers]
     for n in order:
       f = F.pop(n.id)
       self.terms += len(f)   # the dict merges below cost as much as the rows they become
@@ -363,6 +364,7 @@ class Ilp:
         ks = [(E[x][0], k * E[x][1] / hi) for x, k in f.items()]
         for x, k in ks: self.ge([(e, 1), (x, -k), (sd, max(k for _, k in ks))], 0)   # e >= k e_x unless stored
         reads.append((z, min(evals[n.id], n.numel) * n.dtype.itemsize))
+        if n.nbytes >= STREAM_BYTES: dram.add(z)   # read back from DRAM (TimeModel: dram_bytes)
         E[n.id], f = (e, hi), {n.id: 1}
         if unit: comp[e] = comp.get(e, 0.0) + unit * hi
       elif unit and len(f) == 1 and (k := next(iter(f.values()))) * E[x := next(iter(f))][1] <= cap(unit):
@@ -394,7 +396,7 @@ class Ilp:
       self.ge([(mem, (hi_b - m.cache_bytes) / 1e6)] + [(x, -b / 1e6) for x, b in [(rv, written)] + reads], -m.cache_bytes / 1e6)
     if big is not None:   # big <= work / parallel_work, in Mops, with each op's floor of evaluations (never more than the truth)
       self.ge([(big, -m.parallel_work / 1e6)] + [(x, o / 1e6) for x, o in work.items()] + [(x, b / 4e6) for x, b in reads], 0.0)
-    return v, written, rv, reads, list(comp.items()), hi_ops, mm, mem, big, self.var(0, INF), self.var(0, INF), self.var(0, INF)
+    return v, written, rv, reads, list(comp.items()), hi_ops, mm, mem, big, self.var(0, INF), self.var(0, INF), self.var(0, INF), dram
 
   def objective(self, S: frozenset) -> tuple[list, list]:
     """(objective, the kernel-time rows) with each kernel's rate per op from its kernel under partition S. Per kernel:
@@ -402,11 +404,11 @@ class Ilp:
     Mt big (big-M with M the most T can be: every variable 1)."""
     p, m, K = self.p, self.p.model, self.SCALE
     c, rows, tp, P = [0.0] * len(self.lb), [], m.throughput, m.par_speedup
-    for v, written, rv, reads, comp, hi_ops, mm, mem, big, tb, T, t in self.kern:
+    for v, written, rv, reads, comp, hi_ops, mm, mem, big, tb, T, t, dram in self.kern:
       w = p.k.work(v, written, S)
       rate = (1 - w.reread) / tp["elementwise"] + w.reread / tp["reduce"] if w.kind in ("reduce", "matmul") else 1 / tp[w.kind]
       bs = [(rv, written)] + reads
-      rows.append(([(tb, 1.0)] + [(x, -K * b / m.bw_cache) for x, b in bs], 0.0))
+      rows.append(([(tb, 1.0)] + [(x, -K * b / (m.bw_mem if x in dram else m.bw_cache)) for x, b in bs], 0.0))
       if mem is not None:
         mb = K * sum(b for _, b in bs) / m.bw_mem
         rows.append(([(tb, 1.0), (mem, -mb)] + [(x, -K * b / m.bw_mem) for x, b in bs], -mb))

@@ -2,7 +2,8 @@
 
 Per kernel: `launch + combine(bytes / bandwidth + strided_bytes / bw_strided, ops / throughput[kind])`, where
   * bandwidth is `bw_cache` while the kernel's bytes (read + written) fit in `cache_bytes` (the last-level cache), else
-    `bw_mem` (DRAM); bytes read with a stride along the kernel's innermost (vectorized) loop, a transpose's, move at
+    `bw_mem` (DRAM); reads of an intermediate of STREAM_BYTES or more are at `bw_mem` either way (lower/ writes it with
+    non-temporal stores: a kernel reading it back measured 764 us in its program against 393 us timed alone); bytes read with a stride along the kernel's innermost (vectorized) loop, a transpose's, move at
     `bw_strided` (a column reduce is not strided: lower/ reduces COL_W columns at a time, reading rows);
   * ops = flops + (transcendental_ops - 1) * transcendentals + (division_ops - 1) * divisions: exp2/log2/sin are
     polynomials in lower/ (TRANSCENDENTAL), sqrt/reciprocal/division single slow instructions (DIVISION);
@@ -28,6 +29,7 @@ DIVISION = frozenset({Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD})
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timemodel.json")
 KINDS = ("elementwise", "reduce", "matmul", "copy")
+STREAM_BYTES = 8 << 20   # lower/finalize.STREAM_MIN_BYTES: a stored value this large is written with streaming stores, read back from DRAM
 
 def _cpu_threads() -> int:
   """The threads lower/ splits CPU kernels across (lower/native's rule: CALLSAT_THREADS, else the CPUs this process may
@@ -51,6 +53,7 @@ class KernelWork:
   strided_bytes: int = 0      # of bytes_read, those gathered across the innermost loop (a transpose's reads)
   reread: float = 0.0         # of the loads executed, the share that re-reads an element (broadcast operands in a reduce)
   divisions: int = 0          # of flops, sqrt/reciprocal/division, each costing division_ops ops
+  dram_bytes: int = 0         # of bytes_read, those of intermediates written with streaming stores (>= STREAM_BYTES): not in cache
 
   @property
   def nbytes(self) -> int: return self.bytes_read + self.bytes_written
@@ -104,7 +107,7 @@ class TimeModel:
     bw = self.bw_cache if w.nbytes <= self.cache_bytes else self.bw_mem
     ops = self.ops(w)
     slow = 1.0 if ops + w.bytes_read / 4 >= self.parallel_work else self.par_speedup   # lower/native splits only big kernels
-    tb = slow * ((w.nbytes - w.strided_bytes) / bw + w.strided_bytes / self.bw_strided)
+    tb = slow * ((w.nbytes - w.strided_bytes - w.dram_bytes) / bw + w.dram_bytes / self.bw_mem + w.strided_bytes / self.bw_strided)
     if w.kind == "reduce":   # the ops stream, but the share re-reading broadcast operands does not
       tc = slow * ops * ((1 - w.reread) / self.throughput["elementwise"] + w.reread / self.throughput["reduce"])
     else: tc = slow * ops / self.throughput[w.kind]

@@ -51,10 +51,11 @@ def _uses(k: Kernel) -> list:
     out.append((x, cum[max((pos[v] for v in d if v in pos), default=-1) + 1]))
   return out
 
-def kernel_work(k: Kernel, mems: tuple = (), device: str = "CPU") -> KernelWork:
+def kernel_work(k: Kernel, mems: tuple = (), device: str = "CPU", streamed: frozenset = frozenset()) -> KernelWork:
   """A kernel's bytes, ops and kind. Each input param's distinct elements read: per load, the product of the sizes of
   the loop vars its index uses (capped at the param's size), summed over the loads of that param and capped again;
-  reread: the share of executed loads beyond those distinct elements."""
+  reread: the share of executed loads beyond those distinct elements; dram_bytes: those read from storage roots in
+  `streamed` (written by an earlier kernel with streaming stores)."""
   dom = math.prod(v.size for v in k.domain)
   uses = _uses(k)
   flops = trans = divs = 0
@@ -82,12 +83,13 @@ def kernel_work(k: Kernel, mems: tuple = (), device: str = "CPU") -> KernelWork:
   st = k.params[k.store.param]
   bwritten = min(dom, st.size) * st.dtype.itemsize
   kind = "matmul" if k.tile else "reduce" if reduce else "copy" if flops == 0 else "elementwise"
+  dram = sum(n for p, n in nb.items() if p < len(mems) and p != k.store.param and mems[p].root in streamed)
   return KernelWork(sum(nb.values()), bwritten, flops, kind, device, trans, sum(nb[p] for p in strided if p in nb),
-                    1 - distinct / execs if execs else 0.0, divs)
+                    1 - distinct / execs if execs else 0.0, divs, dram)
 
-def step_work(s: Step, device: str = "CPU") -> KernelWork:
+def step_work(s: Step, device: str = "CPU", streamed: frozenset = frozenset()) -> KernelWork:
   """A Program step's work; a snapshot (memcpy) is a copy of its bytes."""
-  if s.kernel is not None: return kernel_work(s.kernel, s.mems, device)
+  if s.kernel is not None: return kernel_work(s.kernel, s.mems, device, streamed)
   src, _ = s.mems
   return KernelWork(src.nbytes, src.nbytes, 0, "copy", device)
 
@@ -98,8 +100,12 @@ def program_of(call: Node) -> Program:
   return entry[0] if entry is not None else kernelize(call.src[0], bind)
 
 def program_work(call: Node, device: str = "CPU") -> list[KernelWork]:
-  """One KernelWork per step of the CALL's Program, in run order."""
-  return [step_work(s, device) for s in program_of(call).steps]
+  """One KernelWork per step of the CALL's Program, in run order (a read of what an earlier step streamed out: DRAM)."""
+  out, streamed = [], set()
+  for s in program_of(call).steps:
+    out.append(step_work(s, device, frozenset(streamed)))
+    if s.kernel is not None and s.kernel.stream: streamed.add(s.mems[s.kernel.store.param].root)
+  return out
 
 def peak_bytes(call: Node) -> int:
   """Memory a CALL needs besides its inputs: the temporaries' arena peak (lower/native.memory_plan) plus every buffer it
