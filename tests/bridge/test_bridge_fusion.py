@@ -104,9 +104,10 @@ def test_kernel_counts_change_where_the_partition_stores(name, monkeypatch):
   _, on, st_on = _run(name, "cost", monkeypatch)
   _, store, _ = _run(name, "cost-store", monkeypatch)
   assert off == stock and st_off["hints"] == 0 and st_on["hints"] > 0
-  # mlp_step: tinygrad already splits its kernels where the partition stores; layernorm's stored points, as STOREs,
-  # replace two of tinygrad's own kernels one for one
-  if name != "mlp_step": assert on > stock
+  # mlp_step and layernorm: tinygrad already splits its kernels where the partition stores (layernorm's partition is
+  # the rules-like one since the time model charges hoisted broadcasts once per row, 258437d)
+  assert on >= stock
+  if name not in ("mlp_step", "layernorm"): assert on > stock
   if name in ("softmax", "shared"): assert store > stock
 
 def _body(name: str, mode: str, monkeypatch):
