@@ -205,9 +205,12 @@ class Node:
       raise ShapeError(f"STORE: value shape {value.shape} does not match target shape {self.shape}")
     if value.dtype is not self.dtype and value.dtype != self.dtype:
       raise DTypeError(f"STORE: value dtype {value.dtype.name} does not match target dtype {self.dtype.name}")
-    dev = self.device if self.device is not None else value.device
-    st = _known(Ops.STORE, dtypes.void, (self, value), None, self.shape, dev)
-    return st, _known(Ops.AFTER, self.dtype, (self, st), None, self.shape, self.device)
+    dev, shape = self.device if self.device is not None else value.device, self.shape
+    # the value's own shape object when it is the same shape: consumers that read the AFTER where the value was
+    # (Node.over) then see the shape they had, by identity
+    if value.shape is not shape and repr(value.shape) == repr(shape): shape = value.shape
+    st = _known(Ops.STORE, dtypes.void, (self, value), None, shape, dev)
+    return st, _known(Ops.AFTER, self.dtype, (self, st), None, shape, self.device)
 
 _CONST = Ops.CONST
 
