@@ -176,10 +176,17 @@ def _assigns(_):
 
 @pytest.mark.parametrize("program", [_sharded, _disk, _precompiled, _symbolic, _assigns])
 def test_the_fallback_realizes_what_the_e_graph_does(program, tmp_path, monkeypatch):
-  """Every realize of these programs takes the direct path (the default limits leave no time) and gets the values."""
+  """Every realize of these programs takes the direct path (the default limits leave no time) and gets the values; its
+  CALL is node for node `build_call` over the same ids, whichever way it orders the SINK (`in_encoding_order`)."""
   taken = []
   real = drv.materialized_call
-  monkeypatch.setattr(drv, "materialized_call", lambda enc: taken.append(1) or real(enc))
+  def checked(enc):
+    m, ids = real(enc), drv.MaterializedIds(enc)
+    b = drv.build_call(ids, ids.roots, enc.keys, enc.fresh_buffers, drv.has_bound_dims(enc))
+    assert m.call is b.call and m.buffer_map == b.buffer_map
+    taken.append(drv.in_encoding_order(enc))
+    return m
+  monkeypatch.setattr(drv, "materialized_call", checked)
   monkeypatch.setitem(LIMIT_PRESETS, "default", NOW)
   for t, want in program(tmp_path):
     res = callify(t)
