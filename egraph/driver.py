@@ -22,7 +22,7 @@ from egraph.encode import encode, Encoding
 from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
                            resolve, checkpoint)
 from egraph.cost import CostModel, COST_PRESETS
-from egraph.extract import EGraphView, ChosenIds, Unextractable, extract, decode, baseline_cost, TICK, INF
+from egraph.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, TICK, INF
 from egraph.report import CallifyReport
 from egraph.fusion import fusion_mode, time_model, add_candidates, partition_ids, mark, solver_deadline
 
@@ -451,7 +451,7 @@ class Extraction:
   choice: list[int]
   cost: int
   @cached_property
-  def terms(self) -> dict[int, Node]: return decode(self.graph, self.choice, self.root_classes)
+  def terms(self) -> Terms: return decode(self.graph, self.choice, self.root_classes)   # decoded on first use
 
 def extract_call(sat: Saturation, model: CostModel, deadline: float = INF) -> Extraction:
   """Extract the CALL form callify uses: pinned (storage-form) extraction with sharing-aware refinement (skipped past
@@ -533,7 +533,7 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
     ids = ChosenIds(sat.graph, ex.choice)
     if tm is not None:   # the partition gets what is left of the time budget
       t3 = time.perf_counter()
-      ids, report.partition = partition_ids(sat.graph, ex.choice, ex.terms if cands else {}, ex.root_classes, enc, cands, tm,
+      ids, report.partition = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm,
                                             solver_deadline(t3 - t0, budget.start + lim.seconds))
       report.seconds["partition"] = time.perf_counter() - t3
     t2 = time.perf_counter()
