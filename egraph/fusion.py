@@ -400,7 +400,7 @@ class Ilp:
 
   def objective(self, S: frozenset) -> tuple[list, list]:
     """(objective, the kernel-time rows) with each kernel's rate per op from its kernel under partition S. Per kernel:
-    tb >= bytes / bw_cache, tb >= bytes / bw_mem - Mb (1 - mem); T >= combine(tb, tc); t >= T, t >= par_speedup T -
+    tb >= bytes / bw_cache, tb >= bytes / bw_mem - Mb (1 - mem) (read-backs at bw_readback in both); T >= combine(tb, tc); t >= T, t >= par_speedup T -
     Mt big (big-M with M the most T can be: every variable 1)."""
     p, m, K = self.p, self.p.model, self.SCALE
     c, rows, tp, P = [0.0] * len(self.lb), [], m.throughput, m.par_speedup
@@ -408,10 +408,11 @@ class Ilp:
       w = p.k.work(v, written, S)
       rate = (1 - w.reread) / tp["elementwise"] + w.reread / tp["reduce"] if w.kind in ("reduce", "matmul") else 1 / tp[w.kind]
       bs = [(rv, written)] + reads
-      rows.append(([(tb, 1.0)] + [(x, -K * b / (m.bw_mem if x in dram else m.bw_cache)) for x, b in bs], 0.0))
+      rows.append(([(tb, 1.0)] + [(x, -K * b / (m.readback if x in dram else m.bw_cache)) for x, b in bs], 0.0))
       if mem is not None:
-        mb = K * sum(b for _, b in bs) / m.bw_mem
-        rows.append(([(tb, 1.0), (mem, -mb)] + [(x, -K * b / m.bw_mem) for x, b in bs], -mb))
+        past = [(x, K * b / (m.readback if x in dram else m.bw_mem)) for x, b in bs]
+        mb = sum(q for _, q in past)
+        rows.append(([(tb, 1.0), (mem, -mb)] + [(x, -q) for x, q in past], -mb))
       tc = [(x, -K * o * rate) for x, o in comp]
       if mm is not None: tc.append((mm[0], K * mm[1] * max(rate - 1 / tp["matmul"], 0.0)))
       if m.combine == "max": rows += [([(T, 1.0), (tb, -1.0)], 0.0), ([(T, 1.0)] + tc, 0.0)]
@@ -419,7 +420,7 @@ class Ilp:
       c[rv] += K * m.launch_s
       if big is None: c[T] += P   # never split (or splitting gains nothing)
       else:
-        hi = min(K * (sum(b for _, b in bs) / (m.bw_mem if mem is not None else m.bw_cache) + rate * hi_ops), 4 * K * self.cap_s)
+        hi = min(K * sum(b / (m.readback if x in dram else m.bw_mem if mem is not None else m.bw_cache) for x, b in bs) + K * rate * hi_ops, 4 * K * self.cap_s)
         c[t] += 1.0
         rows += [([(t, 1.0), (T, -1.0)], 0.0), ([(t, 1.0), (T, -P), (big, (P - 1) * hi)], 0.0)]
     return c, rows

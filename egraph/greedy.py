@@ -164,5 +164,5 @@ def worth_flipping(p, cs: list, deadline: float = INF) -> list:
     f = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1
     for s in n.src: fused[s.id] = fused.get(s.id, 0.0) + t * f
   P = max(m.par_speedup, 1.0)
-  rate, bw, bws = P / min(m.throughput.values()), min(m.bw_mem, m.bw_cache) / P, min(m.bw_mem, m.bw_cache, m.bw_strided) / P
+  rate, bw, bws = P / min(m.throughput.values()), min(m.bw_mem, m.readback, m.bw_cache) / P, min(m.bw_mem, m.readback, m.bw_cache, m.bw_strided) / P
   return [c for c in cs if total[c] * (per[c][0] * rate + per[c][1] / (bws if per[c][2] else bw)) >= m.launch_s]

@@ -2,8 +2,10 @@
 
 Per kernel: `launch + combine(bytes / bandwidth + strided_bytes / bw_strided, ops / throughput[kind])`, where
   * bandwidth is `bw_cache` while the kernel's bytes (read + written) fit in `cache_bytes` (the last-level cache), else
-    `bw_mem` (DRAM); reads of an intermediate of STREAM_BYTES or more are at `bw_mem` either way (lower/ writes it with
-    non-temporal stores: a kernel reading it back measured 764 us in its program against 393 us timed alone); bytes read with a stride along the kernel's innermost (vectorized) loop, a transpose's, move at
+    `bw_mem` (DRAM); reads of an intermediate of STREAM_BYTES or more are at `bw_readback` either way (lower/ writes it
+    with non-temporal stores: a kernel reading it back measured 764 us in its program against 393 us timed alone, and a
+    row sum reading back a 16 MB value in its program 33-37 GB/s where a + b past the cache moves 72; calibrated in
+    sequence, as a program runs it); bytes read with a stride along the kernel's innermost (vectorized) loop, a transpose's, move at
     `bw_strided` (a column reduce is not strided: lower/ reduces COL_W columns at a time, reading rows);
   * ops = flops + (transcendental_ops - 1) * transcendentals + (division_ops - 1) * divisions: exp2/log2/sin are
     polynomials in lower/ (TRANSCENDENTAL), sqrt/reciprocal/division single slow instructions (DIVISION);
@@ -72,6 +74,7 @@ class TimeModel:
   parallel_work: int = 1 << 21
   par_speedup: float = 1.0    # how much faster a split kernel runs than one on a single thread
   division_ops: float = 1.0
+  bw_readback: float = 0.0    # bytes/s of dram_bytes (a streamed intermediate read back by a later kernel); 0: bw_mem
 
   @classmethod
   def load(cls, device: str = "CPU", path: str = DATA) -> "TimeModel":
@@ -92,12 +95,17 @@ class TimeModel:
     tp = {k: float(d["throughput"][k]) for k in KINDS}
     return cls(device, float(d["launch_s"]), float(d["bw_cache"]), float(d["bw_mem"]), float(d["bw_strided"]), int(d["cache_bytes"]), tp,
                float(d["transcendental_ops"]), d.get("combine", "max"), int(d.get("parallel_work", 1 << 21)),
-               float(d.get("par_speedup", 1.0)), float(d.get("division_ops", d["transcendental_ops"])))
+               float(d.get("par_speedup", 1.0)), float(d.get("division_ops", d["transcendental_ops"])),
+               float(d.get("bw_readback", d["bw_mem"])))
 
   def to_dict(self) -> dict:
     return {"launch_s": self.launch_s, "bw_cache": self.bw_cache, "bw_mem": self.bw_mem, "bw_strided": self.bw_strided, "cache_bytes": self.cache_bytes,
             "throughput": dict(self.throughput), "transcendental_ops": self.transcendental_ops, "combine": self.combine,
-            "parallel_work": self.parallel_work, "par_speedup": self.par_speedup, "division_ops": self.division_ops}
+            "parallel_work": self.parallel_work, "par_speedup": self.par_speedup, "division_ops": self.division_ops,
+            "bw_readback": self.readback}
+
+  @property
+  def readback(self) -> float: return self.bw_readback or self.bw_mem
 
   def ops(self, w: KernelWork) -> float:
     return w.flops + (self.transcendental_ops - 1) * w.transcendentals + (self.division_ops - 1) * w.divisions
@@ -107,7 +115,7 @@ class TimeModel:
     bw = self.bw_cache if w.nbytes <= self.cache_bytes else self.bw_mem
     ops = self.ops(w)
     slow = 1.0 if ops + w.bytes_read / 4 >= self.parallel_work else self.par_speedup   # lower/native splits only big kernels
-    tb = slow * ((w.nbytes - w.strided_bytes - w.dram_bytes) / bw + w.dram_bytes / self.bw_mem + w.strided_bytes / self.bw_strided)
+    tb = slow * ((w.nbytes - w.strided_bytes - w.dram_bytes) / bw + w.dram_bytes / self.readback + w.strided_bytes / self.bw_strided)
     if w.kind == "reduce":   # the ops stream, but the share re-reading broadcast operands does not
       tc = slow * ops * ((1 - w.reread) / self.throughput["elementwise"] + w.reread / self.throughput["reduce"])
     else: tc = slow * ops / self.throughput[w.kind]

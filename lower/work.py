@@ -117,17 +117,21 @@ def peak_bytes(call: Node) -> int:
   size = {("arg", i): b.arg.size * b.dtype.itemsize for i, b in enumerate(bufs)}
   return arena + sum(size.get(r, m.nbytes) for r, m in written.items() if r[0] != "tmp")
 
+def _once(s) -> None:
+  if type(s) is tuple: ctypes.memmove(*s)
+  else: s()
+
+def _plan_steps(call: Node, storage: Storage, who: str) -> list:
+  run_call(call, storage)
+  plan = cache.CACHE.plans.get(call)
+  if plan is None: raise CallsatError(f"{who}: the CALL left no prepared plan (a DEBUG run, or not a native CALL)")
+  return plan.steps
+
 def step_seconds(call: Node, storage: Storage = STORAGE, min_s: float = 0.002, samples: int = 5) -> list[float]:
   """Per step of the CALL's prepared plan (run it once first), the median over `samples` of its steady-state time, each
   sample the mean of enough back-to-back runs to last `min_s`. Kernels are run alone, on warm buffers."""
-  run_call(call, storage)
-  plan = cache.CACHE.plans.get(call)
-  if plan is None: raise CallsatError("step_seconds: the CALL left no prepared plan (a DEBUG run, or not a native CALL)")
-  def once(s):
-    if type(s) is tuple: ctypes.memmove(*s)
-    else: s()
-  out = []
-  for s in plan.steps:
+  steps, once, out = _plan_steps(call, storage, "step_seconds"), _once, []
+  for s in steps:
     once(s)
     t0 = time.perf_counter(); once(s); t1 = time.perf_counter() - t0
     reps = max(1, int(min_s / max(t1, 1e-7)))
@@ -137,4 +141,16 @@ def step_seconds(call: Node, storage: Storage = STORAGE, min_s: float = 0.002, s
       for _ in range(reps): once(s)
       ts.append((time.perf_counter() - t0) / reps)
     out.append(statistics.median(ts))
+  return out
+
+def sequence_seconds(call: Node, rounds: int = 20, storage: Storage = STORAGE) -> list[list[float]]:
+  """Per step of the CALL's prepared plan, its time in each of `rounds` runs of the whole plan in order: each step
+  finds the caches its predecessors left (a value streamed out to DRAM by one kernel is read back by the next), which
+  step_seconds' back-to-back runs of one step hide."""
+  steps = _plan_steps(call, storage, "sequence_seconds")
+  out: list[list[float]] = [[] for _ in steps]
+  clock = time.perf_counter
+  for _ in range(rounds):
+    for s, ts in zip(steps, out):
+      t0 = clock(); _once(s); ts.append(clock() - t0)
   return out

@@ -1,13 +1,13 @@
 """The kernel time model (egraph/timemodel.py) and the KernelWork read off lowered kernels (lower/work.py); a few fusion
 corpus programs against numpy. No timing thresholds: times only have to be positive and finite."""
-import json, math, os, sys
+import dataclasses, json, math, os, sys
 import numpy as np
 import pytest
 from egraph import Tensor, callify
 from egraph.ir import substitute
 from egraph.timemodel import DATA, KernelWork, NoTimeModel, TimeModel
 from lower.runtime import read, run_call
-from lower.work import kernel_work, peak_bytes, program_of, program_work, step_seconds
+from lower.work import kernel_work, peak_bytes, program_of, program_work, sequence_seconds, step_seconds
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import fusion_programs
@@ -74,6 +74,18 @@ def test_softmax_kernels_and_peak():
   assert peak_bytes(res.call) >= 4 * 32 * 64   # the output buffer at least
   ts = step_seconds(res.call, min_s=1e-4, samples=1)
   assert len(ts) == 3 and all(0 < t < 1 for t in ts)
+  seq = sequence_seconds(res.call, rounds=4)
+  assert [len(s) for s in seq] == [4, 4, 4] and all(0 < t < 1 for s in seq for t in s)
+  np.testing.assert_allclose(read(substitute([x.softmax().node], res.buffer_map)[0]), np.full((32, 64), 1 / 64, np.float32), rtol=1e-6)
+
+def test_read_back_bytes_move_at_bw_readback(model):
+  w = KernelWork(16 << 20, 8192, 4 << 20, "reduce", dram_bytes=16 << 20)
+  slow = dataclasses.replace(model, bw_readback=model.bw_mem / 4, combine="sum")
+  fast = dataclasses.replace(slow, bw_readback=model.bw_mem)
+  gap = (16 << 20) / (model.bw_mem / 4) - (16 << 20) / model.bw_mem
+  assert math.isclose(slow.kernel_seconds(w) - fast.kernel_seconds(w), gap, rel_tol=1e-9)
+  d = model.to_dict(); del d["bw_readback"]   # a file from before bw_readback: read-backs at bw_mem, as then
+  assert TimeModel.from_dict("CPU", d).readback == model.bw_mem and model.readback == model.bw_readback > 0
 
 def test_kernel_work_of_a_snapshot_free_program_is_per_step():
   x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize()
