@@ -339,7 +339,7 @@ class Ilp:
     p, m = self.p, self.p.model
     evals, order, _ = p.k.walk(v, frozenset())
     red = _reduce_below(order, v, frozenset())   # hoisting only where no REDUCE is fused below in any partition (else conservative)
-    cap = lambda unit: self.cap_s * max(m.throughput.values()) / unit   # more evaluations cost more than the anchor
+    cap = lambda unit: self.cap_s * max(m.throughput.values()) / unit if unit else INF   # more evaluations cost more than the anchor
     Y, E, memo = {v.id: rv}, {v.id: (rv, v.numel)}, {}   # E: candidate (or the root) -> (variable, scale): its evaluations
     F = {v.id: {v.id: 1}}   # node -> {nearest candidate consumer (or the root): most evaluations per evaluation of it}
     low = {v.id: v.numel}   # evaluations along the thriftiest path: a floor under any partition's (the split's test)
@@ -360,7 +360,7 @@ class Ilp:
         z, e = self.var(0, 1), self.var(0, 1)
         self.ge([(y, 1), (reach, -1), (sd, 1)], 0); self.ge([(z, 1), (reach, -1), (sd, -1)], -1)
         self.ge([(reach, 1), (y, -1)], 0); self.ge([(y, -1), (sd, -1)], -1); self.ge([(reach, 1), (z, -1)], 0); self.ge([(sd, 1), (z, -1)], 0)
-        hi = min(evals[n.id], cap(unit))   # e: evaluations / hi, at most 1 (HiGHS wants O(1) values, not 1e20 evaluations)
+        hi = min(evals[n.id], cap(unit)) or 1.0   # e: evaluations / hi, at most 1 (HiGHS wants O(1) values, not 1e20); 1: an empty value
         ks = [(E[x][0], k * E[x][1] / hi) for x, k in f.items()]
         for x, k in ks: self.ge([(e, 1), (x, -k), (sd, max(k for _, k in ks))], 0)   # e >= k e_x unless stored
         reads.append((z, min(evals[n.id], n.numel) * n.dtype.itemsize))
@@ -370,7 +370,7 @@ class Ilp:
       elif unit and len(f) == 1 and (k := next(iter(f.values()))) * E[x := next(iter(f))][1] <= cap(unit):
         comp[E[x][0]] = comp.get(E[x][0], 0.0) + unit * k * E[x][1]
       elif unit:   # evaluated as often as its widest uncut path: g >= k e_x for each nearest candidate x, g <= 1
-        hi = min(max(k * E[x][1] for x, k in f.items()), cap(unit))
+        hi = min(max(k * E[x][1] for x, k in f.items()), cap(unit)) or 1.0
         if (g := groups.get(key := (frozenset(f.items()), hi))) is None:
           g = groups[key] = self.var(0, 1)
           for x, k in f.items(): self.ge([(g, 1), (E[x][0], -k * E[x][1] / hi)], 0)

@@ -73,7 +73,7 @@ def hoisted(n: Node) -> int:
   for s, t in zip(reversed(n.src[0].shape), reversed(n.arg)):
     if s == 1 and t != 1: h *= t
     elif s != 1: break
-  return h if isinstance(h, int) else 1
+  return h if isinstance(h, int) and h > 0 else 1   # an EXPAND onto an empty axis: nothing is computed, nothing to divide
 
 def node_ops(m: TimeModel, n: Node, evals: int) -> float:
   """The model's ops of `evals` evaluations of n (TimeModel.ops of its share of KernelWork)."""

@@ -345,3 +345,17 @@ def test_big_graphs_mint_no_shared_candidates(monkeypatch):
   big = fusion.add_candidates(encode([t.node for t in ts], "fresh"))
   assert "shared" in small.values() and "shared" not in big.values() and set(big.values()) <= {"reduce", "broadcast"}
   assert {i for i, w in small.items() if w != "shared"} == set(big)
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 3), (2, 0, 4)])
+def test_empty_values_in_cost_mode(shape, monkeypatch):
+  """Zero-size values are candidates too: the partition's evaluation counts are 0 (they divided by them)."""
+  monkeypatch.setenv("CALLSAT_FUSION", "cost")
+  x = np.ones(shape, np.float32)
+  t = Tensor(x).realize()
+  e = (t * 2).exp()
+  outs = [e.sum(axis=1), e.max(axis=0) if shape[0] else e.sum(axis=0), (e * t).std(axis=-1), e.reshape(*shape, 1).expand(*shape, 3).sum(axis=-1)]
+  want = [np.exp(x * 2).sum(1), np.exp(x * 2).sum(0), (np.exp(x * 2) * x).std(-1, ddof=1) if shape[-1] > 1 else None, np.exp(x * 2) * 3]
+  for o, w in zip(outs, want):
+    g = o.numpy()
+    assert g.shape == o.shape and (w is None or g.shape == w.shape)
+    if w is not None and w.size: np.testing.assert_allclose(g, w, rtol=1e-6)
