@@ -4,6 +4,7 @@ egglog's own extractor is tree-cost only and blows up on shared DAGs, so it is n
 (time.perf_counter()), the loops check it every TICK steps and raise OutOfBudget once it has passed."""
 from __future__ import annotations
 import collections, collections.abc, functools, heapq, itertools, operator, time
+import numpy as np
 from egraph.ir import Node, Ops
 from egraph.encode import Encoding, COMPUTED_TARGET
 from egraph.cost import CostModel
@@ -18,9 +19,27 @@ class Unextractable(EngineError):
 
 _CTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
 _ARITY = {"L": 0, "U": 1, "B": 2, "R": 3, "V": 1, "Cons": 2, "Nil": 0}   # child classes per constructor
+_MAXA = max(_ARITY.values())
 _PRICED = frozenset({"STORE", "BUFFER", "PARAM", "SLICE"})   # the ops CostModel.enode_cost prices beyond `nodes`
 _SPECIAL = _PRICED | {"CONTIGUOUS", "AFTER", "Cons", "Nil", "FUNCTION"}   # local_costs looks at these one by one
 _STORAGE_FORMS = frozenset({"AFTER", "SLICE", "BUFFER", "PARAM", "RESHAPE", "SHRINK", "PERMUTE", "FLIP", "MULTI"})
+
+_INPUTS, _OUTPUT, _SUBSUMED = operator.attrgetter("inputs"), operator.attrgetter("output"), operator.attrgetter("subsumed")
+
+def _first_numbers(seq: np.ndarray) -> tuple[np.ndarray, int]:
+  """(each element's number in order of first appearance, how many distinct): dict.fromkeys's numbering in C. Raw
+  e-class ids are dense, so each id's first position is found in a table over them (np.unique's sort where not)."""
+  if not len(seq): return seq, 0
+  lo, hi = int(seq.min()), int(seq.max())
+  if hi - lo > 4 * len(seq) + 4096:
+    _, first, inv = np.unique(seq, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), np.int64); rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inv.ravel()], len(first)
+  x = seq - lo
+  first = np.full(hi - lo + 1, len(x)); np.minimum.at(first, x, np.arange(len(x)))   # each id's first position
+  starts = np.zeros(len(x) + 1, np.int64); starts[first] = 1   # 1 where an id first appears (the sentinel len(x) too)
+  rank = np.cumsum(starts[:-1]) - 1
+  return rank[first[x]], int(rank[-1]) + 1
 
 def _raw_ids(fns, i64) -> bool:
   """Does value_to_i64 read an e-class Value's raw id (its printed form Value(id))? Checked on one row, else Values are
@@ -35,34 +54,51 @@ class EGraphView:
   def __init__(self, frozen, egraph, enc: Encoding, abort_at: float = INF):
     self.enc, fns = enc, frozen.functions
     vstr, i64 = egraph.value_to_string, egraph.value_to_i64
-    # column by column, in C-level maps: e-class Values as their raw ids where egglog 13.2's value_to_i64 reads them (a
-    # C call; hashing a Value costs several times more), numbered in first appearance, each row's output before its
-    # children, constructors in _CTORS order, then the N rows
-    ids = (lambda xs: list(map(i64, xs))) if _raw_ids(fns, i64) else list
-    out_, in_ = operator.attrgetter("output"), operator.attrgetter("inputs")
-    self.op, self.arg, cols = [], [], []   # cols: per constructor, (output ids, one id column per child)
+    # each row's inputs as int64 columns in one C-level pass: Values as their raw ids where egglog 13.2's value_to_i64
+    # reads them (a C call; hashing a Value costs several times more; a String Value's raw id is its interned index),
+    # else interned as met (the arg column then read again with value_to_i64)
+    raw = _raw_ids(fns, i64)
+    conv = i64 if raw else collections.defaultdict(itertools.count().__next__).__getitem__
+    self.op, self.arg, seqs, blocks = [], [], [], []   # blocks: per constructor, (rows, arity)
     for name in _CTORS:
       if name not in fns: continue
       checkpoint(abort_at, "reading the e-graph")
       rows = fns[name].rows
-      if any(map(operator.attrgetter("subsumed"), rows)): rows = [r for r in rows if not r.subsumed]
-      ins, skip = list(map(in_, rows)), 0 if name in ("Cons", "Nil") else 2
+      if any(map(_SUBSUMED, rows)): rows = [r for r in rows if not r.subsumed]
+      n, a, skip = len(rows), _ARITY[name], 0 if name in ("Cons", "Nil") else 2
+      cols = np.fromiter(map(conv, itertools.chain.from_iterable(map(_INPUTS, rows))), np.int64, n * (skip + a)).reshape(n, skip + a)
       if skip:
-        ops = list(map(operator.itemgetter(0), ins))
-        smap = {v: vstr(v) for v in dict.fromkeys(ops)}
-        self.op += map(smap.__getitem__, ops); self.arg += map(i64, map(operator.itemgetter(1), ins))
-      else: self.op += [name] * len(rows); self.arg += [0] * len(rows)
-      cols.append((ids(map(out_, rows)), [ids(map(operator.itemgetter(skip + j), ins)) for j in range(_ARITY[name])]))
+        ops = cols[:, 0].tolist()
+        smap = {v: vstr(rows[r].inputs[0]) for v, r in dict(zip(ops, range(n))).items()}   # one string per op
+        self.op += map(smap.__getitem__, ops)
+        self.arg += cols[:, 1].tolist() if raw else map(i64, map(operator.itemgetter(1), map(_INPUTS, rows)))
+      else: self.op += [name] * n; self.arg += [0] * n
+      seq = np.empty((n, 1 + a), np.int64)   # each row's output before its children: the numbering's order
+      seq[:, 0] = np.fromiter(map(conv, map(_OUTPUT, rows)), np.int64, n); seq[:, 1:] = cols[:, skip:]
+      seqs.append(seq.ravel()); blocks.append((n, a))
     nrows = fns["N"].rows
-    nout = ids(map(out_, nrows))
-    order = itertools.chain.from_iterable(itertools.chain.from_iterable(zip(o, *ks)) for o, ks in cols)
-    num = dict(zip(dict.fromkeys(itertools.chain(order, nout)), itertools.count()))
-    get, self.cls, self.kids = num.__getitem__, [], []
-    for o, ks in cols:
-      self.cls += map(get, o)
-      self.kids += zip(*[map(get, k) for k in ks]) if ks else [()] * len(o)
-    self.class_of_id = dict(zip(map(i64, map(operator.itemgetter(0), map(in_, nrows))), map(get, nout)))
-    self.n_classes = len(num)
+    seqs.append(np.fromiter(map(conv, map(_OUTPUT, nrows)), np.int64, len(nrows)))
+    num, self.n_classes = _first_numbers(np.concatenate(seqs))   # classes numbered in first appearance
+    checkpoint(abort_at, "reading the e-graph")
+    ne, at = len(self.op), 0
+    self.cls_array = np.empty(ne, np.int64)          # the class and child-class columns as arrays (extract._forced)
+    self.kid_array = np.full((ne, _MAXA), -1, np.int64)   # -1: no child there
+    self.kids: list[tuple[int, ...]] = []
+    for (n, a), e0 in zip(blocks, itertools.accumulate([n for n, _ in blocks], initial=0)):
+      b = num[at:at + n * (1 + a)].reshape(n, 1 + a); at += n * (1 + a)
+      self.cls_array[e0:e0 + n], self.kid_array[e0:e0 + n, :a] = b[:, 0], b[:, 1:]
+      self.kids += zip(*b[:, 1:].T.tolist()) if a else [()] * n
+    self.cls: list[int] = self.cls_array.tolist()
+    ncls = num[at:].tolist()
+    self.class_of_id = dict(zip(map(i64, itertools.chain.from_iterable(map(_INPUTS, nrows))), ncls))
+    # each e-node's distinct child classes (Knuth's pending counts), a child counted at its first position, and the
+    # parents of each class from those: e-nodes ascending, each once
+    km = self.kid_array
+    first = km >= 0
+    for j in range(1, _MAXA): first[:, j] &= np.logical_and.reduce([km[:, j] != km[:, i] for i in range(j)])
+    self.n_kids: list[int] = first.sum(1).tolist()
+    self.parents: list[list[int]] = [[] for _ in range(self.n_classes)]
+    for k, e in zip(km[first].tolist(), np.nonzero(first)[0].tolist()): self.parents[k].append(e)   # row-major: e ascending
     self.info: list[Node | None] = [None] * self.n_classes     # an IR node of each class (for shapes and dtypes)
     info, nodes = self.info, enc.nodes
     for i, k in self.class_of_id.items():
@@ -70,14 +106,6 @@ class EGraphView:
     self.fresh_class: dict[int, set[int]] = {}     # realize class -> its fresh storage classes (several after merges)
     for r, f in enc.fresh.items(): self.fresh_class.setdefault(self.class_of_id[r], set()).add(self.class_of_id[f])
     self.fresh_classes = set().union(*self.fresh_class.values())
-    checkpoint(abort_at, "reading the e-graph")
-    self.parents: list[list[int]] = [[] for _ in range(self.n_classes)]
-    self.n_kids: list[int] = list(map(len, map(set, self.kids)))   # distinct child classes (Knuth's pending counts)
-    parents = self.parents
-    for e, ks in enumerate(self.kids):
-      for k in ks: parents[k].append(e)
-    for k in {k for e in itertools.compress(range(self.n_enodes), map(operator.ne, self.n_kids, map(len, self.kids)))
-              for k in self.kids[e]}: parents[k] = list(dict.fromkeys(parents[k]))   # a child class read twice: once
     self.forbidden_args = set(enc.computed_args)
 
   @property
@@ -146,17 +174,17 @@ def _forced(g: EGraphView, ok: list[int | None]) -> bool:
   """Can every class be given at most one e-node? Then Knuth's choice is that e-node wherever it is reachable, whatever
   the costs. An e-node whose child class has a single e-node that reads its own class back (a stored form
   AFTER(f, STORE(f, x)) in x's class) is only ready once its class is done, so it never counts."""
-  live = list(itertools.compress(range(len(ok)), map(operator.is_not, ok, itertools.repeat(None))))
-  cl = list(map(g.cls.__getitem__, live))
-  if len(set(cl)) == len(cl): return True
-  cnt, last, kids = collections.Counter(cl), dict(zip(cl, live)), g.kids   # last: a single-member class's e-node
-  multi: dict[int, int] = {}   # class with several e-nodes -> those that can be ready before it is done
-  several = {k for k, n in cnt.items() if n > 1}
-  for e, k in itertools.compress(zip(live, cl), map(several.__contains__, cl)):   # only the e-nodes of those classes
-    if not any(cnt[j] == 1 and k in kids[last[j]] for j in kids[e]):
-      if (n := multi.get(k, 0) + 1) > 1: return False
-      multi[k] = n
-  return True
+  live = np.flatnonzero(np.fromiter(map(operator.is_not, ok, itertools.repeat(None)), bool, len(ok)))
+  cl = g.cls_array[live]
+  cnt = np.bincount(cl, minlength=g.n_classes)
+  if not len(cl) or cnt.max() <= 1: return True
+  one = cnt[cl] == 1
+  last = np.full(g.n_classes, -1); last[cl[one]] = live[one]   # a single-member class's e-node
+  es, k = live[~one], cl[~one]   # the e-nodes of classes with several
+  j = g.kid_array[es]   # their child classes (-1: none)
+  single = (j >= 0) & (cnt[j] == 1)
+  reads_back = single & (g.kid_array[last[j]] == k[:, None, None]).any(2)   # child j's one e-node reads k
+  return bool(np.bincount(k[~reads_back.any(1)], minlength=g.n_classes).max() <= 1)
 
 def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, abort_at: float,
            tree: bool = True) -> tuple[list, list, bool]:

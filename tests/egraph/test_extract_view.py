@@ -1,0 +1,106 @@
+"""The extraction's fast paths give the general paths' answers: EGraphView's columns read in numpy equal the plain
+row-by-row reading (raw e-class ids and interned Values alike), the first-appearance numbering equals dict.fromkeys's
+(dense table and sort), and the vectorized forced-Knuth test equals the e-node by e-node one."""
+import collections, itertools, operator, random
+import numpy as np
+import pytest
+from egraph import Tensor
+from egraph.encode import encode
+from egraph.cost import COST_PRESETS
+from egraph.driver import saturate
+from egraph import extract as ext, fusion
+
+def _graph(kind: str):
+  """A saturated e-graph: a small chain (rules mode), or a softmax-and-matmul program with candidates (cost mode)."""
+  rng = np.random.default_rng(0)
+  a, b = (Tensor(rng.standard_normal((64, 64)).astype(np.float32)).realize() for _ in range(2))
+  if kind == "chain":
+    x = a
+    for i in range(40): x = (x * 1.01 + b).relu() if i % 3 else (x + 1).contiguous()
+    ts = [x]
+  else: ts = [((a @ b).softmax() @ b).exp(), (a * b).sum(axis=1)]
+  enc = encode([t.node for t in ts], "fresh")
+  if kind == "cost": fusion.add_candidates(enc)
+  sat = saturate(enc)
+  return sat.runner.freeze(), sat.runner.egraph, enc
+
+def _reference(frozen, egraph, enc) -> dict:
+  """The view read row by row in Python: Values hashed, classes numbered in first appearance (each row's output before
+  its children, constructors in order, then the N rows)."""
+  fns, vstr, i64 = frozen.functions, egraph.value_to_string, egraph.value_to_i64
+  op, arg, rows_ = [], [], []
+  for name in ext._CTORS:
+    if name not in fns: continue
+    skip = 0 if name in ("Cons", "Nil") else 2
+    for r in fns[name].rows:
+      if r.subsumed: continue
+      ins = r.inputs
+      op.append(vstr(ins[0]) if skip else name); arg.append(i64(ins[1]) if skip else 0)
+      rows_.append((r.output, ins[skip:]))
+  num: dict = {}
+  for o, ks in rows_:
+    for v in (o, *ks): num.setdefault(v, len(num))
+  nrows = fns["N"].rows
+  for r in nrows: num.setdefault(r.output, len(num))
+  cls, kids = [num[o] for o, _ in rows_], [tuple(num[k] for k in ks) for _, ks in rows_]
+  class_of_id = {i64(r.inputs[0]): num[r.output] for r in nrows}
+  info = [None] * len(num)
+  for i, k in class_of_id.items():
+    if info[k] is None and enc.nodes[i] is not None: info[k] = enc.nodes[i]
+  parents = [[] for _ in num]
+  for e, ks in enumerate(kids):
+    for k in dict.fromkeys(ks): parents[k].append(e)
+  return dict(op=op, arg=arg, cls=cls, kids=kids, n_classes=len(num), class_of_id=class_of_id, info=info,
+              parents=parents, n_kids=[len(set(ks)) for ks in kids])
+
+@pytest.mark.parametrize("kind", ["chain", "cost"])
+@pytest.mark.parametrize("raw", [True, False])
+def test_view_columns_are_the_row_by_row_reading(kind, raw, monkeypatch):
+  """Raw ids (egglog 13.2) and interned Values (the path for an egglog whose value_to_i64 reads no raw id) both give
+  the plain reading's e-nodes, classes, parents and class facts, as Python ints in lists."""
+  frozen, egraph, enc = _graph(kind)
+  if not raw: monkeypatch.setattr(ext, "_raw_ids", lambda fns, i64: False)
+  g, ref = ext.EGraphView(frozen, egraph, enc), _reference(frozen, egraph, enc)
+  for f, want in ref.items():
+    got = getattr(g, f)
+    if f == "info": assert len(got) == len(want) and all(x is y for x, y in zip(got, want)), f
+    elif f == "class_of_id": assert list(got.items()) == list(want.items()), f
+    else: assert got == want, f
+  assert all(type(x) is int for x in itertools.chain(g.cls, g.arg, *g.kids, *g.parents, g.n_kids))
+  assert g.cls_array.tolist() == g.cls and [tuple(k for k in r if k >= 0) for r in g.kid_array.tolist()] == g.kids
+
+def test_first_numbers_is_dict_fromkeys_numbering():
+  """The dense id table and the sort (ids spread too far for a table) both number ids in first appearance."""
+  rng = np.random.default_rng(1)
+  for seq in [rng.integers(0, 50, 300), rng.integers(-7, 3, 40), rng.integers(0, 1 << 40, 300) // 7 * 7,
+              np.array([5, 5, 5]), np.array([], np.int64)]:
+    num = dict(zip(dict.fromkeys(seq.tolist()), itertools.count()))
+    got, n = ext._first_numbers(np.asarray(seq, np.int64))
+    assert got.tolist() == [num[x] for x in seq.tolist()] and n == len(num)
+
+def _forced_reference(g, ok) -> bool:
+  """extract._forced e-node by e-node (Counter and dicts)."""
+  live = [e for e, c in enumerate(ok) if c is not None]
+  cl = [g.cls[e] for e in live]
+  cnt, last, multi = collections.Counter(cl), dict(zip(cl, live)), {}
+  for e, k in zip(live, cl):
+    if cnt[k] > 1 and not any(cnt[j] == 1 and k in g.kids[last[j]] for j in g.kids[e]):
+      multi[k] = multi.get(k, 0) + 1
+      if multi[k] > 1: return False
+  return True
+
+def test_forced_is_the_e_node_by_e_node_test():
+  """On the cost-mode e-graph (stored forms: classes with an e-node that reads its class back) with every e-node, the
+  pinned ones, and random subsets live: the same answer, both answers met."""
+  frozen, egraph, enc = _graph("cost")
+  g = ext.EGraphView(frozen, egraph, enc)
+  costs, allowed = g.local_costs(COST_PRESETS["bytes"]), g.pinned_allowed()
+  oks = [costs, [c if a else None for c, a in zip(costs, allowed)], [1] * g.n_enodes]
+  rnd = random.Random(0)
+  oks += [[c if rnd.random() < p else None for c in oks[1]] for p in (0.3, 0.9, 0.99) for _ in range(4)]
+  seen = set()
+  for ok in oks:
+    want = _forced_reference(g, ok)
+    assert ext._forced(g, ok) == want
+    seen.add(want)
+  assert seen == {True, False}
