@@ -21,6 +21,7 @@ from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, knuth, baseline_cost
 from egraph.language import CONSTRUCTORS
 from egraph.driver import Saturation, Extraction, saturate, extract_call, storage_view, roots_of
+from egraph.fusion import fusion_mode, time_model, add_candidates
 from rules.registry import RULES
 
 KINDS = ("view", "fresh", "alias", "shared", "existing")
@@ -322,9 +323,11 @@ class _Decision:
       list(dict.fromkeys(ev.rule for ev in events)), matching, events, members)
 
 def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
-            limits: str | Limits | None = None) -> Explanation:
+            limits: str | Limits | None = None, fusion: str | None = None) -> Explanation:
   """Explain every realize point of the graph under `tensors` (Tensors or Nodes). `labels` names the outputs (default
-  out0, out1, ...); `Explanation.point(name)` picks one by label, output index or "#i" (realize index)."""
+  out0, out1, ...); `Explanation.point(name)` picks one by label, output index or "#i" (realize index). `fusion` (default
+  env CALLSAT_FUSION, as callify reads it): with "cost" the e-graph holds the candidates' stored forms, as callify's does
+  (which of them the partition stores is callify's report.partition, not explained here)."""
   t0 = time.perf_counter()
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")
   sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
@@ -332,6 +335,7 @@ def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: st
   labels = list(labels) if labels is not None else [f"out{i}" for i in range(len(roots))]
   if len(labels) != len(roots): raise CallsatError(f"explain: {len(labels)} labels for {len(roots)} outputs")
   enc = encode(roots)
+  if fusion_mode(fusion) == "cost" and time_model(enc) is not None: add_candidates(enc)
   if not enc.keys:
     Runner(sched, hook=_Provenance(enc, []))   # validates the schedule as a non-empty graph would
     return Explanation([], 0, 0, model.name, sched.name, 0, 0, {}, {}, StopReason.SATURATED, time.perf_counter() - t0)

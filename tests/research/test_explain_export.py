@@ -116,6 +116,18 @@ def test_explain_reaches_callifys_egraph_and_decisions(name):
     if p.kind == "fresh": assert p.decided_by in ("materialize_contiguous", "materialize_assign")
     assert sum(m.status == "chosen" for m in p.members) == 1
 
+
+@pytest.mark.parametrize("name", ["model:mlp", "gen:6"])
+def test_explain_follows_callifys_fusion_mode(name, monkeypatch):
+  """Under CALLSAT_FUSION=cost (or fusion="cost") explain's e-graph is callify's, candidates' stored forms included."""
+  roots, _ = build(name)
+  monkeypatch.setenv("CALLSAT_FUSION", "cost")
+  ex, rep = explain(*roots), callify(*roots, cache=False).report
+  assert rep.fusion == "cost" and (ex.e_nodes, ex.e_classes, ex.cost) == (rep.e_nodes, rep.e_classes, rep.cost)
+  monkeypatch.delenv("CALLSAT_FUSION")
+  ex2, rep2 = explain(*roots, fusion="cost"), callify(*roots, cache=False).report
+  assert rep2.fusion == "rules" and (ex2.e_nodes, ex2.e_classes) == (ex.e_nodes, ex.e_classes) != (rep2.e_nodes, rep2.e_classes)
+
 def test_explanation_data_and_lookup():
   out, b = _views()
   ex = explain(out, b, labels=["out", "b"])
