@@ -41,8 +41,9 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   hints = _hints(cv, roots) if mode != "rules" else Hints()
   if mode == "cost-store": roots = realize_hints(cv, roots, hints.idents)   # stored by callify, as a program's own CONTIGUOUS
   # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an
-  # assign into a realize point as a write into that point's storage
-  res = callify(*roots, cache=False, assigns="realized")
+  # assign into a realize point as a write into that point's storage; what gets stored beyond the graph's own realize
+  # points is the bridge option's choice (CALLSAT_BRIDGE_FUSION, above), never CALLSAT_FUSION's
+  res = callify(*roots, cache=False, assigns="realized", fusion="rules")
   return to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
 
 def _hints(cv, roots) -> Hints:

@@ -141,6 +141,16 @@ def test_off_is_the_default(monkeypatch):
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "")
   assert bridge_fusion() == "rules"
 
+@pytest.mark.parametrize("name", ["softmax", "shared"])
+def test_callsat_fusion_does_not_reach_the_bridge(name, monkeypatch):
+  """What the bridge stores beyond tinygrad's realize points is CALLSAT_BRIDGE_FUSION's choice: CALLSAT_FUSION=cost (a
+  setting for callsat's own path) leaves the bridge's CALL as it is."""
+  monkeypatch.delenv("CALLSAT_FUSION", raising=False)
+  body, _ = _body(name, "rules", monkeypatch)
+  monkeypatch.setenv("CALLSAT_FUSION", "cost")
+  body2, _ = _body(name, "rules", monkeypatch)
+  assert [(u.op, u.dtype, u.arg) for u in body2.toposort()] == [(u.op, u.dtype, u.arg) for u in body.toposort()]
+
 def test_bad_mode_raises_in_both_bridge_modes(monkeypatch):
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "fast")
   with pytest.raises(CallsatError, match="CALLSAT_BRIDGE_FUSION"): bridge_fusion()
