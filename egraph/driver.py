@@ -450,8 +450,9 @@ class Extraction:
   root_classes: list[int]
   choice: list[int]
   cost: int
+  reached: list[int] | None = None   # the classes the chosen DAG reaches (extract.chosen_dag; None: one has no choice)
   @cached_property
-  def terms(self) -> Terms: return decode(self.graph, self.choice, self.root_classes)   # decoded on first use
+  def terms(self) -> Terms: return decode(self.graph, self.choice, self.root_classes, self.reached)   # decoded on first use
 
 def extract_call(sat: Saturation, model: CostModel, deadline: float = INF) -> Extraction:
   """Extract the CALL form callify uses: pinned (storage-form) extraction with sharing-aware refinement (skipped past
@@ -459,8 +460,8 @@ def extract_call(sat: Saturation, model: CostModel, deadline: float = INF) -> Ex
   g, abort_at = sat.graph, sat.runner.abort_at
   costs = g.local_costs(model, abort_at)
   root_classes = [g.class_of_id[sat.enc.key_ids[k.id]] for k in sat.enc.keys]
-  choice, cost = extract(g, costs, root_classes, g.pinned_allowed(), deadline=deadline, abort_at=abort_at)
-  return Extraction(g, costs, root_classes, choice, cost)
+  choice, cost, reached = extract(g, costs, root_classes, g.pinned_allowed(), deadline=deadline, abort_at=abort_at)
+  return Extraction(g, costs, root_classes, choice, cost, reached)
 
 # ---- callify under its limits: the e-graph when it fits, else the all-materialized CALL built directly -----------------
 

@@ -135,11 +135,15 @@ class EGraphView:
       if op == "FUNCTION" and args[a][1][0].precompile: return None   # only its CALL form runs
       if plain and op not in _PRICED: return flat
       return model.enode_cost(op, info[cls[e]], info[kids[e][0]] if op == "STORE" else None, op == "BUFFER" and args[a][1].uid in fresh)
-    if plain:   # most e-nodes cost `nodes`: only the others are looked at one by one
-      out = [flat] * self.n_enodes
-      for i, e in enumerate(itertools.compress(range(self.n_enodes), map(_SPECIAL.__contains__, self.op))):
+    if plain:   # most e-nodes cost `nodes`: only the others are looked at one by one (the stored forms' in line)
+      out, ops, argl, cost = [flat] * self.n_enodes, self.op, self.arg, model.enode_cost
+      for i, e in enumerate(itertools.compress(range(self.n_enodes), map(_SPECIAL.__contains__, ops))):
         if not i % TICK: checkpoint(abort_at, "costing e-nodes")
-        out[e] = one(e, self.op[e], self.arg[e])
+        if (op := ops[e]) == "STORE": out[e] = cost(op, info[cls[e]], info[kids[e][0]], False)
+        elif op == "BUFFER": out[e] = cost(op, info[cls[e]], None, args[argl[e]][1].uid in fresh)
+        elif op == "AFTER":
+          if argl[e] in forbidden: out[e] = None
+        else: out[e] = one(e, op, argl[e])
       return out
     out = []
     for e, (op, a) in enumerate(zip(self.op, self.arg)):
@@ -159,10 +163,14 @@ class EGraphView:
     e-class is a storage form (a write, a view, a buffer), never the computation it holds the value of."""
     pin = {self.class_of_id[a]: self.class_of_id[t] for a, t in self.enc.pins.items()}
     realized = {self.class_of_id[i] for i in self.enc.key_ids.values()}
-    heads = {k: ks[0] for k, o, ks in zip(self.cls, self.op, self.kids) if o == "Cons"}   # list class -> head
+    heads = {k: ks[0] for k, o, ks in zip(self.cls, self.op, self.kids) if o == "Cons"} if pin else {}   # list class -> head
     def pinned(k: int, op: str, ks: tuple) -> bool:   # an AFTER with several writes lists its target first: AFTER(Cons(target, ...))
       return op == "AFTER" and bool(ks) and pin[k] in (ks[0], heads.get(ks[0]) if len(ks) == 1 else None)
-    return [pinned(k, o, ks) if k in pin else k not in realized or o in _STORAGE_FORMS for k, o, ks in zip(self.cls, self.op, self.kids)]
+    out, cls, op, kids = [True] * self.n_enodes, self.cls, self.op, self.kids   # only the pinned and realized classes' e-nodes are looked at
+    for e in np.flatnonzero(np.isin(self.cls_array, list(pin.keys() | realized))).tolist():
+      k, o = cls[e], op[e]
+      out[e] = pinned(k, o, kids[e]) if k in pin else k not in realized or o in _STORAGE_FORMS
+    return out
 
 
 def knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None = None,
@@ -193,9 +201,10 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
   best, choice = [INF] * g.n_classes, [-1] * g.n_classes
   pending = g.n_kids.copy()
   ok = costs if allowed is None else [c if a else None for c, a in zip(costs, allowed)]   # None: never chosen
-  cls, parents, ck, bget = g.cls, g.parents, g.cost_kids, best.__getitem__
+  cls, parents, bget = g.cls, g.parents, best.__getitem__
   steps, tick = 0, TICK if abort_at < INF else -1
   if forced := _forced(g, ok):   # one candidate per class: it is chosen once its children are, in any order
+    ck = g.cost_kids if tree else None
     stack = [e for e, (c, p) in enumerate(zip(ok, pending)) if not p and c is not None]
     pop, push = stack.pop, stack.append
     while stack:
@@ -209,7 +218,7 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
         pending[p] -= 1
         if not pending[p] and ok[p] is not None and choice[cls[p]] < 0: push(p)
     return best, choice, True
-  done = [False] * g.n_classes
+  done, ck = [False] * g.n_classes, g.cost_kids
   heap = [(c, e) for e, (c, p) in enumerate(zip(ok, pending)) if p == 0 and c is not None]
   heapq.heapify(heap)
   pop, push = heapq.heappop, heapq.heappush
@@ -247,24 +256,36 @@ def baseline_cost(enc: Encoding, model: CostModel) -> int:
   return total
 
 def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: list[bool] | None = None,
-            refine_below: int = 20_000, rounds: int = 3, deadline: float = INF, abort_at: float = INF) -> tuple[list[int], int]:
-  """(choice, DAG cost). Knuth picks by tree cost; on e-graphs under `refine_below` classes, a few sharing-aware
-  rounds follow: e-nodes the current DAG already pays for cost nothing, Knuth runs again, and the new choice is kept
-  if its DAG cost is lower (tree cost counts a shared subterm once per use, which can hide the cheaper DAG). No
-  refinement round runs past `deadline` (a time.perf_counter() value): the Knuth choice is already valid. Past
-  `abort_at` the first Knuth pass raises OutOfBudget."""
+            refine_below: int = 20_000, rounds: int = 3, deadline: float = INF,
+            abort_at: float = INF) -> tuple[list[int], int, list[int] | None]:
+  """(choice, DAG cost, the classes the chosen DAG reaches or None where one has no choice: `chosen_dag`). Knuth picks
+  by tree cost; on e-graphs under `refine_below` classes, a few sharing-aware rounds follow: e-nodes the current DAG
+  already pays for cost nothing, Knuth runs again, and the new choice is kept if its DAG cost is lower (tree cost
+  counts a shared subterm once per use, which can hide the cheaper DAG). No refinement round runs past `deadline` (a
+  time.perf_counter() value): the Knuth choice is already valid. Past `abort_at` the first Knuth pass raises
+  OutOfBudget."""
   _, choice, forced = _knuth(g, costs, allowed, abort_at, tree=False)
-  best = dag_cost(g, costs, choice, roots)
-  if g.n_classes >= refine_below or forced: return choice, best   # forced: every round would choose the same
+  best, reached = chosen_dag(g, costs, choice, roots)
+  if g.n_classes >= refine_below or forced: return choice, best, reached   # forced: every round would choose the same
   for _ in range(rounds):
     if time.perf_counter() > deadline: break
-    paid = {choice[k] for k in reached_classes(choice, roots, g.kids, g.n_classes, False)}
+    paid = {choice[k] for k in (reached if reached is not None else reached_classes(choice, roots, g.kids, g.n_classes, False))}
     try: _, cand = knuth(g, [0 if e in paid and c is not None else c for e, c in enumerate(costs)], allowed, min(deadline, abort_at))
     except OutOfBudget: break
-    c = dag_cost(g, costs, cand, roots)
+    c, r = chosen_dag(g, costs, cand, roots)
     if c >= best: break
-    choice, best = cand, c
-  return choice, best
+    choice, best, reached = cand, c, r
+  return choice, best, reached
+
+def chosen_dag(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int]) -> tuple[int, list[int] | None]:
+  """(dag_cost, the classes reached through the chosen e-nodes' children) in one walk: the walks differ only below a
+  chosen SLICE (cost_kids), so only then is the DAG costed by dag_cost's own walk. Where a reached class has no choice
+  the cost is dag_cost's (which raises as it would) and the classes are None (reached_classes raises for them)."""
+  reached = reached_classes(choice, roots, g.kids, g.n_classes, False)
+  es = list(map(choice.__getitem__, reached))
+  if -1 in es: return dag_cost(g, costs, choice, roots), None
+  if "SLICE" in map(g.op.__getitem__, es): return dag_cost(g, costs, choice, roots), reached
+  return sum(map(costs.__getitem__, es)), reached
 
 def reached_classes(choice: list[int], roots: list[int], kids: list[tuple], n: int, strict: bool = True) -> list[int]:
   """The classes reached from `roots` through the chosen e-nodes' `kids`; `strict`: a class without a choice raises."""
@@ -314,8 +335,14 @@ class Terms(collections.abc.Mapping):
   """decode's answer, class -> IR Node (a Cons list: a tuple), built on first use: `terms[k]` decodes only k's subterm
   (a cost-mode partition with no time to cost reads none); iterating, `len` and `in` decode everything under the roots
   first, so as a mapping it is the eager decode's dict."""
-  def __init__(self, g: EGraphView, choice: list[int], roots: list[int]):
-    self.g, self.choice, self.roots, self.out, self.full = g, choice, roots, {}, False
+  def __init__(self, g: EGraphView, choice: list[int], roots: list[int], reached: list[int] | None = None):
+    self.g, self.choice, self.roots, self.out, self.full, self._reached = g, choice, roots, {}, False, reached
+
+  @property
+  def reached(self) -> list[int]:
+    """The classes under the roots (reached_classes: one without a choice raises), from the extraction where it had them."""
+    if self._reached is None: self._reached = reached_classes(self.choice, self.roots, self.g.kids, self.g.n_classes)
+    return self._reached
 
   def __getitem__(self, k: int) -> Node:
     if (n := self.out.get(k)) is None and k not in self.out: _decode_into(self.out, self.g, self.choice, [k]); n = self.out[k]
@@ -329,9 +356,9 @@ class Terms(collections.abc.Mapping):
   def __len__(self) -> int: return len(self._all())
   def __contains__(self, k) -> bool: return k in self._all()
 
-def decode(g: EGraphView, choice: list[int], roots: list[int]) -> Terms:
+def decode(g: EGraphView, choice: list[int], roots: list[int], reached: list[int] | None = None) -> Terms:
   """Chosen e-nodes -> IR Nodes, children first, without recursion, on first use (Terms). Cons lists become tuples."""
-  return Terms(g, choice, roots)
+  return Terms(g, choice, roots, reached)
 
 def _decode_into(out: dict, g: EGraphView, choice: list[int], roots: list[int]) -> None:
   """Decode the classes under `roots` into `out` (classes already there are reused)."""

@@ -104,3 +104,61 @@ def test_forced_is_the_e_node_by_e_node_test():
     assert ext._forced(g, ok) == want
     seen.add(want)
   assert seen == {True, False}
+
+def _assign_graph():
+  """Assigns (pinned classes, an AFTER listing several writes) and a slice of a realized buffer (a SLICE e-node)."""
+  a = Tensor(np.zeros(6, np.float32)).realize()
+  v = a[::2]; v.assign(Tensor([1., 2, 3]))
+  b = Tensor([1., 2, 3, 4]).realize()
+  c = (b + 1).contiguous()
+  c.assign(c * b); c.assign(c + 1)
+  enc = encode([a.node, c.node, b[1:3].contiguous().node, (b[0:2] * 2).node], "fresh")
+  sat = saturate(enc)
+  return sat.runner.freeze(), sat.runner.egraph, enc
+
+def _pinned_reference(g) -> list[bool]:
+  """pinned_allowed e-node by e-node."""
+  pin = {g.class_of_id[a]: g.class_of_id[t] for a, t in g.enc.pins.items()}
+  realized = {g.class_of_id[i] for i in g.enc.key_ids.values()}
+  heads = {k: ks[0] for k, o, ks in zip(g.cls, g.op, g.kids) if o == "Cons"}
+  return [(o == "AFTER" and bool(ks) and pin[k] in (ks[0], heads.get(ks[0]) if len(ks) == 1 else None)) if k in pin
+          else k not in realized or o in ext._STORAGE_FORMS for k, o, ks in zip(g.cls, g.op, g.kids)]
+
+class _Priced(ext.CostModel):
+  """The base model through an override: local_costs then costs every e-node one by one (the general path)."""
+  def enode_cost(self, op, node, target, fresh): return super().enode_cost(op, node, target, fresh)
+
+@pytest.mark.parametrize("which", ["chain", "cost", "assign"])
+def test_costs_pins_and_the_chosen_dag_are_the_general_paths(which):
+  """local_costs' in-line stored forms equal the e-node by e-node costing (every preset), pinned_allowed's looking at
+  the pinned and realized classes only equals the e-node by e-node rule, and chosen_dag's one walk gives dag_cost and
+  the reached classes (a chosen SLICE: dag_cost's own walk; a class without a choice: dag_cost's answer, no classes)."""
+  g = ext.EGraphView(*(_assign_graph() if which == "assign" else _graph(which)))
+  for model in COST_PRESETS.values():
+    assert g.local_costs(model) == g.local_costs(_Priced(**{f: getattr(model, f) for f in ("name", "bytes", "buffers", "kernels", "nodes")}))
+  allowed = g.pinned_allowed()
+  assert allowed == _pinned_reference(g)
+  costs, roots = g.local_costs(COST_PRESETS["bytes"]), [g.class_of_id[g.enc.key_ids[k.id]] for k in g.enc.keys]
+  choice, cost, reached = ext.extract(g, costs, roots, allowed)
+  assert (cost, reached) == (ext.dag_cost(g, costs, choice, roots), ext.reached_classes(choice, roots, g.kids, g.n_classes))
+  assert ext.chosen_dag(g, costs, choice, roots) == (cost, reached)
+  if which == "assign":
+    assert g.enc.pins and "SLICE" in (g.op[choice[k]] for k in reached)
+    k = reached[-1]; broken = choice.copy(); broken[k] = -1
+    with pytest.raises(ext.Unextractable): ext.dag_cost(g, costs, broken, roots)
+    with pytest.raises(ext.Unextractable): ext.chosen_dag(g, costs, broken, roots)
+
+def test_stored_members_through_the_fresh_buffer_are_through_the_candidate():
+  """stored_members looks for the stored form among the fresh buffer class's parents: the same (AFTER, STORE) as among
+  the candidate class's (every candidate row of the cost-mode graph)."""
+  frozen, egraph, enc = _graph("cost")
+  g = ext.EGraphView(frozen, egraph, enc)
+  fresh = {r[0]: r[1] for r in enc.rows.get("candidate_row", ())}
+  want = {}
+  for i in fresh:
+    k, fc = g.class_of_id[i], g.class_of_id[fresh[i]]
+    for s in g.parents[k]:
+      if g.op[s] != "STORE" or g.kids[s] != (fc, k): continue
+      a = next((a for a in g.parents[g.cls[s]] if g.op[a] == "AFTER" and g.cls[a] == k and g.kids[a] == (fc, g.cls[s])), None)
+      if a is not None: want[k] = (a, s); break
+  assert want and fusion.stored_members(g, enc, list(fresh)) == want
