@@ -110,12 +110,12 @@ def add_candidates(enc: Encoding, limit: int = MAX_CANDIDATES) -> dict[int, str]
 def stored_members(g: EGraphView, enc: Encoding, cands) -> dict[int, tuple[int, int]]:
   """Candidate class -> (its AFTER e-node, the STORE e-node inside it): the stored forms store_candidate added."""
   fresh = {r[0]: r[1] for r in enc.rows.get("candidate_row", ())}
-  out = {}
-  for i in cands:
+  out, op, kids, cls, parents = {}, g.op, g.kids, g.cls, g.parents
+  for i in cands:   # both read the fresh buffer's class, whose parents are few (k's are all its users), in e-node order
     k, fc = g.class_of_id[i], g.class_of_id[fresh[i]]
-    for s in g.parents[k]:
-      if g.op[s] != "STORE" or g.kids[s] != (fc, k): continue
-      a = next((a for a in g.parents[g.cls[s]] if g.op[a] == "AFTER" and g.cls[a] == k and g.kids[a] == (fc, g.cls[s])), None)
+    for s in parents[fc]:
+      if op[s] != "STORE" or kids[s] != (fc, k): continue
+      a = next((a for a in parents[fc] if op[a] == "AFTER" and cls[a] == k and kids[a] == (fc, cls[s])), None)
       if a is not None: out[k] = (a, s); break
   return out
 
@@ -509,14 +509,15 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
 def partition_ids(g: EGraphView, choice: list[int], terms, root_classes: list[int], enc: Encoding,
                   cands, model: TimeModel, deadline: float = INF) -> tuple[StoredIds, PartitionReport]:
   """The extracted DAG with the cheapest partition's candidates stored, and the report: the kernels are the STOREs of
-  the realized terms (`terms`: the decoded extraction, extract.Terms, read only when there is time to cost) plus each
-  stored candidate. When decoding and one costing of the graph cannot fit before `deadline` (COST_S_PER_CLASS per
-  class reached), nothing is costed: the rules-like partition is read off the e-class ids (`rules_like_ids`)."""
+  the realized terms (`terms`: the decoded extraction, extract.Terms: the classes it reaches, and its terms, read only
+  when there is time to cost) plus each stored candidate. When decoding and one costing of the graph cannot fit before
+  `deadline` (COST_S_PER_CLASS per class reached), nothing is costed: the rules-like partition is read off the e-class
+  ids (`rules_like_ids`)."""
   t0 = time.perf_counter()
   budget = max(deadline - t0, 0.0) if deadline < INF else None
   if not cands:   # nothing to choose: the kernels are what they are (a 10k-node chain costed them all for nothing)
     return StoredIds(g, choice, {}), PartitionReport("none (no candidates)", predicted_s=None, fused_s=None, budget_s=budget)
-  reached = reached_classes(choice, root_classes, g.kids, g.n_classes)
+  reached = terms.reached   # the extraction's walk (reached_classes)
   members = stored_members(g, enc, cands)
   rset = set(reached)
   members = {k: m for k, m in members.items() if k in rset}   # the candidates in the extracted DAG

@@ -3,7 +3,7 @@ cheapest start (`search`), the model's filter of what is worth flipping on big g
 anchor: what lower/'s rules mode realizes (`rules_realized`, over IR Nodes or e-class ids). Every costing stops at the
 solver's deadline (Late)."""
 from __future__ import annotations
-import math, time
+import itertools, math, operator, time
 from egraph.ir import Node, Ops, GroupOp, toposort
 from egraph.timemodel import TimeModel, TRANSCENDENTAL, DIVISION
 
@@ -20,7 +20,8 @@ def rules_realized(values, op, src, shape, deadline: float = INF) -> set | None:
   read by an ALU op or under another REDUCE, the computed operand of a big EXPAND under a REDUCE, and a REDUCE reached
   through a widening EXPAND get a kernel of their own. Kernels stop at loads; every node is walked once over the union
   of the kernels (what one kernel realizes is realized for all: lowering then reads it from memory in each). None past
-  `deadline`."""
+  `deadline`. Each walk is a reachability, so its order is free: each node's op is read once, the nodes of one op
+  found in C (compress), loads start out walked, and the builder's walk keeps a stack per flag instead of pairs."""
   seen, stack, loads = set(values), list(values), LOADS   # the union of the kernels' regions: every node once
   while stack:
     if op(n := stack.pop()) not in loads:
@@ -28,40 +29,48 @@ def rules_realized(values, op, src, shape, deadline: float = INF) -> set | None:
         if x not in seen: seen.add(x); stack.append(x)
   if time.perf_counter() > deadline: return None
   red, exp, alu, through = Ops.REDUCE, Ops.EXPAND, GroupOp.ALU, _THROUGH
-  def unview(n):
-    while op(n) in through and (ss := src(n)): n = ss[0]
-    return n
-  bigs = {n for n in seen if op(n) is red and (s := shape(src(n)[0])) is not None and math.prod(s) >= NESTED_REDUCE_WORK}
-  under, stack = set(), [x for n in seen if op(n) is red for x in src(n)]   # below a REDUCE of the same kernel
+  nodes = list(seen); ops = list(map(op, nodes))
+  def of(o) -> list: return list(itertools.compress(nodes, map(operator.is_, ops, itertools.repeat(o))))
+  at_loads = set(itertools.compress(nodes, map(loads.__contains__, ops)))   # walks start with these walked: none enters one
+  reds = of(red)
+  bigs = {n for n in reds if (s := shape(src(n)[0])) is not None and math.prod(s) >= NESTED_REDUCE_WORK}
+  under, stack = at_loads.copy(), list(itertools.chain.from_iterable(map(src, reds)))   # below a REDUCE of the same kernel
   while stack:
-    if (n := stack.pop()) not in under:
-      under.add(n)
-      if op(n) not in loads: stack += src(n)
-  nested = set()
-  for n in seen:
-    if (o := op(n)) in alu:   # a big REDUCE read by an ALU op
+    if (n := stack.pop()) not in under: under.add(n); stack += src(n)
+  nested = bigs & under   # a big REDUCE under another
+  if bigs:   # a big REDUCE read by an ALU op
+    for n in itertools.compress(nodes, map(alu.__contains__, ops)):
       for c in src(n):
         while op(c) in through and (ss := src(c)): c = ss[0]
         if c in bigs: nested.add(c)
-    if n not in under or o in loads: continue
-    if n in bigs: nested.add(n)   # a big REDUCE under another
-    elif o is exp and (sh := shape(n)) is not None and math.prod(sh) >= NESTED_REDUCE_WORK:   # a big broadcast's operand
-      c = unview(src(n)[0])
+  widening, widens = set(), {}   # widens: per (operand shape, shape), as EXPANDs repeat a few broadcasts
+  for n in of(exp):
+    if (s0 := shape(src(n)[0])) is not None:
+      if (w := widens.get(key := (s0, sh := shape(n)))) is None: w = widens[key] = any(a == 1 and t != 1 for a, t in zip(s0, sh))
+      if w: widening.add(n)
+    if n in under and (sh := shape(n)) is not None and math.prod(sh) >= NESTED_REDUCE_WORK:   # a big broadcast's operand
+      c = src(n)[0]
+      while op(c) in through and (ss := src(c)): c = ss[0]
       if (op(c) in alu or op(c) is red) and (cs := shape(c)) is not None and math.prod(cs) > 1: nested.add(c)
   if time.perf_counter() > deadline: return None
-  def widens(n) -> bool:
-    return op(n) is exp and (s0 := shape(src(n)[0])) is not None and any(a == 1 and t != 1 for a, t in zip(s0, shape(n)))
   # the builder's walk from each kernel's root (never split itself): a nested node, or a REDUCE reached through a
-  # widening EXPAND, gets its own kernel
-  out, walked = set(), (set(), set())
-  stack = [(x, widens(v)) for v in values if op(v) not in loads for x in src(v)]
-  while stack:
-    n, b = stack.pop()
-    if n in walked[b] or (o := op(n)) in loads: continue
-    walked[b].add(n)
-    if n in nested or (b and o is red): out.add(n); b = False   # its own kernel
-    w = b or widens(n)
-    stack += [(x, w) for x in src(n)]
+  # widening EXPAND, gets its own kernel. Through a widening EXPAND (`wide`) until such a REDUCE, else `plain`.
+  out, plain, wide, stop = set(), [], [], nested.union(reds)
+  for v in values:
+    if op(v) not in loads: (wide if v in widening else plain).extend(src(v))
+  walked_plain, walked_wide = at_loads.copy(), at_loads.copy()
+  while plain or wide:
+    while wide:
+      if (n := wide.pop()) in walked_wide: continue
+      walked_wide.add(n)
+      if n in stop: out.add(n); plain += src(n)   # its own kernel: below it nothing is through a widening EXPAND
+      else: wide += src(n)
+    while plain:
+      if (n := plain.pop()) in walked_plain: continue
+      walked_plain.add(n)
+      if n in nested: out.add(n)
+      if n in widening: wide += src(n)
+      else: plain += src(n)
   return out
 
 def hoisted(n: Node) -> int:
