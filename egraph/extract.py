@@ -200,12 +200,15 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
   without `tree` the tree costs are not summed there (best stays INF: extract costs the chosen DAG instead)."""
   best, choice = [INF] * g.n_classes, [-1] * g.n_classes
   pending = g.n_kids.copy()
-  ok = costs if allowed is None else [c if a else None for c, a in zip(costs, allowed)]   # None: never chosen
+  ok = costs.copy()   # None: never chosen
+  if allowed is not None:
+    for e in itertools.compress(range(len(ok)), map(operator.not_, allowed)): ok[e] = None
+  leaves = [e for e in np.flatnonzero(g.kid_array[:, 0] < 0).tolist() if ok[e] is not None]   # ready from the start, ascending
   cls, parents, bget = g.cls, g.parents, best.__getitem__
   steps, tick = 0, TICK if abort_at < INF else -1
   if forced := _forced(g, ok):   # one candidate per class: it is chosen once its children are, in any order
     ck = g.cost_kids if tree else None
-    stack = [e for e, (c, p) in enumerate(zip(ok, pending)) if not p and c is not None]
+    stack = leaves
     pop, push = stack.pop, stack.append
     while stack:
       steps += 1
@@ -215,11 +218,13 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
       choice[k] = e
       if tree: best[k] = ok[e] + sum(map(bget, ck[e]))
       for p in parents[k]:
-        pending[p] -= 1
-        if not pending[p] and ok[p] is not None and choice[cls[p]] < 0: push(p)
+        if (n := pending[p]) > 1: pending[p] = n - 1
+        else:
+          pending[p] = 0
+          if ok[p] is not None and choice[cls[p]] < 0: push(p)
     return best, choice, True
   done, ck = [False] * g.n_classes, g.cost_kids
-  heap = [(c, e) for e, (c, p) in enumerate(zip(ok, pending)) if p == 0 and c is not None]
+  heap = [(ok[e], e) for e in leaves]
   heapq.heapify(heap)
   pop, push = heapq.heappop, heapq.heappush
   while heap:
@@ -230,9 +235,10 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
     if done[k]: continue
     done[k], best[k], choice[k] = True, c, e
     for p in parents[k]:
-      pending[p] -= 1
-      if not pending[p] and (cp := ok[p]) is not None and not done[cls[p]]:
-        push(heap, (cp + sum(map(bget, ck[p])), p))
+      if (n := pending[p]) > 1: pending[p] = n - 1
+      else:
+        pending[p] = 0
+        if (cp := ok[p]) is not None and not done[cls[p]]: push(heap, (cp + sum(map(bget, ck[p])), p))
   return best, choice, False
 
 _BASELINE_LOOKS = frozenset({"CONTIGUOUS", "AFTER", "STORE", "BUFFER", "PARAM", "SLICE"})   # what baseline_cost prices itself

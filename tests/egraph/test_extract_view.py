@@ -1,7 +1,7 @@
 """The extraction's fast paths give the general paths' answers: EGraphView's columns read in numpy equal the plain
 row-by-row reading (raw e-class ids and interned Values alike), the first-appearance numbering equals dict.fromkeys's
 (dense table and sort), and the vectorized forced-Knuth test equals the e-node by e-node one."""
-import collections, itertools, operator, random
+import collections, heapq, itertools, operator, random
 import numpy as np
 import pytest
 from egraph import Tensor
@@ -162,3 +162,34 @@ def test_stored_members_through_the_fresh_buffer_are_through_the_candidate():
       a = next((a for a in g.parents[g.cls[s]] if g.op[a] == "AFTER" and g.cls[a] == k and g.kids[a] == (fc, g.cls[s])), None)
       if a is not None: want[k] = (a, s); break
   assert want and fusion.stored_members(g, enc, list(fresh)) == want
+
+def _knuth_reference(g, costs, allowed, tree=True):
+  """Knuth's pass with a heap on every graph (no forced path), e-node by e-node: (best, choice)."""
+  ok = costs if allowed is None else [c if a else None for c, a in zip(costs, allowed)]
+  best, choice, done, pending = [ext.INF] * g.n_classes, [-1] * g.n_classes, [False] * g.n_classes, [len(set(ks)) for ks in g.kids]
+  heap = [(c, e) for e, (c, p) in enumerate(zip(ok, pending)) if p == 0 and c is not None]
+  heapq.heapify(heap)
+  while heap:
+    c, e = heapq.heappop(heap)
+    if done[k := g.cls[e]]: continue
+    done[k], best[k], choice[k] = True, c, e
+    for p in g.parents[k]:
+      pending[p] -= 1
+      if not pending[p] and ok[p] is not None and not done[g.cls[p]]:
+        heapq.heappush(heap, (ok[p] + sum(best[x] for x in g.cost_kids[p]), p))
+  return best, choice
+
+@pytest.mark.parametrize("which", ["chain", "cost", "assign"])
+def test_knuth_is_the_heap_pass(which):
+  """_knuth (the forced path where each class has one candidate, else the heap) chooses as the plain heap pass does,
+  with its tree costs where asked, pinned or not, on costs that tie and that do not; both paths are taken."""
+  g = ext.EGraphView(*(_assign_graph() if which == "assign" else _graph(which)))
+  costs, rnd, paths = g.local_costs(COST_PRESETS["bytes"]), random.Random(1), set()
+  for allowed in (None, g.pinned_allowed()):
+    for cs in (costs, [c if c is None else c + rnd.randrange(4) for c in costs]):
+      best, choice = _knuth_reference(g, cs, allowed)
+      b, c, forced = ext._knuth(g, cs, allowed, ext.INF)
+      assert c == choice and (b == best or forced and [x for x, k in zip(b, c) if k >= 0] == [x for x, k in zip(best, choice) if k >= 0])
+      assert ext._knuth(g, cs, allowed, ext.INF, tree=False)[1] == choice
+      paths.add(forced)
+  assert paths == ({False} if which == "assign" else {True})   # the assigns' e-graph has classes with several candidates
