@@ -92,21 +92,39 @@ class EGraphView:
     ncls = num[at:].tolist()
     self.class_of_id = dict(zip(map(i64, itertools.chain.from_iterable(map(_INPUTS, nrows))), ncls))
     # each e-node's distinct child classes (Knuth's pending counts), a child counted at its first position, and the
-    # parents of each class from those: e-nodes ascending, each once
+    # parents of each class from those (e-nodes ascending, each once) as one list cut at parent_at, class by class
     km = self.kid_array
     first = km >= 0
     for j in range(1, _MAXA): first[:, j] &= np.logical_and.reduce([km[:, j] != km[:, i] for i in range(j)])
     self.n_kids: list[int] = first.sum(1).tolist()
-    self.parents: list[list[int]] = [[] for _ in range(self.n_classes)]
-    for k, e in zip(km[first].tolist(), np.nonzero(first)[0].tolist()): self.parents[k].append(e)   # row-major: e ascending
+    k = km[first]   # row-major: e ascending, kept within each class by the stable sort
+    self.parent_list: list[int] = np.nonzero(first)[0][np.argsort(k, kind="stable")].tolist()
+    self.parent_at: list[int] = np.concatenate(([0], np.cumsum(np.bincount(k, minlength=self.n_classes)))).tolist()
     self.info: list[Node | None] = [None] * self.n_classes     # an IR node of each class (for shapes and dtypes)
     info, nodes = self.info, enc.nodes
     for i, k in self.class_of_id.items():
       if info[k] is None and (n := nodes[i]) is not None: info[k] = n
-    self.fresh_class: dict[int, set[int]] = {}     # realize class -> its fresh storage classes (several after merges)
-    for r, f in enc.fresh.items(): self.fresh_class.setdefault(self.class_of_id[r], set()).add(self.class_of_id[f])
-    self.fresh_classes = set().union(*self.fresh_class.values())
     self.forbidden_args = set(enc.computed_args)
+
+  def parents_of(self, k: int) -> list[int]:
+    """The e-nodes reading class k, ascending, each once."""
+    return self.parent_list[self.parent_at[k]:self.parent_at[k + 1]]
+
+  @functools.cached_property
+  def parents(self) -> list[list[int]]:
+    """parents_of every class."""
+    at = self.parent_at
+    return list(map(self.parent_list.__getitem__, map(slice, at[:-1], at[1:])))
+
+  @functools.cached_property
+  def fresh_class(self) -> dict[int, set[int]]:
+    """Realize class -> its fresh storage classes (several after merges)."""
+    out: dict[int, set[int]] = {}
+    for r, f in self.enc.fresh.items(): out.setdefault(self.class_of_id[r], set()).add(self.class_of_id[f])
+    return out
+
+  @functools.cached_property
+  def fresh_classes(self) -> set[int]: return set().union(*self.fresh_class.values())
 
   @property
   def n_enodes(self) -> int: return len(self.op)
@@ -204,7 +222,7 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
   if allowed is not None:
     for e in itertools.compress(range(len(ok)), map(operator.not_, allowed)): ok[e] = None
   leaves = [e for e in np.flatnonzero(g.kid_array[:, 0] < 0).tolist() if ok[e] is not None]   # ready from the start, ascending
-  cls, parents, bget = g.cls, g.parents, best.__getitem__
+  cls, par, at, bget = g.cls, g.parent_list, g.parent_at, best.__getitem__
   steps, tick = 0, TICK if abort_at < INF else -1
   if forced := _forced(g, ok):   # one candidate per class: it is chosen once its children are, in any order
     ck = g.cost_kids if tree else None
@@ -217,7 +235,7 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
       if choice[k := cls[e]] >= 0: continue
       choice[k] = e
       if tree: best[k] = ok[e] + sum(map(bget, ck[e]))
-      for p in parents[k]:
+      for p in par[at[k]:at[k + 1]]:
         if (n := pending[p]) > 1: pending[p] = n - 1
         else:
           pending[p] = 0
@@ -234,7 +252,7 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
     k = cls[e]
     if done[k]: continue
     done[k], best[k], choice[k] = True, c, e
-    for p in parents[k]:
+    for p in par[at[k]:at[k + 1]]:
       if (n := pending[p]) > 1: pending[p] = n - 1
       else:
         pending[p] = 0

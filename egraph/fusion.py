@@ -110,12 +110,12 @@ def add_candidates(enc: Encoding, limit: int = MAX_CANDIDATES) -> dict[int, str]
 def stored_members(g: EGraphView, enc: Encoding, cands) -> dict[int, tuple[int, int]]:
   """Candidate class -> (its AFTER e-node, the STORE e-node inside it): the stored forms store_candidate added."""
   fresh = {r[0]: r[1] for r in enc.rows.get("candidate_row", ())}
-  out, op, kids, cls, parents = {}, g.op, g.kids, g.cls, g.parents
+  out, op, kids, cls = {}, g.op, g.kids, g.cls
   for i in cands:   # both read the fresh buffer's class, whose parents are few (k's are all its users), in e-node order
     k, fc = g.class_of_id[i], g.class_of_id[fresh[i]]
-    for s in parents[fc]:
+    for s in (ps := g.parents_of(fc)):
       if op[s] != "STORE" or kids[s] != (fc, k): continue
-      a = next((a for a in parents[fc] if op[a] == "AFTER" and cls[a] == k and kids[a] == (fc, cls[s])), None)
+      a = next((a for a in ps if op[a] == "AFTER" and cls[a] == k and kids[a] == (fc, cls[s])), None)
       if a is not None: out[k] = (a, s); break
   return out
 
