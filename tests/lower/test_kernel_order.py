@@ -1,0 +1,104 @@
+"""lower/kernelize._order, indexed by root, against the pairwise comparison it replaced (the oracle below), on the
+groups of real CALLs: assigns into views and overlapping slices (reads that must see the state before the CALL's
+writes), shared values, the fusion corpus and random graphs."""
+import heapq, os, sys
+import numpy as np
+import pytest
+from egraph import Tensor, callify
+from egraph.dtype import dtypes
+from egraph.ir import Node, Ops
+from egraph.storage import Storage
+from lower import kernelize
+from lower.work import program_of
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import fusion_programs
+from test_llvm_ops import buf, P, call, cst   # the hand-built CALLs of test_war_order_and_snapshots
+
+def pairwise_order(groups: list) -> tuple[list, dict]:
+  """The order before the root index: every pair of groups compared."""
+  n = len(groups)
+  succ = [set() for _ in range(n)]
+  def ov(xs, ys): return any(x.overlaps(y) for x in xs for y in ys)
+  for i in range(n):
+    for j in range(i + 1, n):
+      a, b = groups[i], groups[j]
+      if ov(a.writes, b.writes) or ov(a.writes, b.ra) or ov(a.ra, b.writes): succ[i].add(j)
+  def reaches(s, t):
+    seen, stack = {s}, [s]
+    while stack:
+      x = stack.pop()
+      if x == t: return True
+      for y in succ[x]:
+        if y not in seen: seen.add(y); stack.append(y)
+    return False
+  snaps: dict = {}
+  for k in range(n):
+    for m in groups[k].rd:
+      writers = [w for w in range(n) if w != k and ov(groups[w].writes, [m])]
+      if any(reaches(w, k) for w in writers): snaps.setdefault(k, []).append(m); continue
+      for w in writers: succ[k].add(w)
+  indeg = [0] * n
+  for i in range(n):
+    for j in succ[i]: indeg[j] += 1
+  ready = [i for i in range(n) if indeg[i] == 0]
+  heapq.heapify(ready)
+  out = []
+  while ready:
+    i = heapq.heappop(ready); out.append(i)
+    for j in succ[i]:
+      indeg[j] -= 1
+      if indeg[j] == 0: heapq.heappush(ready, j)
+  return out, snaps
+
+def _views_and_assigns():
+  a = Tensor(np.arange(12, dtype=np.float32)).realize()
+  b = Tensor(np.arange(12, dtype=np.float32) * 2).realize()
+  a[2:8].assign(a[0:6] + 1)          # reads a range it overwrites: a snapshot
+  b.assign(b.flip(0) * a)            # reads itself reversed, and a through the assign above
+  c = (a + b).sum() + a[::2].max()
+  return [a, b, c]
+
+def _shared():
+  x = Tensor(np.random.default_rng(1).standard_normal((16, 16)).astype(np.float32)).realize()
+  e = (x * 2).exp()
+  return [e.sum(0), e.max(1), (e @ x).relu(), x.softmax(-1)]
+
+def _war_and_snapshots():
+  """CALLs whose reads need the state before their writes: the old a read directly beside the new a (a snapshot), a
+  slice argument aliasing a whole-buffer one, writes after reads."""
+  S = Storage()
+  a, b, c = buf(S, np.arange(4), dtypes.float32), buf(S, np.ones(4), dtypes.float32), buf(S, np.zeros(4), dtypes.float32)
+  p0, p1, p2 = P(0, 4), P(1, 4), P(2, 4)
+  w = p0.after(p0.store(Node(Ops.ADD, None, (p1, p1))))
+  r = p2.after(p2.store(Node(Ops.MUL, None, (p0, p1))))
+  mix = p2.after(p2.store(Node(Ops.SUB, None, (w, p0))))
+  sl = Node(Ops.SLICE, dtypes.float32, (a,), (1, 2))
+  q0, q1 = P(0, 4), P(1, 2)
+  w2 = q0.after(q0.store(cst(9.0, dtypes.float32, (4,))))
+  r2 = P(2, 4).after(P(2, 4).store(Node(Ops.ADD, None, (q1.pad(((1, 1),)), P(3, 4)))))
+  return [call(Node.sink(w, r), a, b, c), call(Node.sink(r, w), a, b, c), call(Node.sink(mix, r, w), a, b, c),
+          call(Node.sink(w2, r2), a, sl, c, b)]
+
+CASES = {"views and assigns": _views_and_assigns, "shared": _shared, "war and snapshots": _war_and_snapshots}
+
+def _groups_of(outs) -> list:
+  got = []
+  real = kernelize._order
+  def spy(groups):
+    got.append(list(groups)); return real(groups)
+  kernelize._order = spy
+  try:
+    for c in ([callify(*[t.node for t in outs], cache=False).call] if isinstance(outs[0], Tensor) else outs): program_of(c)
+  finally: kernelize._order = real
+  return got
+
+@pytest.mark.parametrize("name", list(CASES) + ["corpus:" + p.name for p in fusion_programs.PROGRAMS[::5]])
+def test_indexed_order_is_the_pairwise_order(name):
+  if name.startswith("corpus:"):
+    roots, _ = fusion_programs.by_name(name[7:]).build(np.random.default_rng(0))
+  else: roots = CASES[name]()
+  seen = _groups_of(roots)
+  assert seen
+  for groups in seen: assert kernelize._order(groups) == pairwise_order(groups)
+  if name == "war and snapshots": assert any(pairwise_order(g)[1] for g in seen) and any(len(g) > 1 for g in seen)
