@@ -242,6 +242,11 @@ def _order(groups: list) -> tuple[list, dict]:
       writers = sorted(w for w, ms in W.get(m.root, {}).items() if w != k and ov(ms, [m]))
       if any(reaches(w, k) for w in writers): snaps.setdefault(k, []).append(m); continue
       for w in writers: succ[k].add(w)
+  return ordered(succ), snaps
+
+def ordered(succ: list) -> list:
+  """The topological order of groups 0..n-1 under the edges `succ` (i -> j: i runs first), least index first."""
+  n = len(succ)
   indeg = [0] * n
   for i in range(n):
     for j in succ[i]: indeg[j] += 1
@@ -254,4 +259,4 @@ def _order(groups: list) -> tuple[list, dict]:
       indeg[j] -= 1
       if indeg[j] == 0: heapq.heappush(ready, j)
   assert len(out) == n, "cycle in the kernel order"
-  return out, snaps
+  return out

@@ -1,7 +1,7 @@
 """lower/kernelize._order, indexed by root, against the pairwise comparison it replaced (the oracle below), on the
 groups of real CALLs: assigns into views and overlapping slices (reads that must see the state before the CALL's
 writes), shared values, the fusion corpus and random graphs."""
-import heapq, os, sys
+import os, sys
 import numpy as np
 import pytest
 from egraph import Tensor, callify
@@ -38,18 +38,7 @@ def pairwise_order(groups: list) -> tuple[list, dict]:
       writers = [w for w in range(n) if w != k and ov(groups[w].writes, [m])]
       if any(reaches(w, k) for w in writers): snaps.setdefault(k, []).append(m); continue
       for w in writers: succ[k].add(w)
-  indeg = [0] * n
-  for i in range(n):
-    for j in succ[i]: indeg[j] += 1
-  ready = [i for i in range(n) if indeg[i] == 0]
-  heapq.heapify(ready)
-  out = []
-  while ready:
-    i = heapq.heappop(ready); out.append(i)
-    for j in succ[i]:
-      indeg[j] -= 1
-      if indeg[j] == 0: heapq.heappush(ready, j)
-  return out, snaps
+  return kernelize.ordered(succ), snaps
 
 def _views_and_assigns():
   a = Tensor(np.arange(12, dtype=np.float32)).realize()
