@@ -154,13 +154,17 @@ def _call_group(call: Node, bind: dict, ctx: Ctx) -> _GroupPlan:
   writes = [m for s in steps if s.kernel is not None for m in s.mems[s.kernel.store.param:s.kernel.store.param + 1]]
   return _GroupPlan(None, steps, writes, reads, [])
 
+_WRITES = frozenset({Ops.STORE})
+
 def _store_group(eff: Node, bind: dict, ctx: Ctx, cost: bool = False) -> _GroupPlan:
   """cost: the CALL's stores are the partition callify chose (fusion="cost"): only the splits correctness or the
   compiler needs (FUSE_CAP, self-read temporaries, a SLICE of computed data) are added, no fusion heuristic."""
   tgt, val = eff.src
   outs = targets(tgt, bind)
   g = Group(ctx, bind)
-  order = toposort([val], enter_calls=False)   # one walk of the value serves the three passes below
+  # one walk of the value serves the three passes below; it stops at a STORE (an earlier group's write, read here
+  # through its AFTER as that buffer): walking into every earlier value made lowering quadratic in the stores
+  order = toposort([val], enter_calls=False, leaves=_WRITES)
   g.realize = _realize_set(order, FUSE_CAP) | (set() if cost else _nested_reduces(order))
   g.split_broadcast_reduces = not cost
   for n, after in _realize_order(order, g.realize): g.temp_of(n, after)   # children first: bounded recursion
