@@ -125,12 +125,13 @@ def main():
     if len(ws) != 1: raise SystemExit(f"calibration kernel {k!r} lowered to {len(ws)} kernels, expected 1")
     works[k] = ws[0]
   load = os.getloadavg()[0]
-  t = measure(calls, args.rounds, min if args.stat == "min" else statistics.median)
+  stat = min if args.stat == "min" else statistics.median
+  t = measure(calls, args.rounds, stat)
   t1 = one_thread(calls["ew"])
   rb_call = callify(readback(rng)).call
   rb_work = program_work(rb_call)
   if len(rb_work) != 2 or not rb_work[1].dram_bytes: raise SystemExit(f"the readback program lowered to {rb_work}, expected a store then a read-back")
-  rb = (rb_work[1], measure_readback(rb_call, args.rounds, min if args.stat == "min" else statistics.median))
+  rb = (rb_work[1], measure_readback(rb_call, args.rounds, stat))
   m = fit(works, t, t1, rb)
   print(f"{'kernel':<28} {'kind':<12} {'bytes':>10} {'ops':>11} {'measured us':>12} {'model us':>10}")
   for k in calls:

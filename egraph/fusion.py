@@ -23,7 +23,7 @@ from egraph.errors import CallsatError
 from egraph.dtype import dtypes
 from egraph.ir import Node, Ops, GroupOp, empty_view, toposort, HOST_DEVICES
 from egraph.encode import Encoding
-from egraph.extract import EGraphView, ChosenIds, INF, reached_classes
+from egraph.extract import EGraphView, ChosenIds, INF
 from egraph.report import PartitionReport
 from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION, STREAM_BYTES
 from egraph.greedy import LOADS as _LOADS, NESTED_REDUCE_WORK, hoisted, node_ops as _node_ops, Late, search as _search, worth_flipping, rules_realized
@@ -314,7 +314,7 @@ class Ilp:
     self.lb, self.ub, self.integ, self.rows = [], [], [], []   # rows: ([(var, coef)], lo): sum >= lo
     self.one = self.var(1, 1)
     self.s = {c: self.var(0, 1, True) for c in self.cs}
-    self.kern = []   # per kernel: root, written, root var, [(var, bytes)], [(var, ops)], hi ops, mm, mem, big, tb, T, t, read vars at bw_mem
+    self.kern = []   # per kernel: root, written, root var, [(var, bytes)], [(var, ops)], hi ops, mm, mem, big, tb, T, t, the read vars of read-backs (at bw_readback)
     for v, w, rv in [(v, w, self.one) for v, w in p.stores] + [(p.cands[c], p.cands[c].nbytes, self.s[c]) for c in self.cs]:
       if time.perf_counter() > deadline: raise Late()
       self.kern.append(self._kernel(v, w, rv))
@@ -408,9 +408,10 @@ class Ilp:
       w = p.k.work(v, written, S)
       rate = (1 - w.reread) / tp["elementwise"] + w.reread / tp["reduce"] if w.kind in ("reduce", "matmul") else 1 / tp[w.kind]
       bs = [(rv, written)] + reads
-      rows.append(([(tb, 1.0)] + [(x, -K * b / (m.readback if x in dram else m.bw_cache)) for x, b in bs], 0.0))
+      bw = lambda x, other: m.readback if x in dram else other   # a read-back is at bw_readback, in cache or past it
+      rows.append(([(tb, 1.0)] + [(x, -K * b / bw(x, m.bw_cache)) for x, b in bs], 0.0))
       if mem is not None:
-        past = [(x, K * b / (m.readback if x in dram else m.bw_mem)) for x, b in bs]
+        past = [(x, K * b / bw(x, m.bw_mem)) for x, b in bs]
         mb = sum(q for _, q in past)
         rows.append(([(tb, 1.0), (mem, -mb)] + [(x, -q) for x, q in past], -mb))
       tc = [(x, -K * o * rate) for x, o in comp]
@@ -420,7 +421,7 @@ class Ilp:
       c[rv] += K * m.launch_s
       if big is None: c[T] += P   # never split (or splitting gains nothing)
       else:
-        hi = min(K * sum(b / (m.readback if x in dram else m.bw_mem if mem is not None else m.bw_cache) for x, b in bs) + K * rate * hi_ops, 4 * K * self.cap_s)
+        hi = min(K * sum(b / bw(x, m.bw_mem if mem is not None else m.bw_cache) for x, b in bs) + K * rate * hi_ops, 4 * K * self.cap_s)
         c[t] += 1.0
         rows += [([(t, 1.0), (T, -1.0)], 0.0), ([(t, 1.0), (T, -P), (big, (P - 1) * hi)], 0.0)]
     return c, rows
