@@ -24,7 +24,7 @@ from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOf
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, TICK, INF
 from egraph.report import CallifyReport
-from egraph.fusion import fusion_mode, time_model, add_candidates, partition_ids, mark, solver_deadline
+from egraph.fusion import fusion_mode, cost_plan, add_candidates, partition_ids, mark, solver_deadline
 
 @dataclass
 class CallifyResult:
@@ -505,11 +505,10 @@ def loaded_size(enc: Encoding) -> int:
 def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float, assigns: str = "fresh",
              fusion: str = "rules") -> CallifyResult:
   enc = encode(roots, assigns)
-  tm = time_model(enc) if fusion == "cost" else None   # cost mode: candidates get stored forms (egraph/fusion.py)
+  tm, why = cost_plan(enc) if fusion == "cost" else (None, "")   # cost mode: candidates get stored forms (egraph/fusion.py)
   cands = add_candidates(enc) if tm is not None else {}
   report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=enc.graph_nodes, realize_points=len(enc.keys),
-                         fusion="cost" if tm is not None else "rules",
-                         fusion_note="no time model for this graph's device" if fusion == "cost" and tm is None else "")
+                         fusion="cost" if tm is not None else "rules", fusion_note=why)
   report.seconds["encode"] = time.perf_counter() - t0
   if not enc.keys:
     return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)

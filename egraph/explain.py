@@ -21,7 +21,7 @@ from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, knuth, baseline_cost
 from egraph.language import CONSTRUCTORS
 from egraph.driver import Saturation, Extraction, saturate, extract_call, storage_view, roots_of
-from egraph.fusion import fusion_mode, time_model, add_candidates
+from egraph.fusion import fusion_mode, cost_plan, add_candidates
 from rules.registry import RULES
 
 KINDS = ("view", "fresh", "alias", "shared", "existing")
@@ -335,7 +335,7 @@ def explain(*tensors, labels=None, cost: str | CostModel = "bytes", schedule: st
   labels = list(labels) if labels is not None else [f"out{i}" for i in range(len(roots))]
   if len(labels) != len(roots): raise CallsatError(f"explain: {len(labels)} labels for {len(roots)} outputs")
   enc = encode(roots)
-  if fusion_mode(fusion) == "cost" and time_model(enc) is not None: add_candidates(enc)
+  if fusion_mode(fusion) == "cost" and cost_plan(enc)[0] is not None: add_candidates(enc)
   if not enc.keys:
     Runner(sched, hook=_Provenance(enc, []))   # validates the schedule as a non-empty graph would
     return Explanation([], 0, 0, model.name, sched.name, 0, 0, {}, {}, StopReason.SATURATED, time.perf_counter() - t0)

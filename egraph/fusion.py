@@ -52,6 +52,15 @@ def fusion_mode(value: str | None = None) -> str:
   if m not in MODES: raise CallsatError(f"callify: fusion must be one of {MODES}, got {m!r}")
   return m
 
+def cost_plan(enc: Encoding) -> tuple[TimeModel | None, str]:
+  """Cost mode's time model for `enc`, else None and why the rules decide: no model for its device, or more than
+  SHARED_MAX_NODES inserted nodes (no partition can be costed in the solver's share of callify there: the answer would
+  be the rules-like one, after a bigger e-graph and a second walk for it)."""
+  if len(enc.original) > SHARED_MAX_NODES:
+    return None, f"{len(enc.original)} inserted nodes > {SHARED_MAX_NODES}: too big to cost a partition in the solver's share"
+  tm = time_model(enc)
+  return tm, "" if tm is not None else "no time model for this graph's device"
+
 def time_model(enc: Encoding) -> TimeModel | None:
   """The time model of the device every realize point is on, or None (several devices, a host or sharded device, no
   calibration): cost mode then keeps the rules."""
@@ -72,7 +81,8 @@ def add_candidates(enc: Encoding, limit: int = MAX_CANDIDATES) -> dict[int, str]
   """Mint a fresh buffer view for every candidate intermediate of `enc` and emit its (candidate x f) row. Returns
   {candidate id: why}. Above SHARED_MAX_NODES inserted nodes a shared value is no candidate: no partition can be
   costed in the solver's budget there (partition_ids), so the answer is the rules-like one, which stores only reduces
-  and broadcast operands; stored forms of shared values would only grow the e-graph. Left out: sources of a CONTIGUOUS (already realize points: a second stored form would merge the
+  and broadcast operands; stored forms of shared values would only grow the e-graph (callify runs the rules there,
+  cost_plan; the bridge's hints take that answer). Left out: sources of a CONTIGUOUS (already realize points: a second stored form would merge the
   realized class with its own computation), assign targets and STORE targets, symbolic and sharded values."""
   orig, nodes = enc.original, enc.nodes
   base: dict[int, tuple[int, bool]] = {}   # movement id -> (id below the movement chain, an EXPAND widened on the way)

@@ -54,7 +54,7 @@ class CallifyReport:
   cache_hit: bool = False   # the graph matched an earlier one up to its input buffers: nothing was saturated
   fusion: str = "rules"     # who chose the kernel boundaries: "rules" (lower/'s heuristics) or "cost" (the partition)
   partition: PartitionReport | None = None   # fusion="cost": the partition's method, bound and gap
-  fusion_note: str = ""     # why cost mode was asked for but the rules ran (no time model for the device)
+  fusion_note: str = ""     # why cost mode was asked for but the rules ran (no time model for the device, too big to cost)
   fresh_uids: set[int] = field(default_factory=set, repr=False)
 
   def to_dict(self) -> dict:

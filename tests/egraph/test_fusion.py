@@ -335,6 +335,21 @@ def test_no_time_to_cost_stores_the_rules_like_partition(monkeypatch):
   e = np.exp(a.numpy() - a.numpy().max(axis=1, keepdims=True))
   np.testing.assert_allclose((t / t.sum(axis=1, keepdim=True)).numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
 
+def test_graphs_too_big_to_cost_run_the_rules(monkeypatch):
+  """Above SHARED_MAX_NODES inserted nodes cost mode runs the rules (no partition could be costed there), says why in
+  the report, and gives the rules-mode CALL and values."""
+  a = Tensor(arr(256, 256)).realize()
+  t = (a - a.max(axis=1, keepdim=True)).exp()
+  y = t / t.sum(axis=1, keepdim=True)
+  small = callify(y, fusion="cost", cache=False)
+  assert small.report.fusion == "cost" and small.report.partition is not None and not small.report.fusion_note
+  monkeypatch.setattr(fusion, "SHARED_MAX_NODES", 3)
+  big, rules = callify(y, fusion="cost", cache=False), callify(y, fusion="rules", cache=False)
+  assert big.report.fusion == "rules" and big.report.partition is None and "too big to cost" in big.report.fusion_note
+  assert "> 3: too big" in str(big.report) and big.call.src[0] is rules.call.src[0]
+  e = np.exp(a.numpy() - a.numpy().max(axis=1, keepdims=True))
+  np.testing.assert_allclose(y.numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+
 def test_big_graphs_mint_no_shared_candidates(monkeypatch):
   """Above SHARED_MAX_NODES inserted nodes only reduces and broadcast operands get stored forms (what the rules-like
   answer can store); below, shared values too."""
