@@ -288,6 +288,9 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
   counts a shared subterm once per use, which can hide the cheaper DAG). No refinement round runs past `deadline` (a
   time.perf_counter() value): the Knuth choice is already valid. Past `abort_at` the first Knuth pass raises
   OutOfBudget."""
+  if (one := _single(g, costs, allowed, roots, abort_at)) is not None:   # one e-node per class, well-founded: no choice to make
+    choice, reached = one
+    return choice, _dag_cost_of(g, costs, choice, roots, reached), reached
   _, choice, forced = _knuth(g, costs, allowed, abort_at, tree=False)
   best, reached = chosen_dag(g, costs, choice, roots)
   if g.n_classes >= refine_below or forced: return choice, best, reached   # forced: every round would choose the same
@@ -301,15 +304,45 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
     choice, best, reached = cand, c, r
   return choice, best, reached
 
+def _single(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, roots: list[int],
+            abort_at: float = INF) -> tuple[list[int], list[int]] | None:
+  """(choice, the classes `roots` reach) where every class has at most one usable e-node and every one of them is
+  well-founded (its children's e-nodes are, no cycle): Knuth would choose exactly those (the rules-mode e-graphs of
+  bench/callify_vs_tinygrad.py are so), found by one depth-first walk that checks for cycles, the roots' classes first
+  (their pre-order is reached_classes'), then every other class. None: Knuth decides."""
+  live = np.fromiter(map(operator.is_not, costs, itertools.repeat(None)), bool, len(costs))
+  if allowed is not None: live &= np.fromiter(allowed, bool, len(allowed))
+  cl = g.cls_array[live]
+  if len(cl) and np.bincount(cl, minlength=g.n_classes).max() > 1: return None
+  cand = np.full(g.n_classes, -1, np.int64); cand[cl] = np.flatnonzero(live)
+  choice, kids, state, reached = cand.tolist(), g.kids, bytearray(g.n_classes), []   # state: 1 entered, 2 finished
+  steps, tick = 0, TICK if abort_at < INF else -1
+  for start in itertools.chain((roots,), ([k] for k in range(g.n_classes) if not state[k] and choice[k] >= 0)):
+    stack = list(start)
+    while stack:
+      if (k := stack.pop()) < 0: state[~k] = 2; continue
+      if (s := state[k]) == 2: continue
+      if s or (e := choice[k]) < 0: return None   # a cycle, or an e-node over a class with none: not every class is chosen
+      steps += 1
+      if steps == tick: checkpoint(abort_at, "extracting"); tick += TICK
+      state[k] = 1
+      if start is roots: reached.append(k)
+      stack.append(~k); stack += kids[e]
+  return choice, reached
+
 def chosen_dag(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int]) -> tuple[int, list[int] | None]:
-  """(dag_cost, the classes reached through the chosen e-nodes' children) in one walk: the walks differ only below a
-  chosen SLICE (cost_kids), so only then is the DAG costed by dag_cost's own walk. Where a reached class has no choice
-  the cost is dag_cost's (which raises as it would) and the classes are None (reached_classes raises for them)."""
+  """(dag_cost, the classes reached through the chosen e-nodes' children) in one walk. Where a reached class has no
+  choice the cost is dag_cost's (which raises as it would) and the classes are None (reached_classes raises for them)."""
   reached = reached_classes(choice, roots, g.kids, g.n_classes, False)
+  if -1 in map(choice.__getitem__, reached): return dag_cost(g, costs, choice, roots), None
+  return _dag_cost_of(g, costs, choice, roots, reached), reached
+
+def _dag_cost_of(g: EGraphView, costs: list[int | None], choice: list[int], roots: list[int], reached: list[int]) -> int:
+  """dag_cost from the classes the chosen e-nodes' children reach: the walks differ only below a chosen SLICE
+  (cost_kids), so only then is the DAG costed by dag_cost's own walk."""
   es = list(map(choice.__getitem__, reached))
-  if -1 in es: return dag_cost(g, costs, choice, roots), None
-  if "SLICE" in map(g.op.__getitem__, es): return dag_cost(g, costs, choice, roots), reached
-  return sum(map(costs.__getitem__, es)), reached
+  if "SLICE" in map(g.op.__getitem__, es): return dag_cost(g, costs, choice, roots)
+  return sum(map(costs.__getitem__, es))
 
 def reached_classes(choice: list[int], roots: list[int], kids: list[tuple], n: int, strict: bool = True) -> list[int]:
   """The classes reached from `roots` through the chosen e-nodes' `kids`; `strict`: a class without a choice raises."""

@@ -193,3 +193,25 @@ def test_knuth_is_the_heap_pass(which):
       assert ext._knuth(g, cs, allowed, ext.INF, tree=False)[1] == choice
       paths.add(forced)
   assert paths == ({False} if which == "assign" else {True})   # the assigns' e-graph has classes with several candidates
+
+@pytest.mark.parametrize("which", ["chain", "cost", "assign"])
+def test_single_member_walk_is_knuths_choice(which, monkeypatch):
+  """_single (every class one usable e-node: one cycle-checking walk) chooses as the heap pass does and reaches the
+  classes reached_classes does, in its order; extract answers as through Knuth. A class left without an e-node under a
+  reached one, or a cycle, hands the choice back to Knuth (None)."""
+  g = ext.EGraphView(*(_assign_graph() if which == "assign" else _graph(which)))
+  costs, allowed = g.local_costs(COST_PRESETS["bytes"]), g.pinned_allowed()
+  roots = [g.class_of_id[g.enc.key_ids[k.id]] for k in g.enc.keys]
+  one = ext._single(g, costs, allowed, roots)
+  if which == "chain":   # rules mode: one e-node per class
+    choice, reached = one
+    assert choice == _knuth_reference(g, costs, allowed)[1] and reached == ext.reached_classes(choice, roots, g.kids, g.n_classes)
+    got = ext.extract(g, costs, roots, allowed)
+    monkeypatch.setattr(ext, "_single", lambda *a, **k: None)
+    assert got == ext.extract(g, costs, roots, allowed)
+    leaf = next(e for e in reversed(reached) if not g.kids[choice[e]] and g.parents_of(e))   # a used leaf class loses its e-node
+    gone = costs.copy(); gone[choice[leaf]] = None
+    assert ext._single(g, gone, allowed, roots) is None
+    g.kids = g.kids.copy(); k = reached[len(reached) // 2]; g.kids[choice[k]] = (*g.kids[choice[k]], roots[0])   # a cycle
+    assert ext._single(g, costs, allowed, roots) is None
+  else: assert one is None   # several candidates in a class (stored forms, assign targets)
