@@ -2,7 +2,7 @@
 target elsewhere goes through a temporary, matmuls are marked for tiling, flat axes collapsed and large write-once
 outputs marked for streaming stores."""
 from __future__ import annotations
-import math
+import collections, math
 from egraph.dtype import dtypes
 from egraph.ir import Ops
 from lower.kernel import Idx, Var, Bound, Expr, Param, Store, Kernel, flat_index
@@ -39,17 +39,16 @@ def finalize(s: Spec, redirect: dict, ctx: Ctx) -> list[Step]:
   if unsafe:   # the value reads its own target elsewhere: compute into a temporary, then copy back
     first, copy = via_temp(s, ctx)
     return finalize(first, redirect, ctx) + finalize(copy, {}, ctx)
-  mems: list[Mem] = [s.mem]
-  for m, _, _ in loads:
-    if m not in mems: mems.append(m)
+  mems: list[Mem] = list(dict.fromkeys([s.mem] + [m for m, _, _ in loads]))   # the target first, then in order of first load
   pidx = {m: i for i, m in enumerate(mems)}
   read = {m for m, _, _ in loads}
   def leaf(x: Expr) -> Expr:   # a load's (Mem, direct) key becomes its param number; 'valid' masks stay
     return Expr('load', x.dtype, (), (pidx[resolve(x.arg[0])], x.arg[1], x.arg[2])) if x.op == 'load' else x
   value = _rebuild(s.value, leaf)
   params = []
+  shared = {r for r, c in collections.Counter(m.root for m in mems).items() if c > 1}   # only Mems of one root overlap
   for i, m in enumerate(mems):
-    noalias = not any(m.overlaps(o) for j, o in enumerate(mems) if j != i)
+    noalias = m.root not in shared or not any(m.overlaps(o) for j, o in enumerate(mems) if j != i)
     align = m.dtype.itemsize if m.off % m.dtype.itemsize == 0 else 1
     params.append(Param(f"p{i}", m.dtype, m.count, align, noalias, readonly=i != 0, writeonly=i == 0 and m not in read))
   shape = "_".join(str(v.size) for v in s.domain) or "0"

@@ -62,24 +62,51 @@ def _unview(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in IDENTITY: n = n.src[0]
   return n
 
+_LEAVES = (Ops.PARAM, Ops.BUFFER, Ops.CONST, Ops.STORE, Ops.CALL, Ops.SINK)
+_THROUGH = (Ops.AFTER, Ops.SLICE, Ops.MULTI)
+
 def _realize_set(order: list, cap: int) -> set:
-  """Nodes of a value graph (`order`: its toposort) realized to keep every kernel's expression under `cap` nodes."""
-  size, realize = {}, set()
+  """Nodes of a value graph (`order`: its toposort) realized to keep every kernel's expression under `cap` nodes. A
+  node's size is first estimated as a tree (1 + its children's); over `cap`, it is counted as the DAG the kernel
+  builds (a shared subexpression is built once; _Regions): a DAG whose tree is exponential is no reason to split."""
+  size, realize, regions = {}, set(), _Regions()
   for n in order:
-    if n.op in (Ops.PARAM, Ops.BUFFER, Ops.CONST, Ops.STORE, Ops.CALL, Ops.SINK) or not n.src: size[n.id] = 1; continue
-    if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in (Ops.AFTER, Ops.SLICE, Ops.MULTI):
-      size[n.id] = size[n.src[0].id]; continue
+    if n.op in _LEAVES or not n.src: size[n.id] = 1; continue
+    if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in _THROUGH: size[n.id] = size[n.src[0].id]; continue
     kids = list({s.id: s for s in n.src}.values())
-    s = 1 + sum(size[k.id] for k in kids)
+    def measure() -> int:
+      s = 1 + sum(size[k.id] for k in kids)
+      return s if s <= cap else 1 + len(regions.union(kids, realize))
+    s = measure()
     while s > cap:
       k = max(kids, key=lambda k: size[k.id])
       if size[k.id] <= 1: break
-      b = _unview(k)
-      realize.add(b.id)
-      s -= size[k.id] - 1
+      realize.add((b := _unview(k)).id)
       size[k.id] = size[b.id] = 1
+      regions.loaded(k, b)
+      s = measure()
     size[n.id] = s
   return realize
+
+class _Regions:
+  """Each node's region: the distinct nodes a kernel builds for it (a leaf or a realized node is one load), computed
+  on first need and kept (a union of its children's: C-level set work, not a walk per node)."""
+  def __init__(self): self.r: dict = {}
+  def loaded(self, k: Node, b: Node) -> None: self.r[k.id] = self.r[b.id] = frozenset((b.id,))
+  def union(self, kids: list, realize: set) -> frozenset:
+    for k in kids: self.of(k, realize)
+    return frozenset().union(*(self.r[k.id] for k in kids))
+  def of(self, n: Node, realize: set) -> frozenset:
+    r, stack = self.r, [n]
+    while stack:   # children first, iteratively (regions can be deep)
+      x = stack[-1]
+      if x.id in r: stack.pop(); continue
+      if x.op in _LEAVES or not x.src or x.id in realize: r[x.id] = frozenset((x.id,)); stack.pop(); continue
+      through = x.op in GroupOp.Movement or x.op in IDENTITY or x.op in _THROUGH
+      if todo := [s for s in (x.src[:1] if through else x.src) if s.id not in r]: stack += todo; continue
+      stack.pop()
+      r[x.id] = r[x.src[0].id] if through else frozenset((x.id,)).union(*(r[s.id] for s in x.src))
+    return r[n.id]
 
 def _nested_reduces(order: list) -> set:
   """What a reduce's body would recompute, realized so that it runs once on its own (parallel, maybe tiled) domain:
@@ -226,12 +253,12 @@ def _order(groups: list) -> tuple[list, dict]:
   for g, gp in enumerate(groups):
     for m in gp.writes: W.setdefault(m.root, {}).setdefault(g, []).append(m)
     for m in gp.ra: A.setdefault(m.root, {}).setdefault(g, []).append(m)
-  for r, ws in W.items():
+  for r, ws in W.items():   # a pair conflicts through a write of one of them: each writer against every other group
     ras = A.get(r, {})
-    for i in ws.keys() | ras.keys():
+    for i, wi in ws.items():
       for j in ws.keys() | ras.keys():
-        if i < j and j not in succ[i] and (ov(ws.get(i, ()), ws.get(j, ())) or ov(ws.get(i, ()), ras.get(j, ())) or ov(ras.get(i, ()), ws.get(j, ()))):
-          succ[i].add(j)
+        a, b = (i, j) if i < j else (j, i)
+        if i != j and b not in succ[a] and (ov(wi, ws.get(j, ())) or ov(wi, ras.get(j, ()))): succ[a].add(b)
   def reaches(s, t):
     seen, stack = {s}, [s]
     while stack:

@@ -244,6 +244,23 @@ def test_long_chain_is_split_into_bounded_kernels():
   assert len(p.steps) >= 20_000 // sched.FUSE_CAP and all(s.kernel.ops() <= 2 * sched.FUSE_CAP for s in p.steps)
   with np.errstate(all="ignore"): both(c, S)
 
+def test_fusion_cap_counts_the_dag_not_the_tree():
+  """x = x * w + x, 40 times: a tree of ~3^40 nodes, a DAG of ~80 the kernel builds once each: one kernel, not split.
+  Past FUSE_CAP distinct nodes it is split, each kernel within the cap; the values match numpy."""
+  S = Storage()
+  w = RNG.standard_normal(4).astype(np.float32) * 0.1
+  a, b = buf(S, RNG.standard_normal(4), dtypes.float32), buf(S, w, dtypes.float32)
+  p0, p1, p2 = P(0, 4), P(1, 4), P(2, 4)
+  def prog(n):
+    x = p1
+    for _ in range(n): x = Node(Ops.ADD, None, (Node(Ops.MUL, None, (x, p2)), x))
+    return call(Node.sink(p0.after(p0.store(x))), new_buffer(4, dtypes.float32, "CPU"), a, b)
+  small, big = prog(40), prog(3 * sched.FUSE_CAP)
+  assert len(sched.kernelize(small.src[0], _bind(small)).steps) == 1
+  p = sched.kernelize(big.src[0], _bind(big))
+  assert 2 <= len(p.steps) <= 10 and all(s.kernel.ops() <= 2 * sched.FUSE_CAP for s in p.steps)
+  for c in (small, big): both(c, S)
+
 def test_unsupported_ops_raise_naming_the_op():
   S = Storage()
   a = buf(S, np.arange(2), dtypes.float32)
