@@ -17,7 +17,7 @@
 The CALL's SINK carries arg "cost" (`mark`): lowering (lower/kernelize.py) then takes the stores as the partition and
 drops its own fusion heuristics."""
 from __future__ import annotations
-import math, os, time
+import itertools, math, os, time
 from operator import attrgetter
 from egraph.errors import CallsatError
 from egraph.dtype import dtypes
@@ -29,6 +29,7 @@ from egraph.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL,
 from egraph.greedy import LOADS as _LOADS, NESTED_REDUCE_WORK, hoisted, node_ops as _node_ops, Late, search as _search, worth_flipping, rules_realized
 
 MODES = ("rules", "cost")
+EXHAUSTIVE_MAX = 6          # candidates up to which every subset is costed (64 partitions: 0.2-10 ms on the corpus; HiGHS took 14-54 ms)
 MILP_MAX_CANDIDATES = 64    # candidates up to which HiGHS runs after the greedy: 20 take it ~6 s, 120 over 60 s (notes/fusion.md)
 MILP_MAX_TERMS = 60_000     # nonzeros of the MILP's rows: a bigger one is not built (the build and solve outgrow the budget)
 MILP_ROUNDS = 2           # MILP solves: constants from the rules-like partition, then from the first answer
@@ -455,8 +456,8 @@ class Ilp:
 
 def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int = 3, margin: float = MARGIN,
           rounds: int = MILP_ROUNDS) -> tuple[frozenset, PartitionReport]:
-  """The cheapest set of candidates to store. First the greedy: single flips (at most `passes` passes) from the cheaper
-  of all-stored and the rules-like partition. Then "milp" (auto: up to MILP_MAX_CANDIDATES and MILP_MAX_TERMS, with
+  """The cheapest set of candidates to store. Up to EXHAUSTIVE_MAX candidates (auto): every subset costed. Else first
+  the greedy: single flips (at most `passes` passes) from the cheaper of all-stored and the rules-like partition. Then "milp" (auto: up to MILP_MAX_CANDIDATES and MILP_MAX_TERMS, with
   scipy): the Ilp with its constants from the rules-like partition, then (`rounds`) from its own answer, until the
   deadline; an answer better than the greedy's is re-costed by Partition.cost and polished by the local search. The
   result is the rules-like partition unless predicted `margin` faster; the report gives the method, bound and gaps."""
@@ -464,6 +465,12 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   cs, notes = sorted(p.cands), []
   budget = max(deadline - t0, 0.0) if deadline < INF else None
   R = rules_like(p) if cs else frozenset()   # the anchor and the out-of-time answer: linear (partition_ids leaves it the time)
+  if method == "auto" and len(cs) <= EXHAUSTIVE_MAX:
+    if (ans := _exhaustive(p, cs, R, deadline, margin)) is not None:
+      S, rep = ans
+      rep.budget_s, rep.seconds, rep.evaluations = budget, time.perf_counter() - t0, p.evaluations
+      return S, rep
+    notes.append("out of time costing every partition")
   ti = time.perf_counter()
   sp = scipy_milp() if method != "greedy" and cs else None
   if (ti := time.perf_counter() - ti) > 0.01:   # scipy's first import (~0.5 s, once per process) is not the solver's time
@@ -516,6 +523,18 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   rep = PartitionReport(method, len(cs), len(bestS), best, fused, bound, (best - bound) / best if best > 0 else 0.0, budget,
                         time.perf_counter() - t0, p.evaluations, rules_t, mip_gap, model_gap, "; ".join(notes))
   return bestS, rep
+
+def _exhaustive(p: Partition, cs: list, R: frozenset, deadline: float, margin: float) -> tuple[frozenset, PartitionReport] | None:
+  """Every subset of the candidates costed (exact under the model: bound = best, gap 0), the rules-like one first so a
+  tie keeps it, then by size; None when the deadline passes first."""
+  totals: dict = {}
+  for S in itertools.chain([] if R is None else [R], (frozenset(c) for n in range(len(cs) + 1) for c in itertools.combinations(cs, n))):
+    if time.perf_counter() > deadline: return None
+    if S not in totals: totals[S] = p.cost(S)
+  best = min(totals, key=totals.__getitem__)
+  method, rules_t = "exhaustive", totals.get(R)
+  if rules_t is not None and best != R and totals[best] > rules_t * (1 - margin): best, method = R, "exhaustive, rules-like kept"
+  return best, PartitionReport(method, len(cs), len(best), totals[best], totals[frozenset()], totals[best], 0.0, rules_s=rules_t)
 
 def partition_ids(g: EGraphView, choice: list[int], terms, root_classes: list[int], enc: Encoding,
                   cands, model: TimeModel, deadline: float = INF) -> tuple[StoredIds, PartitionReport]:

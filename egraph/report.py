@@ -6,7 +6,8 @@ from egraph.runner import StopReason
 @dataclass
 class PartitionReport:
   """fusion="cost": how the set of stored intermediates was chosen (egraph/fusion.py), times in model seconds."""
-  method: str = ""          # "milp" (HiGHS on the linearized model) | "greedy" (local search) | "none (no candidates)";
+  method: str = ""          # "exhaustive" (every subset, up to fusion.EXHAUSTIVE_MAX candidates) | "milp" (HiGHS on the
+                            # linearized model) | "greedy" (local search) | "none (no candidates)";
                             # "(time limit)" / "(stopped at the deadline)" when cut, ", rules-like kept" under the margin
   candidates: int = 0       # candidate classes that had a stored form to choose
   stored: int = 0           # of those, stored

@@ -52,9 +52,10 @@ def test_cost_and_rules_give_the_same_values(prog, monkeypatch):
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
   p = res.report.partition
   if p.method == "none (no candidates)": return   # #5527's forms: nothing shared, nothing to choose
-  assert p.method.startswith("milp") or "in time" in p.note   # a loaded machine may leave HiGHS without a solution
+  assert p.method.startswith(("milp", "exhaustive")) or "in time" in p.note   # a loaded machine may leave HiGHS without a solution
   assert p.bound_s <= p.predicted_s <= p.rules_s and p.gap >= 0 and (p.fused_s is None or p.bound_s <= p.fused_s)
-  assert p.method.startswith("greedy") or p.mip_gap >= 0 and (p.model_gap is not None or "(time limit)" in p.method)
+  if p.method.startswith("exhaustive"): assert p.candidates <= fusion.EXHAUSTIVE_MAX and p.gap == 0 and p.mip_gap is None
+  else: assert p.method.startswith("greedy") or p.mip_gap >= 0 and (p.model_gap is not None or "(time limit)" in p.method)
 
 def test_numpy_values_of_the_cost_partition(monkeypatch):
   (got,), _ = run(attention, "cost", monkeypatch)
@@ -111,7 +112,8 @@ def test_milp_and_greedy_agree_and_report_bound_and_gap():
   assert greedy.gap == pytest.approx((greedy.predicted_s - greedy.bound_s) / greedy.predicted_s) and greedy.mip_gap is None
   assert milp.predicted_s == pytest.approx(p.cost(S1)) and greedy.predicted_s == pytest.approx(p.cost(S2))
   assert milp.predicted_s == pytest.approx(_brute(p)[0])
-  assert res.call.src[0].arg == "cost" and "fusion    cost: milp" in str(res.report) and res.report.to_dict()["partition"]["method"].startswith("milp")
+  assert res.call.src[0].arg == "cost" and "fusion    cost: exhaustive" in str(res.report)   # auto: few candidates
+  assert res.report.to_dict()["partition"]["method"].startswith("exhaustive")
   S3, kept = solve(p, method="milp", margin=1.0)   # nothing beats the rules-like partition by 100%: it is kept
   assert S3 == fusion.rules_like(p) and kept.method == "milp, rules-like kept" and kept.predicted_s == kept.rules_s >= milp.predicted_s
 
@@ -157,6 +159,30 @@ def test_milp_is_the_brute_force_optimum_on_random_programs():
       stored += len(got)
   assert sum(s >= 5 for s in sizes) >= 8 and stored >= 5   # not trivial: most have several candidates, some get stored
 
+def test_exhaustive_is_the_optimum_for_few_candidates(monkeypatch):
+  """Up to EXHAUSTIVE_MAX candidates solve costs every subset: the brute-force optimum (bound = predicted, gap 0),
+  without scipy; the rules-like partition is kept unless the best beats it by the margin; past the deadline the greedy
+  runs and says why; above the bound the MILP runs."""
+  monkeypatch.setitem(sys.modules, "scipy.optimize", None)   # never imported for so few candidates
+  n = 0
+  for seed in range(12):
+    stores, cands = _random_program(seed)
+    if len(cands) > fusion.EXHAUSTIVE_MAX: continue
+    p = Partition(TimeModel.load("CPU"), stores, cands)
+    S, rep = solve(p, margin=0.0)
+    opt, _ = _brute(p)
+    assert rep.method == "exhaustive" and rep.predicted_s == pytest.approx(opt) == p.cost(S) and rep.bound_s == rep.predicted_s and rep.gap == 0
+    assert rep.fused_s == p.cost(frozenset()) and rep.rules_s == p.cost(fusion.rules_like(p)) and rep.evaluations > 0
+    S2, kept = solve(p, margin=1.0)   # nothing is 100 % faster: the rules-like partition
+    assert S2 == fusion.rules_like(p) and kept.method.endswith("rules-like kept") or S == S2 == fusion.rules_like(p)
+    S3, late = solve(p, deadline=time.perf_counter() - 1)
+    assert "out of time costing every partition" in late.note and not late.method.startswith("exhaustive")
+    n += 1
+  assert n >= 3
+  monkeypatch.setattr(fusion, "EXHAUSTIVE_MAX", 0)
+  _, rep = solve(Partition(TimeModel.load("CPU"), *_random_program(0)))
+  assert rep.method.startswith("greedy") and "scipy not installed" in rep.note
+
 def test_rules_like_partition_is_what_lowering_realizes():
   """fusion.rules_like mirrors lower/'s rules-mode splits: the cost-mode CALL storing exactly those candidates lowers to
   as many kernels as the rules-mode CALL (softmax: the max and the sum under a broadcast; a matmul under a relu)."""
@@ -186,7 +212,7 @@ def test_time_budget_reaches_the_solver():
   a = Tensor(A).realize()
   res = callify(a.softmax(), fusion="cost", limits=Limits(seconds=5.0), cache=False)
   assert res.report.partition is not None and 0 < res.report.partition.budget_s <= 5.0
-  assert res.report.partition.method.startswith("milp")
+  assert res.report.partition.method.startswith("exhaustive")   # 3 candidates
   p = Partition(TimeModel.load("CPU"), [], {})
   assert solve(p, deadline=float("inf"))[1].budget_s is None and solve(p, deadline=time.perf_counter() + 2)[1].budget_s <= 2
   _, p = _shared_partition()
@@ -201,6 +227,7 @@ def test_time_budget_reaches_the_solver():
 def test_cost_mode_without_scipy_falls_back_to_the_greedy(monkeypatch):
   """scipy is optional: without it (its import fails) cost mode runs the greedy, says why, and the values are right."""
   monkeypatch.setitem(sys.modules, "scipy.optimize", None)
+  monkeypatch.setattr(fusion, "EXHAUSTIVE_MAX", 0)   # attention's 6 candidates would be costed every way, scipy or not
   assert fusion.scipy_milp() is None
   got, res = run(attention, "cost", monkeypatch)
   want, _ = run(attention, "rules", monkeypatch)
