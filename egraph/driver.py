@@ -392,7 +392,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed.
   With `cache`, a graph equal to an earlier one up to its input buffers reuses that result without saturating.
   `assigns="realized"` reads an assign into a view of a realize point as tinygrad 0.14 does (see encode).
-  `fusion` ("rules" | "cost", default env CALLSAT_FUSION, else "cost"): who decides which intermediates get a buffer,
+  `fusion` ("rules" | "cost", default env CALLSAT_FUSION, else "rules"): who decides which intermediates get a buffer,
   lower/'s heuristics or the time model's partition (egraph/fusion.py)."""
   t0 = time.perf_counter()
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")
