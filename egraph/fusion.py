@@ -83,8 +83,9 @@ def add_candidates(enc: Encoding, limit: int = MAX_CANDIDATES) -> dict[int, str]
   {candidate id: why}. Above SHARED_MAX_NODES inserted nodes a shared value is no candidate: no partition can be
   costed in the solver's budget there (partition_ids), so the answer is the rules-like one, which stores only reduces
   and broadcast operands; stored forms of shared values would only grow the e-graph (callify runs the rules there,
-  cost_plan; the bridge's hints take that answer). Left out: sources of a CONTIGUOUS (already realize points: a second stored form would merge the
-  realized class with its own computation), assign targets and STORE targets, symbolic and sharded values."""
+  cost_plan; the bridge's hints take that answer). Left out: sources of a CONTIGUOUS (already realize points: a second
+  stored form would merge the realized class with its own computation), assign targets and STORE targets, symbolic and
+  sharded values."""
   orig, nodes = enc.original, enc.nodes
   base: dict[int, tuple[int, bool]] = {}   # movement id -> (id below the movement chain, an EXPAND widened on the way)
   uses: dict[int, int] = {}
@@ -457,15 +458,16 @@ class Ilp:
 def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int = 3, margin: float = MARGIN,
           rounds: int = MILP_ROUNDS) -> tuple[frozenset, PartitionReport]:
   """The cheapest set of candidates to store. Up to EXHAUSTIVE_MAX candidates (auto): every subset costed. Else first
-  the greedy: single flips (at most `passes` passes) from the cheaper of all-stored and the rules-like partition. Then "milp" (auto: up to MILP_MAX_CANDIDATES and MILP_MAX_TERMS, with
-  scipy): the Ilp with its constants from the rules-like partition, then (`rounds`) from its own answer, until the
-  deadline; an answer better than the greedy's is re-costed by Partition.cost and polished by the local search. The
-  result is the rules-like partition unless predicted `margin` faster; the report gives the method, bound and gaps."""
+  the greedy: single flips (at most `passes` passes) from the cheaper of all-stored and the rules-like partition.
+  Then "milp" (auto: up to MILP_MAX_CANDIDATES and MILP_MAX_TERMS, with scipy): the Ilp with its constants from the
+  rules-like partition, then (`rounds`) from its own answer, until the deadline; an answer better than the greedy's
+  is re-costed by Partition.cost and polished by the local search. The result is the rules-like partition unless
+  predicted `margin` faster; the report gives the method, bound and gaps."""
   t0 = time.perf_counter()
   cs, notes = sorted(p.cands), []
   budget = max(deadline - t0, 0.0) if deadline < INF else None
   R = rules_like(p) if cs else frozenset()   # the anchor and the out-of-time answer: linear (partition_ids leaves it the time)
-  if method == "auto" and len(cs) <= EXHAUSTIVE_MAX:
+  if method == "auto" and 0 < len(cs) <= EXHAUSTIVE_MAX:
     if (ans := _exhaustive(p, cs, R, deadline, margin)) is not None:
       S, rep = ans
       rep.budget_s, rep.seconds, rep.evaluations = budget, time.perf_counter() - t0, p.evaluations
@@ -524,7 +526,8 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
                         time.perf_counter() - t0, p.evaluations, rules_t, mip_gap, model_gap, "; ".join(notes))
   return bestS, rep
 
-def _exhaustive(p: Partition, cs: list, R: frozenset, deadline: float, margin: float) -> tuple[frozenset, PartitionReport] | None:
+def _exhaustive(p: Partition, cs: list, R: frozenset | None, deadline: float,
+                margin: float) -> tuple[frozenset, PartitionReport] | None:
   """Every subset of the candidates costed (exact under the model: bound = best, gap 0), the rules-like one first so a
   tie keeps it, then by size; None when the deadline passes first."""
   totals: dict = {}
