@@ -68,45 +68,33 @@ _THROUGH = (Ops.AFTER, Ops.SLICE, Ops.MULTI)
 def _realize_set(order: list, cap: int) -> set:
   """Nodes of a value graph (`order`: its toposort) realized to keep every kernel's expression under `cap` nodes. A
   node's size is first estimated as a tree (1 + its children's); over `cap`, it is counted as the DAG the kernel
-  builds (a shared subexpression is built once; _Regions): a DAG whose tree is exponential is no reason to split."""
-  size, realize, regions = {}, set(), _Regions()
+  builds (_dag_size: a shared subexpression is built once): a DAG whose tree is exponential is no reason to split."""
+  size, realize = {}, set()
   for n in order:
     if n.op in _LEAVES or not n.src: size[n.id] = 1; continue
     if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in _THROUGH: size[n.id] = size[n.src[0].id]; continue
     kids = list({s.id: s for s in n.src}.values())
-    def measure() -> int:
-      s = 1 + sum(size[k.id] for k in kids)
-      return s if s <= cap else 1 + len(regions.union(kids, realize))
-    s = measure()
+    if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap)
     while s > cap:
       k = max(kids, key=lambda k: size[k.id])
       if size[k.id] <= 1: break
       realize.add((b := _unview(k)).id)
       size[k.id] = size[b.id] = 1
-      regions.loaded(k, b)
-      s = measure()
-    size[n.id] = s
+      if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap)
+    size[n.id] = s   # exact where counted: the estimates above it start from the DAG's size
   return realize
 
-class _Regions:
-  """Each node's region: the distinct nodes a kernel builds for it (a leaf or a realized node is one load), computed
-  on first need and kept (a union of its children's: C-level set work, not a walk per node)."""
-  def __init__(self): self.r: dict = {}
-  def loaded(self, k: Node, b: Node) -> None: self.r[k.id] = self.r[b.id] = frozenset((b.id,))
-  def union(self, kids: list, realize: set) -> frozenset:
-    for k in kids: self.of(k, realize)
-    return frozenset().union(*(self.r[k.id] for k in kids))
-  def of(self, n: Node, realize: set) -> frozenset:
-    r, stack = self.r, [n]
-    while stack:   # children first, iteratively (regions can be deep)
-      x = stack[-1]
-      if x.id in r: stack.pop(); continue
-      if x.op in _LEAVES or not x.src or x.id in realize: r[x.id] = frozenset((x.id,)); stack.pop(); continue
-      through = x.op in GroupOp.Movement or x.op in IDENTITY or x.op in _THROUGH
-      if todo := [s for s in (x.src[:1] if through else x.src) if s.id not in r]: stack += todo; continue
-      stack.pop()
-      r[x.id] = r[x.src[0].id] if through else frozenset((x.id,)).union(*(r[s.id] for s in x.src))
-    return r[n.id]
+def _dag_size(kids: list, realize: set, cap: int) -> int:
+  """1 + the distinct nodes the kernel builds under `kids` (a leaf or a realized node is one load), counted up to cap + 1
+  (one walk; a set per node instead made a long chain quadratic)."""
+  seen, stack, s = set(), list(kids), 1
+  while stack and s <= cap:
+    if (n := stack.pop()).id in seen: continue
+    seen.add(n.id)
+    if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in _THROUGH: stack.append(n.src[0]); continue
+    s += 1
+    if n.op not in _LEAVES and n.src and n.id not in realize: stack += n.src
+  return s
 
 def _nested_reduces(order: list) -> set:
   """What a reduce's body would recompute, realized so that it runs once on its own (parallel, maybe tiled) domain:
