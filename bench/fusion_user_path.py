@@ -51,7 +51,6 @@ def main():
   ap.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.child: print(json.dumps(child(args.child[0], int(args.child[1]), args.child[2]))); return
-  sys.path.insert(0, ROOT)
   names = [n for n in _programs() if args.only is None or args.only in n]
   print(f"`python bench/fusion_user_path.py --procs {args.procs} --iters {args.iters}`: fresh processes, both modes in each"
         f" (alternating); min / median / max over processes, ratios: median over processes of the per-process ratio\n")

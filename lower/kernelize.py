@@ -65,6 +65,10 @@ def _unview(n: Node) -> Node:
 _LEAVES = (Ops.PARAM, Ops.BUFFER, Ops.CONST, Ops.STORE, Ops.CALL, Ops.SINK)
 _THROUGH = (Ops.AFTER, Ops.SLICE, Ops.MULTI)
 
+def _through(n: Node) -> bool:
+  """Does a kernel read `n` as its first source (movement, identity, AFTER, SLICE, MULTI: no node of its own)?"""
+  return n.op in GroupOp.Movement or n.op in IDENTITY or n.op in _THROUGH
+
 def _realize_set(order: list, cap: int) -> set:
   """Nodes of a value graph (`order`: its toposort) realized to keep every kernel's expression under `cap` nodes. A
   node's size is first estimated as a tree (1 + its children's); over `cap`, it is counted as the DAG the kernel
@@ -72,7 +76,7 @@ def _realize_set(order: list, cap: int) -> set:
   size, realize = {}, set()
   for n in order:
     if n.op in _LEAVES or not n.src: size[n.id] = 1; continue
-    if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in _THROUGH: size[n.id] = size[n.src[0].id]; continue
+    if _through(n): size[n.id] = size[n.src[0].id]; continue
     kids = list({s.id: s for s in n.src}.values())
     if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap)
     while s > cap:
@@ -91,7 +95,7 @@ def _dag_size(kids: list, realize: set, cap: int) -> int:
   while stack and s <= cap:
     if (n := stack.pop()).id in seen: continue
     seen.add(n.id)
-    if n.op in GroupOp.Movement or n.op in IDENTITY or n.op in _THROUGH: stack.append(n.src[0]); continue
+    if _through(n): stack.append(n.src[0]); continue
     s += 1
     if n.op not in _LEAVES and n.src and n.id not in realize: stack += n.src
   return s
@@ -247,21 +251,23 @@ def _order(groups: list) -> tuple[list, dict]:
       for j in ws.keys() | ras.keys():
         a, b = (i, j) if i < j else (j, i)
         if i != j and b not in succ[a] and (ov(wi, ws.get(j, ())) or ov(wi, ras.get(j, ()))): succ[a].add(b)
-  def reaches(s, t):
-    seen, stack = {s}, [s]
-    while stack:
-      x = stack.pop()
-      if x == t: return True
-      for y in succ[x]:
-        if y not in seen: seen.add(y); stack.append(y)
-    return False
   snaps: dict = {}
   for k in range(n):
     for m in groups[k].rd:
       writers = sorted(w for w, ms in W.get(m.root, {}).items() if w != k and ov(ms, [m]))
-      if any(reaches(w, k) for w in writers): snaps.setdefault(k, []).append(m); continue
+      if any(reaches(succ, w, k) for w in writers): snaps.setdefault(k, []).append(m); continue
       for w in writers: succ[k].add(w)
   return ordered(succ), snaps
+
+def reaches(succ: list, s: int, t: int) -> bool:
+  """Is group t reachable from group s along the edges `succ`?"""
+  seen, stack = {s}, [s]
+  while stack:
+    x = stack.pop()
+    if x == t: return True
+    for y in succ[x]:
+      if y not in seen: seen.add(y); stack.append(y)
+  return False
 
 def ordered(succ: list) -> list:
   """The topological order of groups 0..n-1 under the edges `succ` (i -> j: i runs first), least index first."""

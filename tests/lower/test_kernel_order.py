@@ -24,19 +24,11 @@ def pairwise_order(groups: list) -> tuple[list, dict]:
     for j in range(i + 1, n):
       a, b = groups[i], groups[j]
       if ov(a.writes, b.writes) or ov(a.writes, b.ra) or ov(a.ra, b.writes): succ[i].add(j)
-  def reaches(s, t):
-    seen, stack = {s}, [s]
-    while stack:
-      x = stack.pop()
-      if x == t: return True
-      for y in succ[x]:
-        if y not in seen: seen.add(y); stack.append(y)
-    return False
   snaps: dict = {}
   for k in range(n):
     for m in groups[k].rd:
       writers = [w for w in range(n) if w != k and ov(groups[w].writes, [m])]
-      if any(reaches(w, k) for w in writers): snaps.setdefault(k, []).append(m); continue
+      if any(kernelize.reaches(succ, w, k) for w in writers): snaps.setdefault(k, []).append(m); continue
       for w in writers: succ[k].add(w)
   return kernelize.ordered(succ), snaps
 
