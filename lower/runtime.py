@@ -34,6 +34,7 @@ def check_device(d) -> None:
     raise DeviceError(f"device {d!r} cannot execute yet: only {', '.join(RUNNABLE)} (CPU:n, CUDA:n, DISK:/path) run")
 
 _ROUTES: "weakref.WeakKeyDictionary[Node, str]" = weakref.WeakKeyDictionary()   # CALL -> backend, checked once
+_BODIES: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()   # CALL body -> _kinds of its nodes
 
 def run_call(call: Node, storage: Storage = STORAGE) -> None:
   """Execute a CALL from callify: its SINK body runs with PARAM(slot=i) bound to `call.src[1+i]` (BUFFER or SLICE(BUFFER)).
@@ -88,8 +89,18 @@ def _route(call: Node) -> str:
   for i, a in enumerate(call.src[1:]):
     if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER)):
       raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
+  body = call.src[0]   # every realize of a program makes a new CALL over the same body: its walk is done once
+  if (kinds := _BODIES.get(body)) is None: kinds = _BODIES[body] = _kinds(toposort([body]))
+  python, multi, cuda = (x or y for x, y in zip(kinds, _kinds(toposort(call.src[1:]))))
+  if multi and cuda and not python:
+    raise UnsupportedOpError("run_call: multi-device (sharded) CALLs on CUDA are not supported (the CUDA backend runs one GPU "
+                             "per CALL); shard over CPU devices (('CPU', 'CPU:1'), ...) or PYTHON devices")
+  return "python" if python else "cuda" if cuda else "native"
+
+def _kinds(nodes) -> tuple[bool, bool, bool]:
+  """(touches PYTHON, is multi-device, touches CUDA) over `nodes`, each device checked (bodies can be 100k nodes)."""
   python = multi = cuda = False
-  for n in toposort([call]):   # one walk (bodies can be 100k nodes): devices checked, the backend chosen
+  for n in nodes:
     if n.op is Ops.OPAQUE:
       raise UnsupportedOpError(f"run_call: {n.arg.name} is a host framework's op that callify carried without its arithmetic "
                                "(OPAQUE, from the tinygrad bridge); callsat's executors cannot compute it")
@@ -98,10 +109,7 @@ def _route(call: Node) -> str:
     python = python or _on(n.device, "PYTHON") or (n.op is Ops.PARAM and _on(n.arg.device, "PYTHON"))
     multi = multi or isinstance(n.device, tuple)
     cuda = cuda or _on(n.device, "CUDA")
-  if multi and cuda and not python:
-    raise UnsupportedOpError("run_call: multi-device (sharded) CALLs on CUDA are not supported (the CUDA backend runs one GPU "
-                             "per CALL); shard over CPU devices (('CPU', 'CPU:1'), ...) or PYTHON devices")
-  return "python" if python else "cuda" if cuda else "native"
+  return python, multi, cuda
 
 def _on(d, kind: str) -> bool:
   if isinstance(d, tuple): return any(_on(x, kind) for x in d)
