@@ -24,7 +24,7 @@ from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOf
 from egraph.cost import CostModel, COST_PRESETS
 from egraph.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, TICK, INF
 from egraph.report import CallifyReport
-from egraph.fusion import fusion_mode, cost_plan, add_candidates, partition_ids, mark, solver_deadline
+from egraph.fusion import fusion_mode, cost_plan, add_candidates, partition_ids, mark, temporaries, solver_deadline
 
 @dataclass
 class CallifyResult:
@@ -348,9 +348,23 @@ def materialized_call(enc: Encoding) -> BuiltCall:
 
 @dataclass
 class _Entry:
+  """A cached result, with what rebinding it to another graph of the same key needs, found once (a hit is on every
+  realize of a program in a loop)."""
   topo: list[Node]           # the graph it was computed for, in canonical order
   result: CallifyResult
-  fresh: set[int]            # uids of the buffers callify minted for it
+  buffers: list[int]         # positions of the graph's BUFFERs in topo
+  keys: list[int]            # position of each buffer_map key in topo
+  minted: list[Node]         # the BUFFERs callify minted, as the CALL's args and the storage views name them
+  symbolic: bool             # does the graph bind symbolic dimensions (then BIND args and views take new values)
+
+  @staticmethod
+  def of(topo: list[Node], res: CallifyResult) -> _Entry:
+    pos = {n.id: i for i, n in enumerate(topo)}
+    minted = {b: None for v in [*res.call.src[1:], *res.buffer_map.values()] for b in toposort([v])
+              if b.op is Ops.BUFFER and b.arg.uid in res.report.fresh_uids}
+    symbolic = any(isinstance(d, BoundVar) for n in topo for d in dims_in(_dims_arg(n)))
+    return _Entry(topo, res, [i for i, n in enumerate(topo) if n.op is Ops.BUFFER], [pos[k.id] for k in res.buffer_map],
+                  list(minted), symbolic)
 
 _CACHE: OrderedDict = OrderedDict()
 CACHE_SIZE = 32
@@ -369,22 +383,20 @@ def _unbind(d): return d.var if isinstance(d, BoundVar) else d
 
 def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
   """The cached result rebound to this graph's buffers and variable values, with freshly minted output buffers."""
-  m = {o: n for o, n in zip(e.topo, topo) if o.op is Ops.BUFFER and o is not n}
-  binds: dict = {}
-  for n in topo: dims_in(_dims_arg(n), binds)
-  new_value = {d.var.key: d for d in binds if isinstance(d, BoundVar)}
-  rebind = lambda d: new_value.get(d.var.key, d) if isinstance(d, BoundVar) else d
-  old = e.result
-  for v in [*old.call.src[1:], *old.buffer_map.values()]:
-    for b in toposort([v]):
-      if b.op is Ops.BUFFER and b.arg.uid in e.fresh and b not in m: m[b] = new_buffer(b.arg.size, b.dtype, b.arg.device)
-  pos = {o.id: i for i, o in enumerate(e.topo)}
-  args = [Node(Ops.BIND, a.dtype, (), (a.arg[0], int(new_value[a.arg[0].key]))) if a.op is Ops.BIND else a
-          for a in substitute(list(old.call.src[1:]), m)]
-  values = map_args(substitute(list(old.buffer_map.values()), m), rebind)
+  old, et = e.result, e.topo
+  m = {o: n for i in e.buffers if (o := et[i]) is not (n := topo[i])}
+  for b in e.minted: m[b] = new_buffer(b.arg.size, b.dtype, b.arg.device)
+  args = substitute(list(old.call.src[1:]), m)
+  values = substitute(list(old.buffer_map.values()), m)
+  if e.symbolic:
+    binds: dict = {}
+    for n in topo: dims_in(_dims_arg(n), binds)
+    new_value = {d.var.key: d for d in binds if isinstance(d, BoundVar)}
+    args = [Node(Ops.BIND, a.dtype, (), (a.arg[0], int(new_value[a.arg[0].key]))) if a.op is Ops.BIND else a for a in args]
+    values = map_args(values, lambda d: new_value.get(d.var.key, d) if isinstance(d, BoundVar) else d)
   report = dataclasses.replace(old.report, cache_hit=True, seconds={"cache": time.perf_counter() - t0})
   return CallifyResult(Node(Ops.CALL, dtypes.void, (old.call.src[0], *args), old.call.arg),
-                       {topo[pos[k.id]]: v for k, v in zip(old.buffer_map, values)}, report)
+                       {topo[i]: v for i, v in zip(e.keys, values)}, report)
 
 def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
             limits: str | Limits | None = None, cache: bool = True, assigns: str = "fresh",
@@ -412,7 +424,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   finally:
     if was: gc.enable()
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
-    _CACHE[key] = _Entry(topo, res, res.report.fresh_uids)
+    _CACHE[key] = _Entry.of(topo, res)
     while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
   return res
 
@@ -551,7 +563,15 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
   if time.perf_counter() - budget.start > lim.seconds and report.stop_reason is StopReason.SATURATED:
     report.stop_reason = StopReason.TIME_LIMIT   # saturated in time, but extraction and decoding ran past the budget
-  return CallifyResult(mark(b.call) if tm is not None else b.call, b.buffer_map, report)
+  if tm is None: return CallifyResult(b.call, b.buffer_map, report)
+  call = mark(b.call, temporaries(b.call, enc, {_storage_uid(v) for v in b.buffer_map.values()}))
+  report.temps = len(call.arg.temps)
+  return CallifyResult(call, b.buffer_map, report)
+
+def _storage_uid(view: Node) -> int | None:
+  """The uid of the BUFFER under a storage view (None over a PARAM)."""
+  while view.src: view = view.src[0]
+  return view.arg.uid if view.op is Ops.BUFFER else None
 
 def _direct(enc: Encoding, report: CallifyReport, reason: StopReason, why: str) -> CallifyResult:
   """The fallback: the all-materialized CALL built from the Encoding, reported with why."""

@@ -17,7 +17,7 @@
 The CALL's SINK carries arg "cost" (`mark`): lowering (lower/kernelize.py) then takes the stores as the partition and
 drops its own fusion heuristics."""
 from __future__ import annotations
-import itertools, math, os, time
+import dataclasses, itertools, math, os, time
 from operator import attrgetter
 from egraph.errors import CallsatError
 from egraph.dtype import dtypes
@@ -148,10 +148,19 @@ class StoredIds(ChosenIds):
     if (c := self.store_of.get(k)) is not None and c in self.stored: ks = [~x if x == c else x for x in ks]
     return ks
 
-def mark(call: Node) -> Node:
-  """The CALL with its SINK marked as a cost-mode partition (lowering then adds no realize points of its own)."""
+def mark(call: Node, temps: frozenset = frozenset()) -> Node:
+  """The CALL with its SINK marked as a cost-mode partition (lowering then adds no realize points of its own) and
+  `temps` as its temporary args (CallInfo.temps)."""
   body = call.src[0]
-  return Node(Ops.CALL, call.dtype, (Node(Ops.SINK, body.dtype, body.src, COST_SINK), *call.src[1:]), call.arg)
+  return Node(Ops.CALL, call.dtype, (Node(Ops.SINK, body.dtype, body.src, COST_SINK), *call.src[1:]),
+              dataclasses.replace(call.arg, temps=temps))
+
+def temporaries(call: Node, enc: Encoding, outside: set[int]) -> frozenset:
+  """The arg slots of the stored candidates' buffers. No tensor lives in them (`outside`: the buffer uids the
+  buffer_map names), so executors keep them in scratch memory, as lowering's own temporaries, instead of storage
+  allocated on every realize."""
+  cand = {enc.nodes[f].base.arg.uid for _, f in enc.rows.get("candidate_row", ())}
+  return frozenset(i for i, a in enumerate(call.src[1:]) if a.op is Ops.BUFFER and a.arg.uid in cand and a.arg.uid not in outside)
 
 # ---- the partition cost ------------------------------------------------------------------------------------------------
 

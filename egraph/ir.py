@@ -82,6 +82,7 @@ class OpaqueArg:
 class CallInfo:
   name: str | None = None
   precompile: bool = False
+  temps: frozenset = frozenset()   # arg slots only this CALL writes and reads: executors bind them to scratch memory
 
 # ---------------------------------------------------------------------------------------------------------------------
 # devices
@@ -483,7 +484,8 @@ def _argstr(n: Node) -> str:
   if n.op is Ops.BUFFER: return f"[uid={a.uid},{a.size},{a.device}]"
   if n.op is Ops.PARAM: return f"[slot={a.slot},{a.device}" + (f",{a.name}" if a.name else "") + "]"
   if n.op is Ops.CONST: return f"[{a[0]!r}" + (f",{a[1]}" if a[1] else "") + "]"
-  if n.op is Ops.CALL or n.op is Ops.FUNCTION: return f"[{a.name or ''}{',precompile' if a.precompile else ''}]"
+  if n.op is Ops.CALL or n.op is Ops.FUNCTION:
+    return f"[{a.name or ''}{',precompile' if a.precompile else ''}{',temps=' + str(sorted(a.temps)) if a.temps else ''}]"
   if n.op is Ops.REDUCE: return f"[{a[0].name},{a[1]}]"
   return f"[{a}]"
 

@@ -49,6 +49,7 @@ class CallifyReport:
   graph_nodes: int = 0
   realize_points: int = 0
   buffers: int = 0          # fresh buffers in the CALL
+  temps: int = 0            # of them, scratch (CallInfo.temps): cost mode's stored intermediates, read by no tensor
   stores: int = 0
   views: int = 0            # realize points served by a zero-copy view
   seconds: dict[str, float] = field(default_factory=dict)
@@ -72,6 +73,7 @@ class CallifyReport:
       *([f"  fallback  all-materialized CALL built without the e-graph ({self.fallback})"] if self.fallback else []),
       f"  rules     {rules}",
       f"  cost      {self.cost} ({self.cost_model}) vs {self.baseline_cost} all-materialized baseline ({saved:.0%} saved)",
-      f"  CALL      {self.buffers} fresh buffers, {self.stores} stores, {self.views} zero-copy views",
+      f"  CALL      {self.buffers} fresh buffers" + (f" ({self.temps} of them temporaries)" if self.temps else "")
+      + f", {self.stores} stores, {self.views} zero-copy views",
       f"  fusion    {self.fusion}" + (f" ({self.fusion_note})" if self.fusion_note else "") + (f": {self.partition}" if self.partition else ""),
       f"  time      {times} total={sum(self.seconds.values())*1e3:.1f}ms"])

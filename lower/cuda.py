@@ -318,7 +318,7 @@ def translation_unit(kernels: list) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # CALL -> kernels -> plan
 
-def _root_name(r: tuple) -> str: return f"{r[0]}{r[1]}"
+def _root_name(r: tuple) -> str: return f"{r[0]}{r[1]}" if r[1] >= 0 else f"{r[0]}_arg{~r[1]}"   # ('tmp', ~slot): a temporary arg
 
 @dataclass
 class Lowered:

@@ -154,6 +154,7 @@ def _call_group(call: Node, bind: dict, ctx: Ctx) -> _GroupPlan:
   the time the call runs."""
   g, inner, copied, sharded = Group(ctx, bind), {}, {}, {}
   for i, a in enumerate(call.src[1:]):
+    if i in getattr(call.arg, "temps", ()): inner[i] = ctx.temp(a.dtype, a.numel); continue   # its scratch: one of ours
     if (s := multi_arg(a)) is not None and (m := view_mem(s.src[0], bind)) is not None:
       inner[i], sharded[i] = m, s   # its shards bind directly; the body reads and writes them through a MULTI
       continue

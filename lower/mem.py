@@ -98,9 +98,11 @@ def view_mem(n: Node, bind: dict) -> Mem | None:
 
 def arg_binding(call: Node) -> tuple[dict, list[Node]]:
   """PARAM slot -> Mem with canonical roots ('arg', j) (j: first argument on the same BUFFER), and the BUFFER nodes:
-  how every backend binds a CALL's arguments."""
-  bufs, canon, bind = [], {}, {}
+  how every backend binds a CALL's arguments. A temporary arg (CallInfo.temps) binds to ('tmp', ~slot): scratch
+  memory the executor places with its own temporaries, never storage."""
+  bufs, canon, bind, temps = [], {}, {}, getattr(call.arg, "temps", ())
   for i, a in enumerate(call.src[1:]):
+    if i in temps: bind[i] = Mem(("tmp", ~i), 0, a.dtype, a.numel); continue   # scratch: never storage (CallInfo.temps)
     b = a if a.op is Ops.BUFFER else a.src[0]
     if b.arg.uid not in canon: canon[b.arg.uid] = len(bufs); bufs.append(b)
     off = 0 if a.op is Ops.BUFFER else a.arg[0] * b.dtype.itemsize

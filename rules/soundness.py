@@ -13,7 +13,7 @@ Candidate intermediates (egraph/fusion.py) get their stored forms in every check
 against assigns (no read of a buffer moves past a write of it) is checked by running the CALL that stores every
 candidate on the reference executor: its realized values must equal the graph's (`stored_violations`)."""
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import numpy as np
 from egraph.ir import Node, Ops, GroupOp, CallInfo, toposort, render
 from egraph.errors import CallsatError
@@ -138,6 +138,27 @@ def _slice_inside(n: Node) -> bool:
   off, count = n.arg
   return off >= 0 and count >= 0 and off * n.src[0].dtype.itemsize + count * n.dtype.itemsize <= n.src[0].nbytes
 
+def _temp_violations(top: list[Node], args, temps, bmap: dict[Node, Node]) -> list[str]:
+  """A temporary arg (CallInfo.temps: scratch, garbage when the CALL starts) is a BUFFER no realized value lives in, and
+  the body reads it only after storing into it: as a STORE's target or an AFTER over such a STORE (through views)."""
+  out, held = [], set()
+  for v in bmap.values():
+    while v.src: v = v.src[0]
+    held.add(v)
+  for i in sorted(temps):
+    if i >= len(args) or args[i].op is not Ops.BUFFER: out.append(f"temporary arg {i} is not a BUFFER arg")
+    elif args[i] in held: out.append(f"temporary arg {i} holds a realized value")
+  def temp(x: Node) -> bool:
+    while x.op in GroupOp.Movement: x = x.src[0]
+    return x.op is Ops.PARAM and x.arg.slot in temps
+  for n in top:
+    if n.op in GroupOp.Movement: continue
+    for j, s in enumerate(n.src):
+      if not temp(s) or (j == 0 and n.op is Ops.STORE): continue
+      if not (j == 0 and n.op is Ops.AFTER and any(d.op is Ops.STORE and d.src[0] is s for d in n.src[1:])):
+        out.append(f"{n.op.name} reads temporary PARAM {s.arg.slot if s.op is Ops.PARAM else '(view)'} before any store into it")
+  return out
+
 def call_violations(roots: list[Node], call: Node, bmap: dict[Node, Node]) -> list[str]:
   """The spec's §7 structural invariants (1, 3-8 and views inside their buffer) of one callify result, as messages."""
   out: list[str] = []
@@ -148,7 +169,10 @@ def call_violations(roots: list[Node], call: Node, bmap: dict[Node, Node]) -> li
     if (v.shape, v.dtype, v.device) != (k.shape, k.dtype, k.device):                                             # 3
       out.append(f"type not preserved: {k.op.name} {k.shape} {k.dtype.name} -> {v.op.name} {v.shape} {v.dtype.name}")
     if not is_storage_view(v): out.append(f"the storage of a realized {k.op.name} is not a buffer view: {render([v])}")   # 4
-  if call.op is not Ops.CALL or body.op is not Ops.SINK or call.arg != CallInfo(): out.append("not a CALL(SINK) form")   # 5
+  info = call.arg
+  if call.op is not Ops.CALL or body.op is not Ops.SINK or not isinstance(info, CallInfo) or replace(info, temps=frozenset()) != CallInfo():
+    out.append("not a CALL(SINK) form")                                                                         # 5
+  out += _temp_violations(top, args, info.temps if isinstance(info, CallInfo) else (), bmap)
   if len({a.id for a in args}) != len(args): out.append("duplicate CALL args")
   for a in args:
     if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER) or a.op is Ops.BIND): out.append(f"CALL arg {a.op.name} is not storage")

@@ -401,3 +401,59 @@ def test_empty_values_in_cost_mode(shape, monkeypatch):
     g = o.numpy()
     assert g.shape == o.shape and (w is None or g.shape == w.shape)
     if w is not None and w.size: np.testing.assert_allclose(g, w, rtol=1e-6)
+
+def test_stored_intermediates_are_temporaries(monkeypatch):
+  """A stored candidate's buffer holds no tensor: the CALL marks it (CallInfo.temps), lowering binds it to scratch in
+  its arena, and no storage is allocated for it; the checker accepts the CALL and the values stay right."""
+  from egraph.storage import STORAGE
+  from lower.native import memory_plan
+  from rules.soundness import call_violations
+  monkeypatch.setenv("CALLSAT_FUSION", "cost")
+  for prog in (attention, layernorm, shared):
+    ts = prog(*(Tensor(z).realize() for z in (A, B, W, V, X)))
+    res = callify(*ts, cache=False)
+    args, temps = res.call.src[1:], res.call.arg.temps
+    held = {v.base.arg.uid for v in res.buffer_map.values()}
+    assert len(temps) == res.report.temps == res.report.partition.stored > 0
+    assert all(args[i].op is Ops.BUFFER and args[i].arg.uid not in held for i in temps)
+    assert {i for i, a in enumerate(args) if a.op is Ops.BUFFER and a.arg.uid not in held and a.arg.uid in res.report.fresh_uids} == temps
+    assert call_violations([t.node for t in ts], res.call, res.buffer_map) == []
+    bind, bufs = arg_binding(res.call)
+    assert {i for i, m in bind.items() if m.root[0] == "tmp"} == temps and all(bind[i].root == ("tmp", ~i) for i in temps)
+    prog_ = kz.kernelize(res.call.src[0], bind)
+    offs, peak, _ = memory_plan(prog_)
+    assert all(("tmp", ~i) in offs for i in temps) and peak >= max(args[i].nbytes for i in temps)
+    run_call(res.call)
+    assert all(args[i].arg.uid not in STORAGE for i in temps) and all(uid in STORAGE for uid in held)
+    rres = callify(*ts, fusion="rules", cache=False)
+    run_call(rres.call)
+    for k, v in res.buffer_map.items(): np.testing.assert_allclose(read(v), read(rres.buffer_map[k]), rtol=1e-4, atol=1e-4)
+
+def test_temporaries_of_a_lazy_call_inside_another(monkeypatch):
+  """A cost-mode CALL left lazy (Tensor.callify) runs later inside another CALL: its temporaries are the outer
+  program's scratch, and the values are numpy's."""
+  monkeypatch.setenv("CALLSAT_FUSION", "cost")
+  a, b = Tensor(A).realize(), Tensor(B).realize()
+  s = a.softmax(axis=1)
+  s.callify()
+  assert s.node.op is Ops.AFTER and s.node.src[1].op is Ops.CALL and s.node.src[1].arg.temps
+  e = np.exp(A - A.max(axis=1, keepdims=True))
+  np.testing.assert_allclose((s * b + 1).numpy(), e / e.sum(axis=1, keepdims=True) * B + 1, rtol=1e-5, atol=1e-5)
+
+def test_checker_refuses_bad_temporaries():
+  """A temporary is garbage when the CALL starts: reading it before a store, or keeping a tensor in it, is refused."""
+  from egraph.ir import CallInfo, new_buffer, const
+  from egraph.dtype import dtypes
+  from rules.soundness import call_violations
+  x, t, out = (new_buffer(16, dtypes.float32, "CPU") for _ in range(3))
+  px, pt, po = x.param(0), t.param(1), out.param(2)
+  def c(v, like): return const(v, dtypes.float32, "CPU").reshape((1,)).expand(like.shape)
+  st = pt.store(px.alu(Ops.MUL, c(2.0, px)))
+  good = po.store(pt.after(st).alu(Ops.ADD, c(1.0, pt)))
+  bad = po.store(pt.alu(Ops.ADD, c(1.0, pt)))   # reads the scratch before anything is stored into it
+  def call(v, temps): return Node(Ops.CALL, dtypes.void, (Node.sink(po.after(v)), x, t, out), CallInfo(temps=frozenset(temps)))
+  root = Node(Ops.CONTIGUOUS, dtypes.float32, (x.alu(Ops.ADD, c(1.0, x)),))
+  assert call_violations([root], call(good, {1}), {root: out}) == []
+  assert any("reads temporary PARAM 1" in m for m in call_violations([root], call(bad, {1}), {root: out}))
+  assert any("temporary arg 2 holds a realized value" in m for m in call_violations([root], call(good, {1, 2}), {root: out}))
+  assert any("temporary arg 5 is not a BUFFER" in m for m in call_violations([root], call(good, {5}), {root: out}))
