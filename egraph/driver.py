@@ -354,14 +354,17 @@ class _Entry:
   result: CallifyResult
   buffers: list[int]         # positions of the graph's BUFFERs in topo
   keys: list[int]            # position of each buffer_map key in topo
-  minted: list[Node]         # the BUFFERs callify minted, as the CALL's args and the storage views name them
+  minted: list[Node]         # the BUFFERs callify minted for values (CALL args, storage views): a hit mints new ones
   symbolic: bool             # does the graph bind symbolic dimensions (then BIND args and views take new values)
 
   @staticmethod
   def of(topo: list[Node], res: CallifyResult) -> _Entry:
     pos = {n.id: i for i, n in enumerate(topo)}
+    # a temporary (CallInfo.temps) keeps its BUFFER: executors never give it storage (the numpy reference, which
+    # does, never runs a cost-mode CALL: those are on CPU)
+    temps = {res.call.src[1 + i] for i in getattr(res.call.arg, "temps", ())}
     minted = {b: None for v in [*res.call.src[1:], *res.buffer_map.values()] for b in toposort([v])
-              if b.op is Ops.BUFFER and b.arg.uid in res.report.fresh_uids}
+              if b.op is Ops.BUFFER and b.arg.uid in res.report.fresh_uids and b not in temps}
     symbolic = any(isinstance(d, BoundVar) for n in topo for d in dims_in(_dims_arg(n)))
     return _Entry(topo, res, [i for i, n in enumerate(topo) if n.op is Ops.BUFFER], [pos[k.id] for k in res.buffer_map],
                   list(minted), symbolic)

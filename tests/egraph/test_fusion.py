@@ -457,3 +457,20 @@ def test_checker_refuses_bad_temporaries():
   assert any("reads temporary PARAM 1" in m for m in call_violations([root], call(bad, {1}), {root: out}))
   assert any("temporary arg 2 holds a realized value" in m for m in call_violations([root], call(good, {1, 2}), {root: out}))
   assert any("temporary arg 5 is not a BUFFER" in m for m in call_violations([root], call(good, {5}), {root: out}))
+
+def test_cache_hits_keep_temporaries_and_mint_outputs(monkeypatch):
+  """A cost-mode program realized again hits callify's cache: the outputs are new buffers, the temporaries the same
+  BUFFERs (no executor gives them storage), and the values follow the new inputs."""
+  from egraph.storage import STORAGE
+  monkeypatch.setenv("CALLSAT_FUSION", "cost")
+  a1, a2 = Tensor(A).realize(), Tensor(B).realize()
+  r1, r2 = callify(a1.softmax(axis=1)), callify(a2.softmax(axis=1))
+  assert r2.report.cache_hit and r1.call.arg.temps == r2.call.arg.temps and r1.call.arg.temps
+  assert all(r1.call.src[1 + i] is r2.call.src[1 + i] for i in r1.call.arg.temps)
+  (o1,), (o2,) = r1.buffer_map.values(), r2.buffer_map.values()
+  assert o1.base is not o2.base
+  run_call(r1.call); run_call(r2.call)
+  for o, x in ((o1, A), (o2, B)):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(read(o).reshape(x.shape), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+  assert all(r1.call.src[1 + i].arg.uid not in STORAGE for i in r1.call.arg.temps)
