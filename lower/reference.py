@@ -116,6 +116,8 @@ class _Plan:
       if n.op in (Ops.STORE, Ops.CALL) or any(s.id in eff for s in n.src): eff.add(n.id)
     self.order = [n for n in order if n.id not in eff] + [n for n in order if n.id in eff]
     self.eff, self.snap = eff, set()
+    # a CALL's temporary args (CallInfo.temps) are scratch for its run, never storage, as on every executor
+    self.scratch = {n.src[1 + i].id for n in order if n.op is Ops.CALL for i in getattr(n.arg, "temps", ())}
     if eff:
       self.snap = {s.id for n in order if n.id in eff for i, s in enumerate(n.src) if s.id not in eff and not _keeps_view(n, i)}
       self.snap |= {r.id for r in roots if r.id not in eff}
@@ -195,7 +197,7 @@ def _run(roots: list[Node], storage: Storage, params: list[np.ndarray] | None, c
     return (memo[s.id] if _keeps_view(n, i) else old.get(s.id, memo[s.id]) for i, s in enumerate(n.src))
   for n in plan.order:
     op = n.op
-    if op is Ops.BUFFER: v = _buffer(n, storage, n in plan.written)
+    if op is Ops.BUFFER: v = np.zeros(n.arg.size, n.dtype.np) if n.id in plan.scratch else _buffer(n, storage, n in plan.written)
     elif op is Ops.PARAM: v = _param(n, params)
     elif op is Ops.AFTER:
       x = n.src[0]
