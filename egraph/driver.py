@@ -360,8 +360,7 @@ class _Entry:
   @staticmethod
   def of(topo: list[Node], res: CallifyResult) -> _Entry:
     pos = {n.id: i for i, n in enumerate(topo)}
-    # a temporary (CallInfo.temps) keeps its BUFFER: executors never give it storage (the numpy reference, which
-    # does, never runs a cost-mode CALL: those are on CPU)
+    # a temporary (CallInfo.temps) keeps its BUFFER: no executor gives it storage
     temps = {res.call.src[1 + i] for i in getattr(res.call.arg, "temps", ())}
     minted = {b: None for v in [*res.call.src[1:], *res.buffer_map.values()] for b in toposort([v])
               if b.op is Ops.BUFFER and b.arg.uid in res.report.fresh_uids and b not in temps}
@@ -407,7 +406,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed.
   With `cache`, a graph equal to an earlier one up to its input buffers reuses that result without saturating.
   `assigns="realized"` reads an assign into a view of a realize point as tinygrad 0.14 does (see encode).
-  `fusion` ("rules" | "cost", default env CALLSAT_FUSION, else "rules"): who decides which intermediates get a buffer,
+  `fusion` ("rules" | "cost", default env CALLSAT_FUSION, else "cost"): who decides which intermediates get a buffer,
   lower/'s heuristics or the time model's partition (egraph/fusion.py)."""
   t0 = time.perf_counter()
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")

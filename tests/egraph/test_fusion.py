@@ -199,10 +199,13 @@ def test_env_switch_cache_key_and_bad_mode(monkeypatch):
   a = Tensor(A).realize()
   y = (a.exp() + 1).sum(axis=0)
   monkeypatch.delenv("CALLSAT_FUSION", raising=False)
-  assert fusion_mode() == "rules" and callify(y).report.fusion == "rules"
+  assert fusion_mode() == "cost" and callify(y).report.fusion == "cost"
+  monkeypatch.setenv("CALLSAT_FUSION", "rules")
+  r = callify(y)                                    # the env is read when callify runs: not a cache hit of the cost run
+  assert r.report.fusion == "rules" and not r.report.cache_hit
   monkeypatch.setenv("CALLSAT_FUSION", "cost")
-  r = callify(y)                                    # the env is read when callify runs: not a cache hit of the rules run
-  assert r.report.fusion == "cost" and not r.report.cache_hit
+  r = callify(y)
+  assert r.report.fusion == "cost" and r.report.cache_hit
   assert callify(y).report.cache_hit and callify(y, fusion="rules").report.fusion == "rules"
   monkeypatch.setenv("CALLSAT_FUSION", "fast")
   with pytest.raises(CallsatError, match="fusion"): callify(y)
@@ -225,7 +228,7 @@ def test_time_budget_reaches_the_solver():
   assert res.report.fallback and res.report.partition is None and res.report.fusion == "cost"
 
 def test_cost_mode_without_scipy_falls_back_to_the_greedy(monkeypatch):
-  """scipy is optional: without it (its import fails) cost mode runs the greedy, says why, and the values are right."""
+  """Where scipy cannot be imported cost mode runs the greedy, says why, and the values are right."""
   monkeypatch.setitem(sys.modules, "scipy.optimize", None)
   monkeypatch.setattr(fusion, "EXHAUSTIVE_MAX", 0)   # attention's 6 candidates would be costed every way, scipy or not
   assert fusion.scipy_milp() is None
@@ -404,9 +407,11 @@ def test_empty_values_in_cost_mode(shape, monkeypatch):
 
 def test_stored_intermediates_are_temporaries(monkeypatch):
   """A stored candidate's buffer holds no tensor: the CALL marks it (CallInfo.temps), lowering binds it to scratch in
-  its arena, and no storage is allocated for it; the checker accepts the CALL and the values stay right."""
+  its arena, and no storage is allocated for it (nor by the numpy reference); the checker accepts the CALL and the
+  values are the reference's and the rules mode's."""
   from egraph.storage import STORAGE
   from lower.native import memory_plan
+  from lower.reference import evaluate
   from rules.soundness import call_violations
   monkeypatch.setenv("CALLSAT_FUSION", "cost")
   for prog in (attention, layernorm, shared):
@@ -423,8 +428,11 @@ def test_stored_intermediates_are_temporaries(monkeypatch):
     prog_ = kz.kernelize(res.call.src[0], bind)
     offs, peak, _ = memory_plan(prog_)
     assert all(("tmp", ~i) in offs for i in temps) and peak >= max(args[i].nbytes for i in temps)
+    ref = STORAGE.copy()
+    evaluate([res.call], ref)   # the numpy oracle keeps them as scratch too
     run_call(res.call)
-    assert all(args[i].arg.uid not in STORAGE for i in temps) and all(uid in STORAGE for uid in held)
+    assert all(args[i].arg.uid not in STORAGE and args[i].arg.uid not in ref for i in temps) and all(uid in STORAGE for uid in held)
+    for uid in held: np.testing.assert_allclose(STORAGE.get(uid), ref.get(uid), rtol=1e-4, atol=1e-4)
     rres = callify(*ts, fusion="rules", cache=False)
     run_call(rres.call)
     for k, v in res.buffer_map.items(): np.testing.assert_allclose(read(v), read(rres.buffer_map[k]), rtol=1e-4, atol=1e-4)

@@ -119,14 +119,17 @@ def test_explain_reaches_callifys_egraph_and_decisions(name):
 
 @pytest.mark.parametrize("name", ["model:mlp", "gen:6"])
 def test_explain_follows_callifys_fusion_mode(name, monkeypatch):
-  """Under CALLSAT_FUSION=cost (or fusion="cost") explain's e-graph is callify's, candidates' stored forms included."""
+  """explain's e-graph is callify's in either mode (CALLSAT_FUSION, or fusion=; cost by default), candidates' stored
+  forms included in cost mode."""
   roots, _ = build(name)
-  monkeypatch.setenv("CALLSAT_FUSION", "cost")
+  monkeypatch.delenv("CALLSAT_FUSION", raising=False)
   ex, rep = explain(*roots), callify(*roots, cache=False).report
   assert rep.fusion == "cost" and (ex.e_nodes, ex.e_classes, ex.cost) == (rep.e_nodes, rep.e_classes, rep.cost)
-  monkeypatch.delenv("CALLSAT_FUSION")
+  monkeypatch.setenv("CALLSAT_FUSION", "rules")
   ex2, rep2 = explain(*roots, fusion="cost"), callify(*roots, cache=False).report
   assert rep2.fusion == "rules" and (ex2.e_nodes, ex2.e_classes) == (ex.e_nodes, ex.e_classes) != (rep2.e_nodes, rep2.e_classes)
+  ex3 = explain(*roots)
+  assert (ex3.e_nodes, ex3.e_classes, ex3.cost) == (rep2.e_nodes, rep2.e_classes, rep2.cost)
 
 def test_explanation_data_and_lookup():
   out, b = _views()
