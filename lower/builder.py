@@ -108,7 +108,8 @@ class Group:
     a = None if devs is None or whole or is_shard(n) else self.ctx.axes.get(n.id)
     if a is not None and (n.shape[a] == 0 or n.shape[a] % len(devs)): a = None
     key = (n.id, after, a)
-    if (t := self.temps.get(key)) is None:
+    if (t := self.temps.get(key)) is None and (t := self.ctx.realized.get(key)) is not None: self.temps[key] = t
+    if t is None:   # an earlier group's temporary is read, not computed again (kernelize orders the groups so)
       D = len(devs) if devs else 1
       shape = tuple(s // D if i == a else s for i, s in enumerate(n.shape))
       count, isz = math.prod(shape), n.dtype.itemsize
@@ -118,6 +119,7 @@ class Group:
         lidx = None if a is None else (lambda idx, o=d * shape[a]: idx[:a] + (idx[a] + o,) + idx[a + 1:])
         self.kernel(shape, t.mem.on(d), lambda idx: flat_index(idx, shape), n, after, kdev=(devs[d], devs, d) if devs else (n.device, None, None),
                     lidx=lidx, dev=Idx.const(d) if devs and is_shard(n) else None)
+      self.ctx.realized[key] = t; self.ctx.realized_ids.add(n.id)
     return t
 
 class _Builder:
@@ -166,7 +168,7 @@ class _Builder:
     op, g = n.op, self.g
     if op in UNSUPPORTED: raise UnsupportedOpError(f"LLVM backend: {op.name} is not supported yet (a later issue adds it)")
     if not _valid_possible(valid): return const(0, n.dtype)
-    if n.id in g.realize and not top and op not in (Ops.PARAM, Ops.BUFFER, Ops.CONST):
+    if (n.id in g.realize or n.id in g.ctx.realized_ids) and not top and op not in (Ops.PARAM, Ops.BUFFER, Ops.CONST):
       return self.temp(n, idx, valid, after, dev)
     if op is Ops.CONST: return const(n.arg[0], n.dtype)
     if op is Ops.AFTER: return self.value(n.src[0], idx, valid, True, bcast, dev=dev)

@@ -65,17 +65,20 @@ def _unview(n: Node) -> Node:
 _LEAVES = (Ops.PARAM, Ops.BUFFER, Ops.CONST, Ops.STORE, Ops.CALL, Ops.SINK)
 _THROUGH = (Ops.AFTER, Ops.SLICE, Ops.MULTI)
 
+_THROUGH_OPS = frozenset(GroupOp.Movement) | frozenset(IDENTITY) | frozenset(_THROUGH)
+
 def _through(n: Node) -> bool:
   """Does a kernel read `n` as its first source (movement, identity, AFTER, SLICE, MULTI: no node of its own)?"""
-  return n.op in GroupOp.Movement or n.op in IDENTITY or n.op in _THROUGH
+  return n.op in _THROUGH_OPS
 
-def _realize_set(order: list, cap: int) -> set:
+def _realize_set(order: list, cap: int, known: set = frozenset()) -> set:
   """Nodes of a value graph (`order`: its toposort) realized to keep every kernel's expression under `cap` nodes. A
   node's size is first estimated as a tree (1 + its children's); over `cap`, it is counted as the DAG the kernel
-  builds (_dag_size: a shared subexpression is built once): a DAG whose tree is exponential is no reason to split."""
-  size, realize = {}, set()
+  builds (_dag_size: a shared subexpression is built once): a DAG whose tree is exponential is no reason to split.
+  `known`: nodes an earlier group realized (a load here)."""
+  size, realize = {}, set(known)
   for n in order:
-    if n.op in _LEAVES or not n.src: size[n.id] = 1; continue
+    if n.op in _LEAVES or not n.src or n.id in known: size[n.id] = 1; continue
     if _through(n): size[n.id] = size[n.src[0].id]; continue
     kids = list({s.id: s for s in n.src}.values())
     if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap)
@@ -86,16 +89,16 @@ def _realize_set(order: list, cap: int) -> set:
       size[k.id] = size[b.id] = 1
       if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap)
     size[n.id] = s   # exact where counted: the estimates above it start from the DAG's size
-  return realize
+  return realize - known
 
 def _dag_size(kids: list, realize: set, cap: int) -> int:
   """1 + the distinct nodes the kernel builds under `kids` (a leaf or a realized node is one load), counted up to cap + 1
   (one walk; a set per node instead made a long chain quadratic)."""
-  seen, stack, s = set(), list(kids), 1
+  seen, stack, s, through = set(), list(kids), 1, _THROUGH_OPS
   while stack and s <= cap:
     if (n := stack.pop()).id in seen: continue
     seen.add(n.id)
-    if _through(n): stack.append(n.src[0]); continue
+    if n.op in through: stack.append(n.src[0]); continue
     s += 1
     if n.op not in _LEAVES and n.src and n.id not in realize: stack += n.src
   return s
@@ -185,14 +188,16 @@ def _store_group(eff: Node, bind: dict, ctx: Ctx, cost: bool = False) -> _GroupP
   # one walk of the value serves the three passes below; it stops at a STORE (an earlier group's write, read here
   # through its AFTER as that buffer): walking into every earlier value made lowering quadratic in the stores
   order = toposort([val], enter_calls=False, leaves=_WRITES)
-  g.realize = _realize_set(order, FUSE_CAP) | (set() if cost else _nested_reduces(order))
+  g.realize = _realize_set(order, FUSE_CAP, ctx.realized_ids) | (set() if cost else _nested_reduces(order))
   g.split_broadcast_reduces = not cost
   for n, after in _realize_order(order, g.realize): g.temp_of(n, after)   # children first: bounded recursion
   for m, index, shape, kdev, lidx in outs: g.kernel(shape, m, index, val, False, kdev=kdev, lidx=lidx, final=True)
   specs = g.specs + _apart(g.finals, ctx)
   keys = [x.arg[0] for s in specs for x in s.value.walk() if x.op == 'load']
-  return _GroupPlan(specs, None, [o[0] for o in outs if math.prod(o[2])],
-                    [k[0] for k in keys if not k[1] and k[0].root[0] != "tmp"],
+  # a temporary of another group (ctx.realized) is read after it is written: it orders the two groups as a write does
+  own = {s.mem.root for s in g.specs}
+  return _GroupPlan(specs, None, [o[0] for o in outs if math.prod(o[2])] + [s.mem for s in g.specs if s.mem.root[0] == "tmp"],
+                    [k[0] for k in keys if not k[1] and k[0].root[0] != "tmp" or k[0].root[0] == "tmp" and k[0].root not in own],
                     [k[0] for k in keys if k[1] and k[0].root[0] != "tmp"])
 
 def _apart(specs: list, ctx: Ctx) -> list:

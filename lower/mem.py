@@ -49,8 +49,10 @@ class Program:
 
 
 class Ctx:
-  """Shared state of one program: temp numbering, shard axes of multi-device values, cross-device reads."""
-  def __init__(self): self.tmp, self.axes, self.peers = itertools.count(), {}, set()
+  """Shared state of one program: temp numbering, shard axes of multi-device values, cross-device reads, and the values
+  realized into temporaries so far (`realized`: builder.Group.temp_of's key -> _Temp; `realized_ids`: their node ids):
+  a later group reads them instead of computing them again."""
+  def __init__(self): self.tmp, self.axes, self.peers, self.realized, self.realized_ids = itertools.count(), {}, set(), {}, set()
   def temp(self, dtype: DType, count: int) -> Mem: return Mem(("tmp", next(self.tmp)), 0, dtype, count)
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -428,6 +428,11 @@ def test_stored_intermediates_are_temporaries(monkeypatch):
     prog_ = kz.kernelize(res.call.src[0], bind)
     offs, peak, _ = memory_plan(prog_)
     assert all(("tmp", ~i) in offs for i in temps) and peak >= max(args[i].nbytes for i in temps)
+    ks = [st for st in prog_.steps if st.kernel is not None]
+    for i in temps:   # written before it is read (its reads order the groups as a write does)
+      w = [j for j, st in enumerate(ks) if st.mems[st.kernel.store.param].root == ("tmp", ~i)]
+      r = [j for j, st in enumerate(ks) if any(m.root == ("tmp", ~i) for k, m in enumerate(st.mems) if k != st.kernel.store.param)]
+      assert len(w) == 1 and r and w[0] < min(r)
     ref = STORAGE.copy()
     evaluate([res.call], ref)   # the numpy oracle keeps them as scratch too
     run_call(res.call)
