@@ -462,18 +462,21 @@ def _movement_shape(op: Ops, shape: tuple[int, ...], arg) -> tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------------------------------
 # traversal and printing
 
-def toposort(roots, enter_calls: bool = True, deps_first: bool = False, leaves: frozenset = frozenset()) -> list[Node]:
+def toposort(roots, enter_calls: bool = True, deps_first: bool = False, leaves: frozenset = frozenset(),
+             stop: set | frozenset = frozenset()) -> list[Node]:
   """Children before parents, iteratively (graphs can be 100k deep). Without enter_calls, CALL/FUNCTION bodies are skipped.
   With deps_first an AFTER visits its dependencies before its value (so a computed value sees their writes). Nodes whose
-  op is in `leaves` are listed but not entered."""
-  order, seen, stack = [], set(), [(r, False) for r in reversed(list(roots))]
+  op is in `leaves`, and nodes other than the roots whose id is in `stop`, are listed but not entered."""
+  roots = list(roots)
+  order, seen, stack, top = [], set(), [(r, False) for r in reversed(roots)], {r.id for r in roots} if stop else ()
   while stack:
     n, done = stack.pop()
     if done: order.append(n); continue
     if n.id in seen: continue
     seen.add(n.id)
     stack.append((n, True))
-    kids = n.src[1:] if not enter_calls and n.op in (Ops.CALL, Ops.FUNCTION) else () if n.op in leaves else n.src
+    kids = n.src[1:] if not enter_calls and n.op in (Ops.CALL, Ops.FUNCTION) else () if n.op in leaves or \
+           (n.id in stop and n.id not in top) else n.src
     if deps_first and n.op is Ops.AFTER: kids = n.src[1:] + n.src[:1]
     stack.extend((s, False) for s in reversed(kids) if s.id not in seen)
   return order

@@ -187,7 +187,7 @@ def _store_group(eff: Node, bind: dict, ctx: Ctx, cost: bool = False) -> _GroupP
   g = Group(ctx, bind)
   # one walk of the value serves the three passes below; it stops at a STORE (an earlier group's write, read here
   # through its AFTER as that buffer): walking into every earlier value made lowering quadratic in the stores
-  order = toposort([val], enter_calls=False, leaves=_WRITES)
+  order = toposort([val], enter_calls=False, leaves=_WRITES, stop=ctx.realized_ids)   # nor below what earlier groups realized
   g.realize = _realize_set(order, FUSE_CAP, ctx.realized_ids) | (set() if cost else _nested_reduces(order))
   g.split_broadcast_reduces = not cost
   for n, after in _realize_order(order, g.realize): g.temp_of(n, after)   # children first: bounded recursion

@@ -125,3 +125,13 @@ def test_groups_share_what_the_fusion_cap_realizes(monkeypatch):
   a, b = s + 1, s * 2
   Tensor.realize(a, b)   # one CALL, the two stores above
   for t, w in ((a, want + 1), (b, want * 2)): np.testing.assert_allclose(t.numpy(), w, rtol=1e-5)
+
+def test_toposort_stops_at_the_ids_it_is_given():
+  """`stop` lists a node without entering it (what earlier groups realized: a group's walk ends there), except a root."""
+  from egraph.ir import toposort, new_buffer
+  a, b = new_buffer(4, dtypes.float32, "CPU"), new_buffer(4, dtypes.float32, "CPU")
+  s = Node(Ops.ADD, None, (a, b))
+  t = Node(Ops.MUL, None, (s, a))
+  assert toposort([t], stop={s.id}) == [s, a, t]
+  assert toposort([t]) == [a, b, s, t]
+  assert toposort([s], stop={s.id}) == [a, b, s]   # a root is entered
