@@ -76,23 +76,24 @@ def _realize_set(order: list, cap: int, known: set = frozenset()) -> set:
   node's size is first estimated as a tree (1 + its children's); over `cap`, it is counted as the DAG the kernel
   builds (_dag_size: a shared subexpression is built once): a DAG whose tree is exponential is no reason to split.
   `known`: nodes an earlier group realized (a load here)."""
-  size, realize = {}, set(known)
+  size, realize = {}, set()
   for n in order:
     if n.op in _LEAVES or not n.src or n.id in known: size[n.id] = 1; continue
     if _through(n): size[n.id] = size[n.src[0].id]; continue
     kids = list({s.id: s for s in n.src}.values())
-    if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap)
+    if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap, known)
     while s > cap:
       k = max(kids, key=lambda k: size[k.id])
       if size[k.id] <= 1: break
       realize.add((b := _unview(k)).id)
       size[k.id] = size[b.id] = 1
-      if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap)
+      if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap, known)
     size[n.id] = s   # exact where counted: the estimates above it start from the DAG's size
-  return realize - known
+  return realize
 
-def _dag_size(kids: list, realize: set, cap: int) -> int:
-  """1 + the distinct nodes the kernel builds under `kids` (a leaf or a realized node is one load), counted up to cap + 1
+def _dag_size(kids: list, realize: set, cap: int, known: set = frozenset()) -> int:
+  """1 + the distinct nodes the kernel builds under `kids` (a leaf, a realized node or one an earlier group realized
+  (`known`) is one load), counted up to cap + 1
   (one walk; a set per node instead made a long chain quadratic)."""
   seen, stack, s, through = set(), list(kids), 1, _THROUGH_OPS
   while stack and s <= cap:
@@ -100,7 +101,7 @@ def _dag_size(kids: list, realize: set, cap: int) -> int:
     seen.add(n.id)
     if n.op in through: stack.append(n.src[0]); continue
     s += 1
-    if n.op not in _LEAVES and n.src and n.id not in realize: stack += n.src
+    if n.op not in _LEAVES and n.src and n.id not in realize and n.id not in known: stack += n.src
   return s
 
 def _nested_reduces(order: list) -> set:
