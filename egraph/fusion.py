@@ -483,12 +483,12 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
       rep.budget_s, rep.seconds, rep.evaluations = budget, time.perf_counter() - t0, p.evaluations
       return S, rep
     notes.append("out of time costing every partition")
-  ti = time.perf_counter()
-  sp = scipy_milp() if method != "greedy" and cs else None
+  ti, too_many = time.perf_counter(), method == "auto" and len(cs) > MILP_MAX_CANDIDATES   # no MILP: scipy is not imported
+  sp = scipy_milp() if method != "greedy" and cs and not too_many else None
   if (ti := time.perf_counter() - ti) > 0.01:   # scipy's first import (~0.5 s, once per process) is not the solver's time
     deadline += ti; notes.append(f"scipy imported in {ti:.2f}s, outside the budget")
-  if method != "greedy" and cs and sp is None: notes.append("scipy not installed: greedy")
-  elif method == "auto" and len(cs) > MILP_MAX_CANDIDATES: sp = None; notes.append(f"{len(cs)} > {MILP_MAX_CANDIDATES} candidates: greedy")
+  if too_many: notes.append(f"{len(cs)} > {MILP_MAX_CANDIDATES} candidates: greedy")
+  elif method != "greedy" and cs and sp is None: notes.append("scipy not installed: greedy")
   flips = cs   # above the MILP's bound only the candidates that might pay for a launch are flipped (greedy.worth_flipping)
   if len(cs) > MILP_MAX_CANDIDATES: flips = worth_flipping(p, cs, deadline); notes.append(f"{len(flips)} might pay for a launch")
   ilp, found, anchor = None, None, None   # found: (true cost, S, objective, bound, mip gap, cut)

@@ -238,6 +238,18 @@ def test_cost_mode_without_scipy_falls_back_to_the_greedy(monkeypatch):
   assert p.method.startswith("greedy") and "scipy not installed" in p.note and p.mip_gap is None
   np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
 
+def test_too_many_candidates_for_the_milp_import_no_scipy(monkeypatch):
+  """Above MILP_MAX_CANDIDATES the greedy runs alone: scipy (~0.5 s to import) is not imported for it."""
+  calls = []
+  monkeypatch.setattr(fusion, "scipy_milp", lambda: calls.append(1))
+  monkeypatch.setattr(fusion, "EXHAUSTIVE_MAX", 0)
+  monkeypatch.setattr(fusion, "MILP_MAX_CANDIDATES", 1)
+  got, res = run(attention, "cost", monkeypatch)
+  p = res.report.partition
+  assert calls == [] and p.method.startswith("greedy") and "candidates: greedy" in p.note and "scipy" not in p.note
+  want, _ = run(attention, "rules", monkeypatch)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+
 def test_no_candidates_no_partition_costing():
   """A graph with no candidate (an elementwise chain) skips the partition: nothing to choose, nothing costed."""
   a = Tensor(A).realize()
