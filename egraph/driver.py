@@ -566,14 +566,9 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   if time.perf_counter() - budget.start > lim.seconds and report.stop_reason is StopReason.SATURATED:
     report.stop_reason = StopReason.TIME_LIMIT   # saturated in time, but extraction and decoding ran past the budget
   if tm is None: return CallifyResult(b.call, b.buffer_map, report)
-  call = mark(b.call, temporaries(b.call, enc, {_storage_uid(v) for v in b.buffer_map.values()}))
+  call = mark(b.call, temporaries(b.call, enc, b.buffer_map))
   report.temps = len(call.arg.temps)
   return CallifyResult(call, b.buffer_map, report)
-
-def _storage_uid(view: Node) -> int | None:
-  """The uid of the BUFFER under a storage view (None over a PARAM)."""
-  while view.src: view = view.src[0]
-  return view.arg.uid if view.op is Ops.BUFFER else None
 
 def _direct(enc: Encoding, report: CallifyReport, reason: StopReason, why: str) -> CallifyResult:
   """The fallback: the all-materialized CALL built from the Encoding, reported with why."""

@@ -155,12 +155,13 @@ def mark(call: Node, temps: frozenset = frozenset()) -> Node:
   return Node(Ops.CALL, call.dtype, (Node(Ops.SINK, body.dtype, body.src, COST_SINK), *call.src[1:]),
               dataclasses.replace(call.arg, temps=temps))
 
-def temporaries(call: Node, enc: Encoding, outside: set[int]) -> frozenset:
-  """The arg slots of the stored candidates' buffers. No tensor lives in them (`outside`: the buffer uids the
-  buffer_map names), so executors keep them in scratch memory, as lowering's own temporaries, instead of storage
+def temporaries(call: Node, enc: Encoding, buffer_map: dict[Node, Node]) -> frozenset:
+  """The arg slots of the stored candidates' buffers. No tensor lives in them (none is the storage under a
+  `buffer_map` value), so executors keep them in scratch memory, as lowering's own temporaries, instead of storage
   allocated on every realize."""
   cand = {enc.nodes[f].base.arg.uid for _, f in enc.rows.get("candidate_row", ())}
-  return frozenset(i for i, a in enumerate(call.src[1:]) if a.op is Ops.BUFFER and a.arg.uid in cand and a.arg.uid not in outside)
+  held = {r.arg.uid for v in buffer_map.values() if (r := _storage_root(v)).op is Ops.BUFFER}
+  return frozenset(i for i, a in enumerate(call.src[1:]) if a.op is Ops.BUFFER and a.arg.uid in cand and a.arg.uid not in held)
 
 # ---- the partition cost ------------------------------------------------------------------------------------------------
 

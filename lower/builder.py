@@ -81,7 +81,6 @@ class Group:
     self.ctx, self.bind = ctx, bind
     self.specs: list[Spec] = []
     self.finals: list[Spec] = []        # the STORE's own kernels, after every temporary
-    self.temps: dict = {}               # (node id, after, axis) -> _Temp
     self.realize: set = set()
     self.split_broadcast_reduces = True   # a REDUCE under a broadcast gets its own kernel (off for fusion="cost": kernelize)
     self.kdev: tuple = (None, None, None)   # the kernel being built runs for: (device, device tuple, index in it)
@@ -108,18 +107,17 @@ class Group:
     a = None if devs is None or whole or is_shard(n) else self.ctx.axes.get(n.id)
     if a is not None and (n.shape[a] == 0 or n.shape[a] % len(devs)): a = None
     key = (n.id, after, a)
-    if (t := self.temps.get(key)) is None and (t := self.ctx.realized.get(key)) is not None: self.temps[key] = t
-    if t is None:   # an earlier group's temporary is read, not computed again (kernelize orders the groups so)
+    if (t := self.ctx.realized.get(key)) is None:   # any group's temporary is read, not computed again (kernelize orders them)
       D = len(devs) if devs else 1
       shape = tuple(s // D if i == a else s for i, s in enumerate(n.shape))
       count, isz = math.prod(shape), n.dtype.itemsize
       root = self.ctx.temp(dtypes.uint8 if n.dtype == dtypes.bool else n.dtype, count).root
-      t = self.temps[key] = _Temp(Mem(root, 0, n.dtype, count, -(-count * isz // 64) * 64 if devs else 0), shape, a, devs)
+      t = self.ctx.realized[key] = _Temp(Mem(root, 0, n.dtype, count, -(-count * isz // 64) * 64 if devs else 0), shape, a, devs)
       for d in range(D):   # every device's part before any reader: a reader may read another device's part
         lidx = None if a is None else (lambda idx, o=d * shape[a]: idx[:a] + (idx[a] + o,) + idx[a + 1:])
         self.kernel(shape, t.mem.on(d), lambda idx: flat_index(idx, shape), n, after, kdev=(devs[d], devs, d) if devs else (n.device, None, None),
                     lidx=lidx, dev=Idx.const(d) if devs and is_shard(n) else None)
-      self.ctx.realized[key] = t; self.ctx.realized_ids.add(n.id)
+      self.ctx.realized_ids.add(n.id)
     return t
 
 class _Builder:

@@ -63,13 +63,8 @@ def _unview(n: Node) -> Node:
   return n
 
 _LEAVES = (Ops.PARAM, Ops.BUFFER, Ops.CONST, Ops.STORE, Ops.CALL, Ops.SINK)
-_THROUGH = (Ops.AFTER, Ops.SLICE, Ops.MULTI)
-
-_THROUGH_OPS = frozenset(GroupOp.Movement) | frozenset(IDENTITY) | frozenset(_THROUGH)
-
-def _through(n: Node) -> bool:
-  """Does a kernel read `n` as its first source (movement, identity, AFTER, SLICE, MULTI: no node of its own)?"""
-  return n.op in _THROUGH_OPS
+# ops a kernel reads as their first source (movement, identity, AFTER, SLICE, MULTI: no node of their own)
+_THROUGH = frozenset(GroupOp.Movement) | frozenset(IDENTITY) | {Ops.AFTER, Ops.SLICE, Ops.MULTI}
 
 def _realize_set(order: list, cap: int, known: set = frozenset()) -> set:
   """Nodes of a value graph (`order`: its toposort) realized to keep every kernel's expression under `cap` nodes. A
@@ -79,7 +74,7 @@ def _realize_set(order: list, cap: int, known: set = frozenset()) -> set:
   size, realize = {}, set()
   for n in order:
     if n.op in _LEAVES or not n.src or n.id in known: size[n.id] = 1; continue
-    if _through(n): size[n.id] = size[n.src[0].id]; continue
+    if n.op in _THROUGH: size[n.id] = size[n.src[0].id]; continue
     kids = list({s.id: s for s in n.src}.values())
     if (s := 1 + sum(size[k.id] for k in kids)) > cap: s = _dag_size(kids, realize, cap, known)
     while s > cap:
@@ -93,9 +88,8 @@ def _realize_set(order: list, cap: int, known: set = frozenset()) -> set:
 
 def _dag_size(kids: list, realize: set, cap: int, known: set = frozenset()) -> int:
   """1 + the distinct nodes the kernel builds under `kids` (a leaf, a realized node or one an earlier group realized
-  (`known`) is one load), counted up to cap + 1
-  (one walk; a set per node instead made a long chain quadratic)."""
-  seen, stack, s, through = set(), list(kids), 1, _THROUGH_OPS
+  (`known`) is one load), counted up to cap + 1 (one walk; a set per node instead made a long chain quadratic)."""
+  seen, stack, s, through = set(), list(kids), 1, _THROUGH
   while stack and s <= cap:
     if (n := stack.pop()).id in seen: continue
     seen.add(n.id)
