@@ -19,6 +19,7 @@ from egraph.dtype import dtypes
 from egraph.errors import CallsatError, EngineError, ShapeError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode, Encoding
+from egraph.direct import plan, Plan
 from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
                            resolve, checkpoint)
 from egraph.cost import CostModel, COST_PRESETS
@@ -301,18 +302,37 @@ def materialized_call(enc: Encoding) -> BuiltCall:
   if in_encoding_order(enc):
     sink = [R[i] for i in sorted({i for i, (o, _, _) in orig.items() if o == "AFTER" and R[i] == i} |
                                  {i for i, r in ids.redirect.items() if r == ~(2 * i)})]
-  else:
-    order, stack = [], list(reversed(ids.roots))
-    while stack:
-      if (v := stack.pop()) is done: order.append(stack.pop()); continue
-      if K[v] is not None: continue
-      stack += (v, done)
-      stack += reversed(expand(v))
-    sink = [v for v in order if O[v] == "AFTER"]
+  else: sink = _ordered_sink(ids.roots, O, K, expand)
+  return _materialize(nodes, O, K, expand, sink, ids.roots, enc.keys, enc.fresh_buffers, has_bound_dims(enc), ids)
+
+def _ordered_sink(roots: list[int], O: list, K: list, expand: Callable[[int], list[int]]) -> list[int]:
+  """The AFTERs under `roots` in the order a post-order walk from them finishes them (`build_call`'s SINK)."""
+  order, stack, done, seen = [], list(reversed(roots)), _DONE, bytearray(len(K))
+  while stack:
+    if (v := stack.pop()) is done: order.append(stack.pop()); continue
+    if seen[v]: continue
+    seen[v] = 1
+    stack += (v, done)
+    stack += reversed(K[v] if K[v] is not None else expand(v))
+  return [v for v in order if O[v] == "AFTER"]
+
+def build_plan(p: Plan) -> BuiltCall:
+  """`materialized_call(encode(roots))` from the graph's Plan, without encoding: the same body, buffer_map and counts
+  over other fresh buffers."""
+  def unexpanded(v: int) -> list[int]: raise EngineError(f"direct plan: vertex {v} has no kids")
+  sink = p.sink if p.in_order else _ordered_sink(p.roots, p.O, p.K, unexpanded)
+  return _materialize(p.nodes, p.O, p.K, unexpanded, sink, p.roots, p.keys, p.fresh_uids, False, p)
+
+def _materialize(nodes: list[Node], O: list, K: list, expand: Callable[[int], list[int]], sink: list[int], roots: list[int],
+                 keys: list[Node], fresh_uids: set[int], bound_dims: bool, ids: IdDag) -> BuiltCall:
+  """The all-materialized CALL over flat vertex lists (`K[v]` None: not yet `expand`ed): one walk from the SINK's
+  AFTERs numbers the PARAMs (pre-order from the SINK) and builds each vertex as it finishes (every buffer under it has
+  its PARAM by then)."""
+  done = _DONE
   args: list[Node] = []
   slot_of: dict[Node, int] = {}
-  built: list = [None] * (3 * n_ids)
-  walked = bytearray(3 * n_ids)
+  built: list = [None] * len(K)
+  walked = bytearray(len(K))
   get, stores, CALL, FUNCTION, STORE = built.__getitem__, set(), Ops.CALL, Ops.FUNCTION, Ops.STORE
   stack = list(reversed(sink))
   while stack:   # PARAMs numbered at first visit, as `parameterize` walks; a vertex built when it finishes
@@ -337,11 +357,11 @@ def materialized_call(enc: Encoding) -> BuiltCall:
     if n not in slot_of: slot_of[n] = len(args); args.append(n)
     built[v] = n.param(slot_of[n])
   body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
-  body, args = bind_dims(body, args) if has_bound_dims(enc) else (body, args)
-  for v in ids.roots:   # the storage chains of realize points that are views (not walked from the SINK)
+  body, args = bind_dims(body, args) if bound_dims else (body, args)
+  for v in roots:   # the storage chains of realize points that are views (not walked from the SINK)
     while (ks := K[v] if K[v] is not None else expand(v)) and O[v] != "BUFFER" and O[v] != "PARAM": v = ks[0]
-  buffer_map, views = _buffer_map(enc.keys, ids.roots, O, K, ids)
-  buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in enc.fresh_buffers)
+  buffer_map, views = _buffer_map(keys, roots, O, K, ids)
+  buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in fresh_uids)
   return BuiltCall(Node(Ops.CALL, dtypes.void, (body, *args), CallInfo()), buffer_map, len(stores), buffers, views)
 
 # ---- the result cache: the same graph over other buffers reuses the saturated result ---------------------------------
@@ -371,9 +391,10 @@ class _Entry:
 _CACHE: OrderedDict = OrderedDict()
 CACHE_SIZE = 32
 
-def graph_key(roots: list[Node]) -> tuple[tuple, list[Node]]:
-  """A key equal for graphs that differ only in which input buffers they read (buffers are named by position)."""
-  topo = toposort(roots, enter_calls=False)
+def graph_key(roots: list[Node], topo: list[Node] | None = None) -> tuple[tuple, list[Node]]:
+  """A key equal for graphs that differ only in which input buffers they read (buffers are named by position);
+  `topo`: toposort(roots, enter_calls=False), if made already."""
+  if topo is None: topo = toposort(roots, enter_calls=False)
   pos = {n.id: i for i, n in enumerate(topo)}
   parts = tuple((n.op, n.dtype, (n.arg.size, n.arg.device) if n.op is Ops.BUFFER else
                  (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else const_key(n.arg) if n.op is Ops.CONST else
@@ -414,15 +435,18 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
   roots = roots_of(tensors)
   fus = fusion_mode(fusion)
+  t1 = time.perf_counter()
+  topo = toposort(roots, enter_calls=False)
+  topo_s = time.perf_counter() - t1
   if cache:
-    gkey, topo = graph_key(roots)
+    gkey, _ = graph_key(roots, topo)
     key = (gkey, model, sched, lim, assigns, fus)
     if (hit := _CACHE.get(key)) is not None:
       _CACHE.move_to_end(key)
       return _reuse(hit, topo, t0)
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
-  try: res = _callify(roots, model, sched, lim, t0, assigns, fus)
+  try: res = _callify(roots, model, sched, lim, t0, assigns, fus, topo, topo_s)
   finally:
     if was: gc.enable()
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
@@ -493,11 +517,21 @@ class Budget:
   # multiples of the encode time per row (EXTRACT: per e-node) measured 0.6-0.75 to load, 1.7-2.9 to extract and
   # build the CALL, 0.7-1.2 to build the CALL directly (notes/benchmarks.md); FIXED: a Runner's declarations, temp files
   LOAD, EXTRACT, FALLBACK, FIXED = 1.0, 3.5, 1.5, 0.02
+  TOPO = 5.0   # encoding takes 5.2-8.9x the toposort (same graphs)
 
   @classmethod
   def plan(cls, enc: Encoding, seconds: float, encode_s: float) -> Budget:
     rows = sum(len(r) for r in enc.rows.values())
     return cls(time.perf_counter(), seconds, encode_s / max(rows, 1), rows)
+
+  @classmethod
+  def no_e_graph(cls, lim: Limits, nodes: int, topo_s: float) -> str | None:
+    """Why the e-graph cannot fit, seen before encoding (`nodes` in the graph, its toposort took `topo_s`): encoding
+    takes at least TOPO times the toposort, the e-graph path LOAD + EXTRACT / 2 times encoding at least. None: encode
+    and let the plan decide."""
+    if nodes > lim.nodes: return f"node limit: {nodes} graph nodes > {lim.nodes}"
+    need = cls.FIXED + cls.TOPO * topo_s * (cls.LOAD + cls.EXTRACT / 2)
+    return f"time limit: predicted {need:.2f}s at least to saturate and extract, {lim.seconds:g}s allowed" if need > lim.seconds else None
 
   def extract_s(self, e_nodes: int) -> float: return self.EXTRACT * self.per_row * e_nodes
   def fallback_s(self) -> float: return self.FALLBACK * self.per_row * self.rows
@@ -517,8 +551,11 @@ def loaded_size(enc: Encoding) -> int:
   return terms + 2 * len(enc.fresh)
 
 def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float, assigns: str = "fresh",
-             fusion: str = "rules") -> CallifyResult:
-  enc = encode(roots, assigns)
+             fusion: str = "rules", topo: list[Node] | None = None, topo_s: float = 0.0) -> CallifyResult:
+  if topo is None: topo = toposort(roots, enter_calls=False)
+  if (why := Budget.no_e_graph(lim, len(topo), topo_s)) is not None and (res := _from_graph(roots, topo, topo_s, model, sched, lim, assigns, fusion, why)):
+    return res
+  enc = encode(roots, assigns, topo)
   tm, why = cost_plan(enc) if fusion == "cost" else (None, "")   # cost mode: candidates get stored forms (egraph/fusion.py)
   cands = add_candidates(enc) if tm is not None else {}
   report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=enc.graph_nodes, realize_points=len(enc.keys),
@@ -569,6 +606,28 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
   call = mark(b.call, temporaries(b.call, enc, b.buffer_map))
   report.temps = len(call.arg.temps)
   return CallifyResult(call, b.buffer_map, report)
+
+def _from_graph(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits,
+                assigns: str, fusion: str, why: str) -> CallifyResult | None:
+  """The fallback without encoding (`direct.plan`), where the toposort's time says the e-graph will not fit: None where
+  the graph needs encode's path, or the plan shows loading would fit the node limit after all."""
+  t = time.perf_counter()
+  if (p := plan(roots, topo, model, assigns)) is None: return None
+  if why.startswith("node limit"):
+    if p.size <= lim.nodes: return None
+    why = f"node limit: loading makes at least {p.size} e-nodes > {lim.nodes}"
+  reason = StopReason.NODE_LIMIT if why.startswith("node limit") else StopReason.TIME_LIMIT
+  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(topo), realize_points=len(p.keys),
+                         stop_reason=reason, fallback=why + "; not encoded", cost=p.cost, baseline_cost=p.cost,
+                         fresh_uids=p.fresh_uids, fusion=fusion,
+                         fusion_note="no e-graph: no partition" if fusion == "cost" else "")
+  report.seconds.update(toposort=topo_s, plan=time.perf_counter() - t)
+  if not p.keys: return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)
+  t = time.perf_counter()
+  b = build_plan(p)
+  report.seconds["direct"] = time.perf_counter() - t
+  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
+  return CallifyResult(b.call, b.buffer_map, report)
 
 def _direct(enc: Encoding, report: CallifyReport, reason: StopReason, why: str) -> CallifyResult:
   """The fallback: the all-materialized CALL built from the Encoding, reported with why."""

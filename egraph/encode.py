@@ -132,13 +132,14 @@ class Encoding:
 
 ASSIGNS = ("fresh", "realized")
 
-def encode(roots: list[Node], assigns: str = "fresh") -> Encoding:
+def encode(roots: list[Node], assigns: str = "fresh", topo: list[Node] | None = None) -> Encoding:
   """Insert the graph under `roots`: consumers of a realize point see CONTIGUOUS(point), as tinygrad's rule 6 does.
   `assigns`: an assign into a view of a computed realize point gets a fresh buffer ("fresh", spec rule 8) or writes
-  that point's own storage after it is stored ("realized", tinygrad 0.14's callify)."""
+  that point's own storage after it is stored ("realized", tinygrad 0.14's callify). `topo`: toposort(roots,
+  enter_calls=False), if made already."""
   if assigns not in ASSIGNS: raise UnsupportedOpError(f"callify: assigns must be one of {ASSIGNS}, got {assigns!r}")
   enc = Encoding(list(roots))
-  topo = toposort(roots, enter_calls=False)
+  if topo is None: topo = toposort(roots, enter_calls=False)
   enc.graph_nodes, enc.keys = len(topo), realize_points(roots, topo)
   realized = frozenset(k.id for k in enc.keys) if assigns == "realized" else frozenset()
   if any(isinstance(n.device, tuple) for n in topo): enc.axes = shard_axes(roots)

@@ -89,9 +89,12 @@ class CallInfo:
 
 HOST_DEVICES = ("NPY", "PYTHON", "DISK")
 
+_CANONICAL: dict[str, str] = {}   # each device string once (a fresh buffer per realize point asks again)
+
 def canonical_device(d: str | tuple | None) -> str | tuple | None:
   """'CPU:0' -> 'CPU', 'cpu' -> 'CPU'; raises DeviceError for an unknown device."""
   if d is None: return None
+  if d.__class__ is str and (c := _CANONICAL.get(d)) is not None: return c
   if isinstance(d, tuple): return tuple(canonical_device(x) for x in d)
   if not isinstance(d, str): raise DeviceError(f"device must be a string, got {d!r}")
   if d.upper().startswith("DISK:"): return "DISK:" + d[5:]
@@ -99,7 +102,8 @@ def canonical_device(d: str | tuple | None) -> str | tuple | None:
   name, _, num = d.upper().partition(":")
   if name not in ("CPU", "PYTHON", "NPY", "CUDA") or (num and not num.isdigit()):
     raise DeviceError(f"unknown device {d!r}; known: CPU, CPU:n, PYTHON, NPY, CUDA, DISK:/path, EXT:name")
-  return name if num in ("", "0") else f"{name}:{num}"
+  c = _CANONICAL[d] = name if num in ("", "0") else f"{name}:{num}"
+  return c
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Node

@@ -1,0 +1,112 @@
+"""The all-materialized CALL's DAG read straight off the graph, without an Encoding: callify's path when its limits
+leave no time for the e-graph, so that encoding rows for it would be wasted (it costs 5-9x the toposort).
+
+`plan` numbers the same vertices `driver.materialized_call` reads off the Encoding (each realize point's AFTER and
+STORE into its fresh buffer at ~(2i) and ~(2i+1), a CONTIGUOUS of storage as that storage), prices them as
+`extract.baseline_cost` does, and `driver.build_plan` builds the CALL with the same loop. It returns None for the graphs
+only encode's path handles (calls, multi-device and DISK values, bound dimensions, zero-size values, assigns into
+computed values, a CONTIGUOUS whose source may be storage only once materialized): encode raises what they should."""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from egraph.ir import Node, Ops, ParamArg, empty_view
+from egraph.symbolic import BoundVar, dims_in
+from egraph.encode import realize_points, assigns_into_computed, is_host, ASSIGNS
+from egraph.cost import CostModel
+
+_NOT_PLAIN = frozenset({Ops.CALL, Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.SINK, Ops.BIND, Ops.MULTI})
+_PRICED_OPS = frozenset({Ops.CONTIGUOUS, Ops.AFTER, Ops.STORE, Ops.BUFFER, Ops.PARAM, Ops.SLICE})   # as extract's baseline_cost
+_NAME = {o: o.name for o in Ops}   # Enum.name is a Python-level property
+
+@dataclass
+class Plan:
+  """The all-materialized CALL as a DAG of int vertices: `nodes[v]` the node v stands for (an original node, the
+  CONTIGUOUS a realize point is read through, a fresh buffer view), `O`/`K` op names and kids (an AFTER and its STORE
+  from the end of the lists), the SINK's AFTERs, each key's realized vertex, and the baseline cost."""
+  nodes: list[Node]
+  O: list
+  K: list
+  sink: list[int] = field(default_factory=list)
+  roots: list[int] = field(default_factory=list)
+  keys: list[Node] = field(default_factory=list)
+  fresh_uids: set[int] = field(default_factory=set)
+  cost: int = 0
+  pairs: int = 0   # realize points stored into a fresh buffer
+  in_order: bool = True   # `sink` is the SINK's order (else a walk from the roots orders it, as `build_call` does)
+
+  @property
+  def size(self) -> int:
+    """E-nodes loading the encoding would make, at least: the vertices, and an AFTER and a STORE per fresh buffer."""
+    return len(self.nodes) + 2 * self.pairs
+
+  def template(self, v: int) -> tuple: n = self.nodes[v]; return n.op, n.dtype, n.arg
+  def make(self, v: int, src: tuple[Node, ...]) -> Node: return self.nodes[v].over(src)
+
+def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "fresh") -> Plan | None:
+  """The Plan of `roots` (`topo`: toposort(roots, enter_calls=False)), or None where encode must decide."""
+  if assigns not in ASSIGNS: return None
+  first = realize_points(roots, ())   # the roots' bases; the loop adds the rest in graph order, as realize_points does
+  bases = list(dict.fromkeys(r.base for r in roots))
+  in_order = len(bases) <= len(first) and all(k is b for k, b in zip(first, bases))   # `in_encoding_order`
+  if any(isinstance(d, BoundVar) for a in {n.arg for n in topo if n.arg is not None}
+         for d in dims_in(a.shape if isinstance(a, ParamArg) else a)): return None   # bind_dims: encode's path
+  keys = {k.id: k for k in first}   # realize_points' loop is folded into the one below
+  realized = keys if assigns == "realized" else frozenset()   # a target is below its assign: its key is in by then
+  # vertices: one per node, and per realize point stored a CONTIGUOUS and its fresh view (at most 3 nodes)
+  cap = len(topo) + 4 * (len(first) + sum(1 for n in topo if n.op is Ops.CONTIGUOUS or n.op is Ops.COPY)) + 1
+  p = Plan([], [None] * (3 * cap), [None] * (3 * cap), in_order=in_order)
+  nodes, O, K, sink, fresh_uids = p.nodes, p.O, p.K, p.sink, p.fresh_uids
+  plain = type(model).enode_cost is CostModel.enode_cost
+  cost = 0
+  def vertex(n: Node, kids: list[int] | None) -> int:
+    nonlocal cost
+    v = len(nodes); nodes.append(n); O[v], K[v] = _NAME[n.op], kids
+    if kids is not None: cost += model.nodes if plain and n.op not in _PRICED_OPS else model.enode_cost(O[v], n, None, False) or 0
+    return v
+
+  def materialize(c: Node, value: int) -> int:
+    """c = CONTIGUOUS(value's node) stored into a fresh buffer: the AFTER vertex (encode's mint_fresh, then the
+    materialize rule)."""
+    nonlocal cost
+    f = empty_view(c.shape, c.dtype, c.device)
+    chain = []
+    while f.src: chain.append(f); f = f.src[0]
+    fresh_uids.add(f.arg.uid)
+    fv = len(nodes); nodes.append(f); O[fv], K[fv] = "BUFFER", []
+    cost += model.enode_cost("BUFFER", f, None, True) or 0
+    for m in reversed(chain): fv = vertex(m, [fv])
+    i = vertex(c, None)   # never visited: its AFTER stands for it
+    a = ~(2 * i)
+    O[a], K[a], O[a - 1], K[a - 1] = "AFTER", [fv, a - 1], "STORE", [fv, value]
+    cost += model.enode_cost("STORE", None, nodes[fv], False) + model.enode_cost("AFTER", c, None, False)
+    p.pairs += 1
+    sink.append(a)
+    return a
+
+  seen: dict[int, int] = {}   # Node.id -> the vertex its consumers read
+  get, add, name = seen.__getitem__, nodes.append, _NAME.__getitem__
+  AFTER, CONTIGUOUS, STORE, RESHAPE, COPY = Ops.AFTER, Ops.CONTIGUOUS, Ops.STORE, Ops.RESHAPE, Ops.COPY
+  for n in topo:   # one vertex per node, inline (~200k here): what `vertex` and `price` do
+    op, dev, nid = n.op, n.device, n.id
+    if op in _NOT_PLAIN or (dev is not None and (dev.__class__ is tuple or dev.startswith("DISK:"))): return None
+    if (op is CONTIGUOUS or op is AFTER) and dev is not None: keys.setdefault(nid, n)
+    if nid in seen: continue   # the CONTIGUOUS a realize point is read through, made already
+    if op is CONTIGUOUS:
+      x = n.src[0]
+      if dev is None: seen[nid] = seen[x.id]; continue   # nothing to allocate on: a no-op on values
+      if x.has_buffer_identity(): seen[nid] = seen[x.id]; continue   # contiguous_of_storage: no fresh buffer
+      y = x
+      while y.op is RESHAPE: y = y.src[0]
+      if n.numel == 0 or y.op is CONTIGUOUS: return None   # zero_size, or maybe storage once materialized
+      seen[nid] = materialize(n, seen[x.id]); continue
+    if op is AFTER and assigns_into_computed(n, realized): return None
+    seen[nid] = v = len(nodes); add(n); O[v] = o = name(op); K[v] = [get(s.id) for s in n.src]
+    cost += model.nodes if plain and op not in _PRICED_OPS else model.enode_cost(o, n, n.src[0] if op is STORE else None, False) or 0
+    if op is AFTER: sink.append(v)
+    elif nid in keys or (op is COPY and dev is not None and is_host(n.src[0].device) and keys.setdefault(nid, n)):   # a root's base or a host COPY: its consumers read CONTIGUOUS(it), stored
+      if n.numel == 0: return None
+      w = n.contiguous()
+      seen[nid] = seen[w.id] = materialize(w, v)
+  p.keys = list(keys.values())
+  p.roots = [seen[k] for k in keys]
+  p.cost = cost
+  return p
