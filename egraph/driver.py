@@ -438,9 +438,10 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   t1 = time.perf_counter()
   topo = toposort(roots, enter_calls=False)
   topo_s = time.perf_counter() - t1
-  if cache:
-    gkey, _ = graph_key(roots, topo)
-    key = (gkey, model, sched, lim, assigns, fus)
+  key = None
+  # the key costs a third of encoding: only a graph of a cached one's size can hit (a fallback needs no key at all)
+  if cache and any(len(e.topo) == len(topo) for e in _CACHE.values()):
+    key = (graph_key(roots, topo)[0], model, sched, lim, assigns, fus)
     if (hit := _CACHE.get(key)) is not None:
       _CACHE.move_to_end(key)
       return _reuse(hit, topo, t0)
@@ -450,6 +451,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   finally:
     if was: gc.enable()
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
+    if key is None: key = (graph_key(roots, topo)[0], model, sched, lim, assigns, fus)
     _CACHE[key] = _Entry.of(topo, res)
     while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
   return res

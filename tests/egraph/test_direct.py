@@ -127,3 +127,16 @@ def test_the_prediction_needs_a_slow_toposort():
   assert Budget.no_e_graph(Limits(nodes=10), 11, 0.0).startswith("node limit")
   x = _chain(50)
   assert callify(x, limits=Limits(seconds=60), cache=False).report.fallback is None
+
+def test_the_cache_key_is_made_only_where_it_can_hit_or_is_stored(monkeypatch):
+  """The key costs a third of encoding: a fallback needs none, a graph of no cached graph's size only to be stored."""
+  import egraph.driver as drv
+  made = []
+  real = drv.graph_key
+  monkeypatch.setattr(drv, "graph_key", lambda *a: made.append(1) or real(*a))
+  x = _chain(137)
+  n = len(toposort([x], enter_calls=False))
+  if any(len(e.topo) == n for e in drv._CACHE.values()): pytest.skip("a graph of this size is cached already")
+  assert callify(x, limits=Limits(seconds=0)).report.fallback and made == []
+  assert callify(x).report.fallback is None and made == [1]   # stored under its key
+  assert callify(x).report.cache_hit and made == [1, 1]
