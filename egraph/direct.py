@@ -82,31 +82,31 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
     sink.append(a)
     return a
 
-  seen: dict[int, int] = {}   # Node.id -> the vertex its consumers read
+  seen: dict[Node, int] = {}   # node -> the vertex its consumers read (nodes hash by identity)
   get, add, name = seen.__getitem__, nodes.append, _NAME.__getitem__
   AFTER, CONTIGUOUS, STORE, RESHAPE, COPY = Ops.AFTER, Ops.CONTIGUOUS, Ops.STORE, Ops.RESHAPE, Ops.COPY
   for n in topo:   # one vertex per node, inline (~200k here): what `vertex` and `price` do
-    op, dev, nid = n.op, n.device, n.id
+    op, dev = n.op, n.device
     if op in _NOT_PLAIN or (dev is not None and (dev.__class__ is tuple or dev.startswith("DISK:"))): return None
-    if (op is CONTIGUOUS or op is AFTER) and dev is not None: keys.setdefault(nid, n)
-    if nid in seen: continue   # the CONTIGUOUS a realize point is read through, made already
+    if (op is CONTIGUOUS or op is AFTER) and dev is not None: keys.setdefault(n.id, n)
+    if n in seen: continue   # the CONTIGUOUS a realize point is read through, made already
     if op is CONTIGUOUS:
       x = n.src[0]
-      if dev is None: seen[nid] = seen[x.id]; continue   # nothing to allocate on: a no-op on values
-      if x.has_buffer_identity(): seen[nid] = seen[x.id]; continue   # contiguous_of_storage: no fresh buffer
+      if dev is None: seen[n] = seen[x]; continue   # nothing to allocate on: a no-op on values
+      if x.has_buffer_identity(): seen[n] = seen[x]; continue   # contiguous_of_storage: no fresh buffer
       y = x
       while y.op is RESHAPE: y = y.src[0]
       if n.numel == 0 or y.op is CONTIGUOUS: return None   # zero_size, or maybe storage once materialized
-      seen[nid] = materialize(n, seen[x.id]); continue
+      seen[n] = materialize(n, seen[x]); continue
     if op is AFTER and assigns_into_computed(n, realized): return None
-    seen[nid] = v = len(nodes); add(n); O[v] = o = name(op); K[v] = [get(s.id) for s in n.src]
+    seen[n] = v = len(nodes); add(n); O[v] = o = name(op); K[v] = list(map(get, n.src))
     cost += model.nodes if plain and op not in _PRICED_OPS else model.enode_cost(o, n, n.src[0] if op is STORE else None, False) or 0
     if op is AFTER: sink.append(v)
-    elif nid in keys or (op is COPY and dev is not None and is_host(n.src[0].device) and keys.setdefault(nid, n)):   # a root's base or a host COPY: its consumers read CONTIGUOUS(it), stored
+    elif n.id in keys or (op is COPY and dev is not None and is_host(n.src[0].device) and keys.setdefault(n.id, n)):   # a root's base or a host COPY: its consumers read CONTIGUOUS(it), stored
       if n.numel == 0: return None
       w = n.contiguous()
-      seen[nid] = seen[w.id] = materialize(w, v)
+      seen[n] = seen[w] = materialize(w, v)
   p.keys = list(keys.values())
-  p.roots = [seen[k] for k in keys]
+  p.roots = [seen[k] for k in keys.values()]
   p.cost = cost
   return p

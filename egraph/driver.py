@@ -5,7 +5,8 @@ extract; `.terms` decodes) are the pipeline's two halves; explain, export and th
 every tool sees the e-graph and the extraction callify sees. `build_call` turns the chosen e-classes into the CALL in
 one rebuild (what `parameterize` of the decoded terms gives). Under Limits callify plans its time (`Budget`): when the
 e-graph will not fit, or runs out of time, it builds the all-materialized CALL straight from the encoding
-(`materialized_call`), the form the e-graph would give with no optimize rule.
+(`materialized_call`), the form the e-graph would give with no optimize rule; when the toposort's time already rules
+the e-graph out, it builds that CALL from the graph without encoding (`direct.plan`, `build_plan`).
 E-class identity replaces tinygrad's tags: each realize point (an original node) names the e-class of its realized
 form, so after extraction its storage is read straight off the chosen term."""
 from __future__ import annotations
@@ -13,17 +14,18 @@ import dataclasses, gc, time
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Protocol
-from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, substitute, new_buffer, map_args, const_key
+from typing import Callable
+from egraph.ir import Node, Ops, GroupOp, CallInfo, toposort, substitute, new_buffer, map_args, const_key
 from egraph.dtype import dtypes
-from egraph.errors import CallsatError, EngineError, ShapeError
+from egraph.errors import CallsatError, EngineError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode, Encoding
-from egraph.direct import plan, Plan
+from egraph.direct import plan
+from egraph.build import view_over, bind_dims, dims_arg, build_call, has_bound_dims, materialized_call, build_plan
 from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
-                           resolve, checkpoint)
+                           resolve)
 from egraph.cost import CostModel, COST_PRESETS
-from egraph.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, TICK, INF
+from egraph.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, INF
 from egraph.report import CallifyReport
 from egraph.fusion import fusion_mode, cost_plan, add_candidates, partition_ids, mark, temporaries, solver_deadline
 
@@ -44,13 +46,6 @@ def storage_view(n: Node) -> Node:
     chain.append((n.op, n.dtype, n.arg)); n = n.src[0]
   return view_over(n, chain)
 
-def view_over(n: Node, chain: list[tuple]) -> Node:
-  """A view chain, (op, dtype, arg) outermost first, rebuilt over storage n with reshapes collapsed."""
-  for op, dtype, arg in reversed(chain):
-    if op is Ops.RESHAPE: n = n.src[0].reshape(arg) if n.op is Ops.RESHAPE else n.reshape(arg)
-    else: n = Node(op, dtype, (n,), arg)
-  return n
-
 def parameterize(body: Node) -> tuple[Node, list[Node]]:
   """Replace global BUFFERs and whole SLICE(BUFFER)s by PARAM(slot) in first-visit pre-order (spec §4.4), then bound
   symbolic dimensions by their variables, passing each value as a trailing BIND arg: the body is the cache key."""
@@ -64,22 +59,6 @@ def parameterize(body: Node) -> tuple[Node, list[Node]]:
       args.append(n); continue
     stack.extend(reversed(n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))
   return bind_dims(substitute([body], slots)[0], args)
-
-def bind_dims(body: Node, args: list[Node]) -> tuple[Node, list[Node]]:
-  """The parameterized body with its bound symbolic dimensions replaced by their variables, their values appended to
-  `args` as BIND nodes."""
-  bound: dict = {}
-  for n in toposort([body], enter_calls=False):
-    for d in dims_in(_dims_arg(n)):
-      if isinstance(d, BoundVar):
-        if bound.setdefault(d.var.key, d) != d:
-          raise ShapeError(f"callify: variable {d.var.name} is bound to {int(bound[d.var.key])} and {int(d)} in one graph")
-  if bound: body = map_args([body], lambda d: d.var if isinstance(d, BoundVar) else d)[0]
-  return body, args + [Node(Ops.BIND, dtypes.int32, (), (d.var, int(d))) for d in bound.values()]
-
-def _dims_arg(n: Node):
-  """The part of a node's arg that can hold symbolic dimensions."""
-  return n.arg.shape if n.op is Ops.PARAM else () if n.op in (Ops.CALL, Ops.FUNCTION, Ops.BIND) else n.arg
 
 def bindings(call: Node) -> tuple[Node, dict]:
   """(the CALL without its BIND args and with plain sizes for its variables, {variable key: value}): what runs."""
@@ -101,269 +80,6 @@ def roots_of(xs) -> list[Node]:
     else: out.append(n)
   return out
 
-# ---- a CALL built over ids: the extracted e-classes, or the Encoding's own ids (the all-materialized fallback) ------
-
-@dataclass
-class BuiltCall:
-  """A CALL with its buffer_map, and the report's counts."""
-  call: Node
-  buffer_map: dict[Node, Node]
-  stores: int
-  buffers: int
-  views: int
-
-class IdDag(Protocol):
-  """A CALL body as a DAG of int ids: each id's children, op name, and node (over its built children)."""
-  def kids(self, v: int) -> list[int]: ...
-  def op(self, v: int) -> str: ...
-  def template(self, v: int) -> tuple:
-    """(Ops, dtype or None, arg) of a view op (what `view_over` rebuilds)."""
-  def make(self, v: int, src: tuple[Node, ...]) -> Node: ...
-
-def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: set[int], bound_dims: bool = True,
-               abort_at: float = INF) -> BuiltCall:
-  """The CALL over the DAG under `roots` (the realize points' forms, in `keys` order), built once with its PARAMs in
-  place: the ids are ordered as `toposort` orders the decoded terms, the SINK holds their AFTERs, PARAMs are numbered
-  in `parameterize`'s pre-order walk, so the CALL is node for node `parameterize(SINK(...))` of the decoded terms,
-  without building them first. Each realize point's storage is its view chain rebuilt over its buffer (`storage_view`).
-  Past `abort_at` a loop raises OutOfBudget."""
-  K: dict[int, list[int]] = {}   # children
-  O: dict[int, str] = {}         # op names
-  kids, op, make = ids.kids, ids.op, ids.make
-  order, stack, done = [], list(reversed(roots)), _DONE   # a vertex under _DONE is finished when _DONE pops
-  while stack:
-    if (v := stack.pop()) is done: order.append(stack.pop()); continue
-    if v in K: continue
-    ks = K[v] = kids(v)
-    O[v] = op(v)
-    if not len(K) % TICK: checkpoint(abort_at, "ordering the CALL body")
-    stack += (v, done)
-    stack += reversed(ks)
-  sink = [v for v in order if O[v] == "AFTER"]
-  args: list[Node] = []
-  slot_of: dict[Node, int] = {}
-  built: dict[int, Node] = {}
-  get, walked, stack = built.__getitem__, set(), list(reversed(sink))
-  # one walk numbers and builds: PARAMs are numbered at first visit (pre-order), a vertex is built when it finishes,
-  # when every buffer under it has its PARAM; vertices outside it (roots that are views of inputs) are built after
-  while stack:
-    if (v := stack.pop()) is done:
-      v = stack.pop(); built[v] = make(v, tuple(map(get, K[v])))
-      if not len(built) % TICK: checkpoint(abort_at, "building the CALL body")
-      continue
-    if v in walked: continue
-    walked.add(v)
-    o = O[v]
-    if o == "BUFFER": n = make(v, ())
-    elif o == "SLICE" and O[K[v][0]] == "BUFFER": n = make(v, (make(K[v][0], ()),))   # a whole SLICE(BUFFER): one arg
-    else: stack += (v, done); stack += reversed(K[v]); continue
-    if n not in slot_of: slot_of[n] = len(args); args.append(n)
-    built[v] = n.param(slot_of[n])
-  for v in order:
-    if v not in built: built[v] = make(v, tuple(map(get, K[v])))
-  body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
-  body, args = bind_dims(body, args) if bound_dims else (body, args)
-  buffer_map, views = _buffer_map(keys, roots, O, K, ids)
-  stores = len({built[v].id for v in walked if O[v] == "STORE"})
-  buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in fresh_buffers)
-  return BuiltCall(Node(Ops.CALL, dtypes.void, (body, *args), CallInfo()), buffer_map, stores, buffers, views)
-
-_DONE = object()
-_VIEW_OPS = frozenset({o.name for o in GroupOp.Movement} | {"SLICE", "MULTI", "BITCAST"})   # BITCAST: a retyped assign target
-_SKIP_OPS = frozenset({"AFTER", "DETACH", "CONTIGUOUS_BACKWARD"})   # what storage_view strips
-
-def has_bound_dims(enc: Encoding) -> bool:
-  """Does any interned arg hold a bound symbolic dimension? (Only then does a CALL body need `bind_dims`.)"""
-  return any(isinstance(d, BoundVar) for _, a in enc.args for d in dims_in(a.shape if isinstance(a, ParamArg) else a))
-
-class MaterializedIds:
-  """The e-graph's unoptimized form over the Encoding's ids, without the e-graph: each realize point stored into its
-  fresh buffer (a zero-size one only allocated), an assign into a computed value stored into its fresh buffer, a
-  CONTIGUOUS of what is storage once materialized is that storage (and one without a fresh buffer its source: a
-  realized value a precompiled call reads), a precompiled call's output is its CALL: what the materialize phase adds
-  and extraction picks with no optimize rule (`baseline_cost` prices it; like it, views and aliases are not taken, so
-  a contiguous view or a CONTIGUOUS of an assign is a copy). ~(2i) and ~(2i+1) are the AFTER and the STORE into
-  realize point i's fresh buffer."""
-  def __init__(self, enc: Encoding):
-    self.enc, self.nodes, self.orig, fresh = enc, enc.nodes, enc.original, enc.fresh
-    zero = {r[0] for r in enc.rows.get("zero_row", ())}
-    pre = {g: r for g, r in enc.rows.get("precompiled_row", ())}
-    self.cons = {c: (h, t) for c, h, t in enc.rows.get("cons_row", ())}
-    special = {i: o for i, (o, a, _) in self.orig.items()
-               if o == "CONTIGUOUS" or (o == "AFTER" and a in enc.computed_args) or (o == "GETTUPLE" and i in pre)}
-    memo: dict[int, int] = {}
-    def storage(r: int) -> bool:
-      """Is r's e-class storage once materialized: a buffer (view) that some inserted node is, up to what the
-      CONTIGUOUS below its reshapes became (congruence gives the class that node's storage fact)?"""
-      if r < 0: return False
-      if self.nodes[r].has_buffer_identity(): return True
-      chain = []
-      while r >= 0 and self.orig[r][0] in ("RESHAPE", "MULTI"):
-        chain.append(self.nodes[r]); r = memo.get(k := self.orig[r][2][0], k)
-      if not chain or r < 0 or not (n := self.nodes[r]).has_buffer_identity(): return False
-      for m in reversed(chain): n = Node(m.op, m.dtype, (n,), m.arg)
-      return n.id in enc.ids
-    def resolve(i: int) -> int:   # specials are resolved in id order: a CONTIGUOUS's source is memoized already
-      while (o := special.get(i)) is not None:
-        if (r := memo.get(i)) is not None: return r
-        if o == "CONTIGUOUS":
-          r = resolve(self.orig[i][2][0])
-          # a source that is storage once materialized (a buffer, a view of one, a zero-size value's empty buffer): the
-          # CONTIGUOUS joins its class (contiguous_of_storage) and extraction keeps the source's storage
-          if i not in fresh or storage(r): return r
-          if i in zero: i = fresh[i]; continue                  # zero_size
-          return ~(2 * i)                                       # materialize_contiguous
-        if o == "AFTER": return ~(2 * i)                        # materialize_assign
-        i = pre[i]                                              # precompile_call
-      return i
-    for i in special: memo[i] = resolve(i)
-    self.redirect = {i: r for i, r in memo.items() if r != i}
-    self.roots = [self.to(enc.key_ids[k.id]) for k in enc.keys]
-
-  def to(self, i: int) -> int: return self.redirect.get(i, i)
-
-  def listed(self, ks: tuple) -> tuple | list:
-    """An original e-node's child ids, a Cons list flattened."""
-    if len(ks) != 1 or self.nodes[ks[0]] is not None: return ks
-    out, c = [], ks[0]
-    while c in self.cons: h, c = self.cons[c]; out.append(h)
-    return out
-
-  def kids(self, v: int) -> list[int]:
-    rget = self.redirect.get
-    if v >= 0:
-      ks = self.orig[v][2]
-      if len(ks) == 1 and self.nodes[ks[0]] is None: ks = self.listed(ks)
-      return list(map(rget, ks, ks))
-    i, is_store = divmod(~v, 2)
-    op, _, ks = self.orig[i]
-    f = self.to(self.enc.fresh[i])
-    if not is_store: return [f, ~(2 * i + 1)]
-    return [f, self.to(ks[0] if op == "CONTIGUOUS" else self.listed(self.orig[ks[1]][2])[1])]   # AFTER(t, STORE(t, v))
-
-  def op(self, v: int) -> str: return self.orig[v][0] if v >= 0 else "STORE" if ~v & 1 else "AFTER"
-
-  def template(self, v: int) -> tuple: n = self.nodes[v]; return n.op, n.dtype, n.arg
-
-  def make(self, v: int, src: tuple[Node, ...]) -> Node:
-    if v < 0: return Node(Ops.STORE, dtypes.void, src) if ~v & 1 else Node(Ops.AFTER, src[0].dtype, src)
-    n = self.nodes[v]
-    if (o := n.op) is Ops.CALL or o is Ops.FUNCTION: src = (n.src[0], *src)
-    return n.over(src)   # a BUFFER's PARAM and views keep its shape: most nodes skip inference
-
-def _buffer_map(keys, roots, O, K, ids) -> tuple[dict, int]:
-  """Each realized key -> its storage (a BUFFER's or PARAM's view chain), and how many keys are zero-copy SLICE views."""
-  buffer_map, views = {}, 0
-  for k, r in zip(keys, roots):
-    chain, v = [], r
-    while (o := O[v]) != "BUFFER" and o != "PARAM":
-      if o not in _SKIP_OPS:
-        if o not in _VIEW_OPS: raise EngineError(f"extraction chose a non-storage form {o} for a realized value")
-        chain.append(ids.template(v))
-      v = K[v][0]
-    buffer_map[k] = view_over(ids.make(v, ()), chain)
-    views += O[r] != "AFTER" and any(t[0] is Ops.SLICE for t in chain)
-  return buffer_map, views
-
-def in_encoding_order(enc: Encoding) -> bool:
-  """Does the ordering walk of `build_call` over `MaterializedIds` finish the AFTERs in id order? Yes when the keys
-  begin with the roots' bases (so it walks from the roots, as encode's toposort did, numbering in post-order) and no
-  realize point is redirected out of that order or drops a subtree (precompiled calls, zero-size values, assigns into
-  computed values)."""
-  if enc.computed_args or "precompiled_row" in enc.rows or "zero_row" in enc.rows: return False
-  bases = list(dict.fromkeys(r.base for r in enc.roots))
-  return len(bases) <= len(enc.keys) and all(k is b for k, b in zip(enc.keys, bases))
-
-def materialized_call(enc: Encoding) -> BuiltCall:
-  """The all-materialized CALL straight from the Encoding (no e-graph), linear in the graph: callify's fallback when
-  its limits leave no time to saturate and extract. `build_call` over `MaterializedIds`, node for node, specialized:
-  a vertex v indexes flat lists (~(2i), ~(2i+1) from their end); the SINK's AFTERs are in id order where
-  `in_encoding_order` says so (else one walk orders them); one walk numbers the PARAMs (pre-order from the SINK) and
-  builds each vertex as it finishes (every buffer under it has its PARAM by then)."""
-  ids = MaterializedIds(enc)
-  nodes, orig, listed, fresh = ids.nodes, ids.orig, ids.listed, enc.fresh
-  n_ids = len(nodes)
-  R = list(range(n_ids))
-  for i, r in ids.redirect.items(): R[i] = r
-  rget = R.__getitem__
-  K: list = [None] * (3 * n_ids)   # children; v >= 0 from the front, ~(2i) and ~(2i+1) (< 2 * n_ids) from the back
-  O: list = [None] * (3 * n_ids)   # op names
-  def expand(v: int) -> list[int]:
-    if v >= 0:
-      O[v], _, ks = orig[v]
-      ks = K[v] = list(map(rget, listed(ks) if len(ks) == 1 and nodes[ks[0]] is None else ks))
-      return ks
-    i, is_store = divmod(~v, 2)   # AFTER(f, STORE(f, value)) into realize point i's fresh buffer f
-    f = rget(fresh[i])
-    if not is_store: O[v] = "AFTER"; ks = K[v] = [f, v - 1]; return ks
-    op, _, iks = orig[i]
-    O[v] = "STORE"; ks = K[v] = [f, rget(iks[0] if op == "CONTIGUOUS" else listed(orig[iks[1]][2])[1])]; return ks
-  done = _DONE   # a vertex under _DONE is finished when _DONE pops
-  if in_encoding_order(enc):
-    sink = [R[i] for i in sorted({i for i, (o, _, _) in orig.items() if o == "AFTER" and R[i] == i} |
-                                 {i for i, r in ids.redirect.items() if r == ~(2 * i)})]
-  else: sink = _ordered_sink(ids.roots, O, K, expand)
-  return _materialize(nodes, O, K, expand, sink, ids.roots, enc.keys, enc.fresh_buffers, has_bound_dims(enc), ids)
-
-def _ordered_sink(roots: list[int], O: list, K: list, expand: Callable[[int], list[int]]) -> list[int]:
-  """The AFTERs under `roots` in the order a post-order walk from them finishes them (`build_call`'s SINK)."""
-  order, stack, done, seen = [], list(reversed(roots)), _DONE, bytearray(len(K))
-  while stack:
-    if (v := stack.pop()) is done: order.append(stack.pop()); continue
-    if seen[v]: continue
-    seen[v] = 1
-    stack += (v, done)
-    stack += reversed(K[v] if K[v] is not None else expand(v))
-  return [v for v in order if O[v] == "AFTER"]
-
-def build_plan(p: Plan) -> BuiltCall:
-  """`materialized_call(encode(roots))` from the graph's Plan, without encoding: the same body, buffer_map and counts
-  over other fresh buffers."""
-  def unexpanded(v: int) -> list[int]: raise EngineError(f"direct plan: vertex {v} has no kids")
-  sink = p.sink if p.in_order else _ordered_sink(p.roots, p.O, p.K, unexpanded)
-  return _materialize(p.nodes, p.O, p.K, unexpanded, sink, p.roots, p.keys, p.fresh_uids, False, p)
-
-def _materialize(nodes: list[Node], O: list, K: list, expand: Callable[[int], list[int]], sink: list[int], roots: list[int],
-                 keys: list[Node], fresh_uids: set[int], bound_dims: bool, ids: IdDag) -> BuiltCall:
-  """The all-materialized CALL over flat vertex lists (`K[v]` None: not yet `expand`ed): one walk from the SINK's
-  AFTERs numbers the PARAMs (pre-order from the SINK) and builds each vertex as it finishes (every buffer under it has
-  its PARAM by then)."""
-  done = _DONE
-  args: list[Node] = []
-  slot_of: dict[Node, int] = {}
-  built: list = [None] * len(K)
-  walked = bytearray(len(K))
-  get, stores, CALL, FUNCTION, STORE = built.__getitem__, set(), Ops.CALL, Ops.FUNCTION, Ops.STORE
-  stack = list(reversed(sink))
-  while stack:   # PARAMs numbered at first visit, as `parameterize` walks; a vertex built when it finishes
-    if (v := stack.pop()) is done:
-      v = stack.pop()
-      if v < 0:
-        if ~v & 1: continue   # the STORE is made with its AFTER
-        t, (_, val) = get(K[v][0]), K[v - 1]
-        built[v - 1], built[v] = st = t.stored(get(val)); stores.add(st[0])
-        continue
-      src = tuple(map(get, K[v]))
-      if (o := (n := nodes[v]).op) is CALL or o is FUNCTION: src = (n.src[0], *src)
-      built[v] = n = n.over(src)   # a BUFFER's PARAM and views keep its shape: most nodes skip inference
-      if o is STORE: stores.add(n)
-      continue
-    if walked[v]: continue
-    walked[v] = 1
-    ks = K[v] if K[v] is not None else expand(v)
-    if (o := O[v]) == "SLICE" and K[ks[0]] is None: expand(ks[0])
-    if o != "BUFFER" and (o != "SLICE" or O[ks[0]] != "BUFFER"): stack += (v, done); stack += reversed(ks); continue
-    n = nodes[v] if o == "BUFFER" else nodes[v].over((nodes[ks[0]],))   # a whole SLICE(BUFFER): one arg
-    if n not in slot_of: slot_of[n] = len(args); args.append(n)
-    built[v] = n.param(slot_of[n])
-  body = Node(Ops.SINK, dtypes.void, tuple(dict.fromkeys(built[v] for v in sink)))
-  body, args = bind_dims(body, args) if bound_dims else (body, args)
-  for v in roots:   # the storage chains of realize points that are views (not walked from the SINK)
-    while (ks := K[v] if K[v] is not None else expand(v)) and O[v] != "BUFFER" and O[v] != "PARAM": v = ks[0]
-  buffer_map, views = _buffer_map(keys, roots, O, K, ids)
-  buffers = sum(1 for a in args if a.op is Ops.BUFFER and a.arg.uid in fresh_uids)
-  return BuiltCall(Node(Ops.CALL, dtypes.void, (body, *args), CallInfo()), buffer_map, len(stores), buffers, views)
-
 # ---- the result cache: the same graph over other buffers reuses the saturated result ---------------------------------
 
 @dataclass
@@ -384,7 +100,7 @@ class _Entry:
     temps = {res.call.src[1 + i] for i in getattr(res.call.arg, "temps", ())}
     minted = {b: None for v in [*res.call.src[1:], *res.buffer_map.values()] for b in toposort([v])
               if b.op is Ops.BUFFER and b.arg.uid in res.report.fresh_uids and b not in temps}
-    symbolic = any(isinstance(d, BoundVar) for n in topo for d in dims_in(_dims_arg(n)))
+    symbolic = any(isinstance(d, BoundVar) for n in topo for d in dims_in(dims_arg(n)))
     return _Entry(topo, res, [i for i, n in enumerate(topo) if n.op is Ops.BUFFER], [pos[k.id] for k in res.buffer_map],
                   list(minted), symbolic)
 
@@ -413,7 +129,7 @@ def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
   values = substitute(list(old.buffer_map.values()), m)
   if e.symbolic:
     binds: dict = {}
-    for n in topo: dims_in(_dims_arg(n), binds)
+    for n in topo: dims_in(dims_arg(n), binds)
     new_value = {d.var.key: d for d in binds if isinstance(d, BoundVar)}
     args = [Node(Ops.BIND, a.dtype, (), (a.arg[0], int(new_value[a.arg[0].key]))) if a.op is Ops.BIND else a for a in args]
     values = map_args(values, lambda d: new_value.get(d.var.key, d) if isinstance(d, BoundVar) else d)
@@ -519,7 +235,7 @@ class Budget:
   # multiples of the encode time per row (EXTRACT: per e-node) measured 0.6-0.75 to load, 1.7-2.9 to extract and
   # build the CALL, 0.7-1.2 to build the CALL directly (notes/benchmarks.md); FIXED: a Runner's declarations, temp files
   LOAD, EXTRACT, FALLBACK, FIXED = 1.0, 3.5, 1.5, 0.02
-  TOPO = 5.0   # encoding takes 5.2-8.9x the toposort (same graphs)
+  TOPO = 6.0   # encoding (its toposort included) takes 8.9-19x the toposort on chain and DAG graphs of 10k-200k nodes
 
   @classmethod
   def plan(cls, enc: Encoding, seconds: float, encode_s: float) -> Budget:
@@ -555,8 +271,8 @@ def loaded_size(enc: Encoding) -> int:
 def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float, assigns: str = "fresh",
              fusion: str = "rules", topo: list[Node] | None = None, topo_s: float = 0.0) -> CallifyResult:
   if topo is None: topo = toposort(roots, enter_calls=False)
-  if (why := Budget.no_e_graph(lim, len(topo), topo_s)) is not None and (res := _from_graph(roots, topo, topo_s, model, sched, lim, assigns, fusion, why)):
-    return res
+  why = Budget.no_e_graph(lim, len(topo), topo_s)
+  if why is not None and (res := _from_graph(roots, topo, topo_s, model, sched, lim, assigns, fusion, why)): return res
   enc = encode(roots, assigns, topo)
   tm, why = cost_plan(enc) if fusion == "cost" else (None, "")   # cost mode: candidates get stored forms (egraph/fusion.py)
   cands = add_candidates(enc) if tm is not None else {}
@@ -612,9 +328,9 @@ def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, 
 def _from_graph(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits,
                 assigns: str, fusion: str, why: str) -> CallifyResult | None:
   """The fallback without encoding (`direct.plan`), where the toposort's time says the e-graph will not fit: None where
-  the graph needs encode's path, or the plan shows loading would fit the node limit after all."""
+  the graph needs encode's path, has no realize point, or loading would fit the node limit after all."""
   t = time.perf_counter()
-  if (p := plan(roots, topo, model, assigns)) is None: return None
+  if (p := plan(roots, topo, model, assigns)) is None or not p.keys: return None
   if why.startswith("node limit"):
     if p.size <= lim.nodes: return None
     why = f"node limit: loading makes at least {p.size} e-nodes > {lim.nodes}"
@@ -624,7 +340,6 @@ def _from_graph(roots: list[Node], topo: list[Node], topo_s: float, model: CostM
                          fresh_uids=p.fresh_uids, fusion=fusion,
                          fusion_note="no e-graph: no partition" if fusion == "cost" else "")
   report.seconds.update(toposort=topo_s, plan=time.perf_counter() - t)
-  if not p.keys: return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)
   t = time.perf_counter()
   b = build_plan(p)
   report.seconds["direct"] = time.perf_counter() - t

@@ -472,6 +472,7 @@ def toposort(roots, enter_calls: bool = True, deps_first: bool = False, leaves: 
   With deps_first an AFTER visits its dependencies before its value (so a computed value sees their writes). Nodes whose
   op is in `leaves`, and nodes other than the roots whose id is in `stop`, are listed but not entered."""
   roots = list(roots)
+  if not (deps_first or leaves or stop): return _post_order(roots, () if enter_calls else _CALLS)
   order, seen, stack, top = [], set(), [(r, False) for r in reversed(roots)], {r.id for r in roots} if stop else ()
   while stack:
     n, done = stack.pop()
@@ -483,6 +484,20 @@ def toposort(roots, enter_calls: bool = True, deps_first: bool = False, leaves: 
            (n.id in stop and n.id not in top) else n.src
     if deps_first and n.op is Ops.AFTER: kids = n.src[1:] + n.src[:1]
     stack.extend((s, False) for s in reversed(kids) if s.id not in seen)
+  return order
+
+_CALLS, _FINISH = (Ops.CALL, Ops.FUNCTION), object()
+
+def _post_order(roots: list[Node], skip_body: tuple) -> list[Node]:
+  """toposort's common case, flat: a node under _FINISH is finished when _FINISH pops (no tuple per visit); a source
+  seen by then is skipped when popped, as toposort skips it when pushing. The same order."""
+  order, seen, stack, finish = [], set(), roots[::-1], _FINISH
+  add, push, pop, out = seen.add, stack.append, stack.pop, order.append
+  while stack:
+    if (n := pop()) is finish: out(pop()); continue
+    if n in seen: continue
+    add(n); push(n); push(finish)
+    stack += reversed(n.src[1:] if n.op in skip_body else n.src)
   return order
 
 def _argstr(n: Node) -> str:

@@ -22,7 +22,8 @@ from egraph.encode import encode
 from egraph.runner import Schedule, Limits
 from egraph.extract import knuth, decode
 from egraph.cost import COST_PRESETS
-from egraph.driver import saturate, Saturation, extract_call, storage_view, parameterize, build_call, has_bound_dims
+from egraph.driver import saturate, Saturation, extract_call, storage_view, parameterize
+from egraph.build import build_call, has_bound_dims
 from egraph.fusion import add_candidates, stored_members, StoredIds
 from lower.reference import evaluate
 from rules.strategies import random_data

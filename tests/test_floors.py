@@ -13,7 +13,7 @@ FLOORS = {
              "egraph.corpus"]),
   2: ("rule data", ["rules.registry", "rules.callify"]),
   3: ("engine", ["egraph.encode", "egraph.language", "egraph.runner", "egraph.extract", "egraph.cost", "egraph.report", "egraph.greedy", "egraph.fusion",
-                 "egraph.driver", "egraph.direct", "egraph.timemodel"]),
+                 "egraph.direct", "egraph.build", "egraph.driver", "egraph.timemodel"]),
   4: ("lowering", ["lower.*"]),
   5: ("research kit", ["rules.checker", "rules.soundness", "rules.strategies"]),
   6: ("front ends and tools", ["egraph.indexing", "egraph.rng", "egraph.tensor", "egraph.tracing", "egraph.models", "egraph.cli", "egraph.__main__",

@@ -13,7 +13,8 @@ from egraph.cost import COST_PRESETS, CostModel
 from egraph.errors import CallsatError
 from egraph.runner import StopReason
 from egraph.direct import plan
-from egraph.driver import materialized_call, build_plan, Budget
+from egraph.build import materialized_call, build_plan
+from egraph.driver import Budget
 from rules.soundness import call_violations
 from rules.strategies import PLANTED
 from graphgen import graphs, rule_graphs
@@ -140,3 +141,13 @@ def test_the_cache_key_is_made_only_where_it_can_hit_or_is_stored(monkeypatch):
   assert callify(x, limits=Limits(seconds=0)).report.fallback and made == []
   assert callify(x).report.fallback is None and made == [1]   # stored under its key
   assert callify(x).report.cache_hit and made == [1, 1]
+
+@SETTINGS
+@given(graphs(dtype=None))
+def test_toposorts_flat_walk_is_the_general_walk(g):
+  """toposort's common case (no leaves, stop or deps_first) walks flat; the general walk, forced by a leaf op no graph
+  has, gives the same order, with and without entering CALL bodies."""
+  roots = list(g.roots) + [Node(Ops.SINK, dtypes.void, tuple(g.roots))]
+  for enter in (True, False):
+    a, b = toposort(roots, enter), toposort(roots, enter, leaves=frozenset({Ops.OPAQUE}))
+    assert len(a) == len(b) and all(x is y for x, y in zip(a, b))

@@ -16,6 +16,7 @@ from egraph.cost import COST_PRESETS
 from egraph.runner import StopReason, OutOfBudget, LIMIT_PRESETS
 from egraph.extract import EGraphView
 import egraph.driver as drv
+import egraph.build as bld
 import egraph.extract as ext
 from egraph.driver import materialized_call, saturate, extract_call, storage_view, parameterize, loaded_size, Budget
 from rules.soundness import call_violations
@@ -53,7 +54,7 @@ def test_materialized_call_is_build_call_over_materialized_ids(g):
   generic `build_call` over the same ids, with the same counts, also where extraction would raise."""
   enc = encode(g.roots)
   if not enc.keys: return
-  m, ids = materialized_call(enc), drv.MaterializedIds(enc)
+  m, ids = materialized_call(enc), bld.MaterializedIds(enc)
   b = drv.build_call(ids, ids.roots, enc.keys, enc.fresh_buffers, drv.has_bound_dims(enc))
   assert m.call is b.call and m.buffer_map == b.buffer_map and (m.stores, m.buffers, m.views) == (b.stores, b.buffers, b.views)
 
@@ -181,10 +182,10 @@ def test_the_fallback_realizes_what_the_e_graph_does(program, tmp_path, monkeypa
   taken = []
   real = drv.materialized_call
   def checked(enc):
-    m, ids = real(enc), drv.MaterializedIds(enc)
+    m, ids = real(enc), bld.MaterializedIds(enc)
     b = drv.build_call(ids, ids.roots, enc.keys, enc.fresh_buffers, drv.has_bound_dims(enc))
     assert m.call is b.call and m.buffer_map == b.buffer_map
-    taken.append(drv.in_encoding_order(enc))
+    taken.append(bld.in_encoding_order(enc))
     return m
   monkeypatch.setattr(drv, "materialized_call", checked)
   monkeypatch.setitem(LIMIT_PRESETS, "default", NOW)
@@ -266,8 +267,8 @@ def test_out_of_budget_at_any_step_falls_back(where, monkeypatch):
   def at(abort_at, w):
     if w == where and abort_at < float("inf"): raise OutOfBudget(w)   # the fallback itself has no deadline
     real(abort_at, w)
-  for mod in (run, ext, drv): monkeypatch.setattr(mod, "checkpoint", at)
-  monkeypatch.setattr(ext, "TICK", 1); monkeypatch.setattr(drv, "TICK", 1)
+  for mod in (run, ext, bld): monkeypatch.setattr(mod, "checkpoint", at)
+  monkeypatch.setattr(ext, "TICK", 1); monkeypatch.setattr(bld, "TICK", 1)
   x = chain(60)
   res = callify(x, limits=Limits(seconds=60), cache=False)
   r = res.report
