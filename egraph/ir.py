@@ -250,11 +250,16 @@ _buffer_uids = itertools.count(1)
 def new_buffer(size: int, dtype: DType, device: str | tuple) -> Node:
   """A fresh global buffer (a new uid every call); on a tuple of devices each device holds `size` elements."""
   if dtype == dtypes.void: raise DTypeError("BUFFER: cannot allocate a void buffer")
-  return Node(Ops.BUFFER, dtype, (), BufferArg(next(_buffer_uids), int(size), canonical_device(device)))
+  arg = BufferArg(next(_buffer_uids), int(size), canonical_device(device))
+  if arg.size < 0: raise ShapeError(f"BUFFER: bad arg {arg!r}")
+  return _make((Ops.BUFFER, dtype, (), arg), Ops.BUFFER, dtype, (), arg, (arg.size,), arg.device)   # a new uid: a new key
 
 def empty_view(shape: tuple[int, ...], dtype: DType, device: str) -> Node:
   """A fresh buffer viewed with `shape` (BUFFER for 1-D, RESHAPE(BUFFER) otherwise). Symbolic dimensions get a buffer
   of their maximum size, shrunk to the bound size."""
+  if all(d.__class__ is int for d in shape):   # one per realize point: the RESHAPE of a new buffer is new, made directly
+    v = new_buffer(math.prod(shape), dtype, device)
+    return v if len(shape) == 1 else _make((Ops.RESHAPE, dtype, (v,), big := tuple(shape)), Ops.RESHAPE, dtype, (v,), big, big, v.device)
   big = tuple(max_value(d) for d in shape)
   v = new_buffer(math.prod(big), dtype, device).reshape(big)
   return v.shrink(tuple((0, d) for d in shape)) if big != tuple(map(int, shape)) or any(map(is_symbolic, shape)) else v
