@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck
 from egraph import Tensor, callify, Limits
-from egraph.ir import Node, Ops, toposort, new_buffer, substitute
+from egraph.ir import Node, Ops, toposort, substitute
 from egraph.dtype import dtypes
 from egraph.encode import encode
 from egraph.extract import baseline_cost
@@ -17,7 +17,7 @@ from egraph.build import materialized_call, build_plan
 from egraph.driver import Budget
 from rules.soundness import call_violations
 from rules.strategies import PLANTED
-from graphgen import graphs, rule_graphs
+from graphgen import graphs, rule_graphs, chain
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -67,15 +67,6 @@ def test_the_plan_is_the_encodings_fallback_with_each_rule_planted(rule):
     same_as_encoded(list(g.roots), "realized")
   check()
 
-def _chain(n: int) -> Node:
-  a = new_buffer(16, dtypes.float32, "CPU")
-  x = a
-  for i in range(n):
-    x = Node(Ops.MUL if i % 2 else Ops.ADD, None, (x, a))
-    if i % 10 == 9: x = x.contiguous()
-    if i % 25 == 24: x = x.reshape((4, 4)).shrink(((1, 3), (0, 4))).contiguous().reshape((8,)).pad(((4, 4),))
-  return x
-
 def test_the_plan_covers_the_benchmark_shapes():
   """Chains of contiguous and sliced values, an assign into a buffer, a host copy, a root that is a view: planned;
   a CONTIGUOUS of a CONTIGUOUS (storage once materialized, maybe) is left to encode."""
@@ -83,7 +74,7 @@ def test_the_plan_covers_the_benchmark_shapes():
   host = Tensor(np.arange(16, dtype=np.float32), device="NPY")
   a.assign(b * 2)
   assert a.node.op is Ops.AFTER and a.node.src[0].op is Ops.BUFFER
-  for roots in ([_chain(300)], [a.node, (host.to("CPU") + 1).reshape(4, 4).node, (b + 1).contiguous().node]):
+  for roots in ([chain(300)], [a.node, (host.to("CPU") + 1).reshape(4, 4).node, (b + 1).contiguous().node]):
     assert same_as_encoded(roots)
   inner = (b + 1).contiguous().node
   assert not same_as_encoded([inner.contiguous()])
@@ -103,7 +94,7 @@ def test_graphs_the_plan_leaves_to_encode(why):
   assert r.fallback.startswith("time limit: predicted") and "encode" in r.seconds and "not encoded" not in r.fallback
 
 def test_callify_skips_encoding_when_the_toposort_says_no_time():
-  x = _chain(400)
+  x = chain(400)
   res = callify(x, limits=Limits(seconds=0), cache=False)
   r = res.report
   assert r.stop_reason is StopReason.TIME_LIMIT and r.fallback.startswith("time limit: predicted") and r.fallback.endswith("not encoded")
@@ -114,7 +105,7 @@ def test_callify_skips_encoding_when_the_toposort_says_no_time():
   assert "not encoded" in str(r)
 
 def test_a_node_limit_below_the_graph_skips_encoding():
-  x = _chain(200)
+  x = chain(200)
   n = len(toposort([x], enter_calls=False))
   r = callify(x, limits=Limits(nodes=n - 1), cache=False).report
   assert r.stop_reason is StopReason.NODE_LIMIT and r.fallback.startswith("node limit: loading makes at least")
@@ -126,7 +117,7 @@ def test_the_prediction_needs_a_slow_toposort():
   assert Budget.no_e_graph(lim, 1000, 0.001) is None
   assert Budget.no_e_graph(lim, 1000, 1.0).startswith("time limit: predicted")
   assert Budget.no_e_graph(Limits(nodes=10), 11, 0.0).startswith("node limit")
-  x = _chain(50)
+  x = chain(50)
   assert callify(x, limits=Limits(seconds=60), cache=False).report.fallback is None
 
 def test_the_cache_key_is_made_only_where_it_can_hit_or_is_stored(monkeypatch):
@@ -135,7 +126,7 @@ def test_the_cache_key_is_made_only_where_it_can_hit_or_is_stored(monkeypatch):
   made = []
   real = drv.graph_key
   monkeypatch.setattr(drv, "graph_key", lambda *a: made.append(1) or real(*a))
-  x = _chain(137)
+  x = chain(137)
   n = len(toposort([x], enter_calls=False))
   if any(len(e.topo) == n for e in drv._CACHE.values()): pytest.skip("a graph of this size is cached already")
   assert callify(x, limits=Limits(seconds=0)).report.fallback and made == []

@@ -21,7 +21,7 @@ import egraph.extract as ext
 from egraph.driver import materialized_call, saturate, extract_call, storage_view, parameterize, loaded_size, Budget
 from rules.soundness import call_violations
 from egraph.storage import Storage
-from graphgen import Graph, graphs, rule_graphs, reference_values, executed_values
+from graphgen import Graph, graphs, rule_graphs, reference_values, executed_values, chain
 from rules.strategies import PLANTED
 
 SETTINGS = settings(max_examples=150, deadline=None,
@@ -206,16 +206,6 @@ def test_a_run_stopped_before_a_value_has_a_form_falls_back(monkeypatch):
   np.testing.assert_allclose(y.numpy(), [4, 8, 12])
 
 # ---- stop reasons, paths and the report ------------------------------------------------------------------------------
-
-def chain(n):
-  """An elementwise chain over one buffer with a CONTIGUOUS every 10 steps and a contiguous slice every 25."""
-  a = new_buffer(16, dtypes.float32, "CPU")
-  x = a
-  for i in range(n):
-    x = Node(Ops.ADD if i % 2 else Ops.MUL, None, (x, a))
-    if i % 10 == 9: x = x.contiguous()
-    if i % 25 == 24: x = x.reshape((4, 4)).shrink(((1, 3), (0, 4))).contiguous().reshape((8,)).pad(((4, 4),))
-  return x
 
 @pytest.mark.parametrize("seconds", [0, 1e-6, -1])
 def test_no_time_gives_time_limit_and_the_materialized_call(seconds):
