@@ -1,9 +1,9 @@
 """The all-materialized CALL's DAG read straight off the graph, without an Encoding: callify's path when its limits
-leave no time for the e-graph, so that encoding rows for it would be wasted (it costs 5-9x the toposort).
+leave no time for the e-graph, so that encoding rows for it would be wasted (encoding takes 9-19x the toposort).
 
-`plan` numbers the same vertices `driver.materialized_call` reads off the Encoding (each realize point's AFTER and
+`plan` numbers the same vertices `build.materialized_call` reads off the Encoding (each realize point's AFTER and
 STORE into its fresh buffer at ~(2i) and ~(2i+1), a CONTIGUOUS of storage as that storage), prices them as
-`extract.baseline_cost` does, and `driver.build_plan` builds the CALL with the same loop. It returns None for the graphs
+`extract.baseline_cost` does, and `build.build_plan` builds the CALL with the same loop. It returns None for the graphs
 only encode's path handles (calls, multi-device and DISK values, bound dimensions, zero-size values, assigns into
 computed values, a CONTIGUOUS whose source may be storage only once materialized): encode raises what they should."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from egraph.encode import realize_points, assigns_into_computed, is_host, ASSIGN
 from egraph.cost import CostModel
 
 _NOT_PLAIN = frozenset({Ops.CALL, Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.SINK, Ops.BIND, Ops.MULTI})
-_PRICED_OPS = frozenset({Ops.CONTIGUOUS, Ops.AFTER, Ops.STORE, Ops.BUFFER, Ops.PARAM, Ops.SLICE})   # as extract's baseline_cost
+_PRICED_OPS = frozenset({Ops.CONTIGUOUS, Ops.AFTER, Ops.STORE, Ops.BUFFER, Ops.PARAM, Ops.SLICE})   # as baseline_cost
 _NAME = {o: o.name for o in Ops}   # Enum.name is a Python-level property
 
 @dataclass
@@ -60,7 +60,8 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
   def vertex(n: Node, kids: list[int] | None) -> int:
     nonlocal cost
     v = len(nodes); nodes.append(n); O[v], K[v] = _NAME[n.op], kids
-    if kids is not None: cost += model.nodes if plain and n.op not in _PRICED_OPS else model.enode_cost(O[v], n, None, False) or 0
+    if kids is not None:
+      cost += model.nodes if plain and n.op not in _PRICED_OPS else model.enode_cost(O[v], n, None, False) or 0
     return v
 
   def materialize(c: Node, value: int) -> int:
@@ -85,7 +86,7 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
   seen: dict[Node, int] = {}   # node -> the vertex its consumers read (nodes hash by identity)
   get, add, name = seen.__getitem__, nodes.append, _NAME.__getitem__
   AFTER, CONTIGUOUS, STORE, RESHAPE, COPY = Ops.AFTER, Ops.CONTIGUOUS, Ops.STORE, Ops.RESHAPE, Ops.COPY
-  for n in topo:   # one vertex per node, inline (~200k here): what `vertex` and `price` do
+  for n in topo:   # `vertex`, inline: one per node (200k of them at the scale this path is for)
     op, dev = n.op, n.device
     if op in _NOT_PLAIN or (dev is not None and (dev.__class__ is tuple or dev.startswith("DISK:"))): return None
     if (op is CONTIGUOUS or op is AFTER) and dev is not None: keys.setdefault(n.id, n)
@@ -100,9 +101,11 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
       seen[n] = materialize(n, seen[x]); continue
     if op is AFTER and assigns_into_computed(n, realized): return None
     seen[n] = v = len(nodes); add(n); O[v] = o = name(op); K[v] = list(map(get, n.src))
-    cost += model.nodes if plain and op not in _PRICED_OPS else model.enode_cost(o, n, n.src[0] if op is STORE else None, False) or 0
+    cost += model.nodes if plain and op not in _PRICED_OPS else \
+            model.enode_cost(o, n, n.src[0] if op is STORE else None, False) or 0
     if op is AFTER: sink.append(v)
-    elif n.id in keys or (op is COPY and dev is not None and is_host(n.src[0].device) and keys.setdefault(n.id, n)):   # a root's base or a host COPY: its consumers read CONTIGUOUS(it), stored
+    elif n.id in keys or (op is COPY and dev is not None and is_host(n.src[0].device) and keys.setdefault(n.id, n)):
+      # a root's base or a host COPY: its consumers read CONTIGUOUS(it), stored
       if n.numel == 0: return None
       w = n.contiguous()
       seen[n] = seen[w] = materialize(w, v)

@@ -97,10 +97,11 @@ def test_callify_skips_encoding_when_the_toposort_says_no_time():
   x = chain(400)
   res = callify(x, limits=Limits(seconds=0), cache=False)
   r = res.report
-  assert r.stop_reason is StopReason.TIME_LIMIT and r.fallback.startswith("time limit: predicted") and r.fallback.endswith("not encoded")
-  assert "encode" not in r.seconds and {"toposort", "plan", "direct"} <= set(r.seconds)
-  assert r.e_nodes == r.stop_nodes == r.iterations == 0 and r.cost == r.baseline_cost == baseline_cost(encode([x]), COST_PRESETS["bytes"])
-  assert res.call.src[0] is materialized_call(encode([x])).call.src[0]
+  assert r.stop_reason is StopReason.TIME_LIMIT and r.fallback.startswith("time limit: predicted")
+  assert r.fallback.endswith("not encoded") and "encode" not in r.seconds and {"toposort", "plan", "direct"} <= set(r.seconds)
+  enc = encode([x])
+  assert r.e_nodes == r.stop_nodes == r.iterations == 0 and r.cost == r.baseline_cost == baseline_cost(enc, COST_PRESETS["bytes"])
+  assert res.call.src[0] is materialized_call(enc).call.src[0] and r.stores == r.realize_points == len(enc.keys)
   assert call_violations([x], res.call, res.buffer_map) == []
   assert "not encoded" in str(r)
 
