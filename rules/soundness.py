@@ -26,7 +26,7 @@ from egraph.driver import saturate, Saturation, extract_call, storage_view, para
 from egraph.build import build_call, has_bound_dims
 from egraph.fusion import add_candidates, stored_members, StoredIds
 from lower.reference import evaluate
-from rules.strategies import random_data
+from rules.strategies import random_data, oracle_values
 from rules.registry import RULES
 
 @dataclass
@@ -84,7 +84,7 @@ def stored_violations(roots: list[Node], storage, sat: Saturation, atol: float =
   ex = extract_call(sat, COST_PRESETS["bytes"])
   ids = StoredIds(ex.graph, ex.choice, stored_members(ex.graph, sat.enc, [int(r[0]) for r in sat.enc.rows.get("candidate_row", ())]))
   b = build_call(ids, ex.root_classes, sat.enc.keys, sat.enc.fresh_buffers, has_bound_dims(sat.enc))
-  want = evaluate(list(sat.enc.keys), storage.copy())
+  want = oracle_values(list(roots), storage, list(sat.enc.keys))   # an assign into a computed value: its value (rule 8)
   st = storage.copy()
   evaluate([b.call], st)
   out = []

@@ -237,13 +237,17 @@ PLANTED = ("bitcast_to_view", "assign_copy_in_place", "materialize_contiguous", 
 
 def reference_values(g: Graph, keys: list[Node]) -> list[np.ndarray]:
   """The oracle: evaluate every key in the original graph with the numpy executor on a private copy of storage."""
-  st_ = g.storage.copy()
+  return oracle_values(list(g.roots), g.storage, keys)
+
+def oracle_values(roots: list[Node], storage: Storage, keys: list[Node]) -> list[np.ndarray]:
+  """`keys` of the graph under `roots`, evaluated by the numpy executor on a private copy of `storage`."""
+  st_ = storage.copy()
   # assigning into a computed value means "a fresh buffer holding the value" (spec rule 8); children first, so a value
   # that holds another such assign is rewritten too (substitute does not enter the values it maps to)
   sem: dict[Node, Node] = {}
-  for n in toposort(list(g.roots), enter_calls=False):
+  for n in toposort(roots, enter_calls=False):
     if n.op is Ops.AFTER and assigns_into_computed(n): sem[n] = substitute([n.src[1].src[1]], sem)[0]
-  vals = evaluate(substitute(list(keys) + list(g.roots), sem), st_)
+  vals = evaluate(substitute(list(keys) + roots, sem), st_)
   return [np.array(v, copy=True) for v in vals[:len(keys)]]
 
 def executed_values(g: Graph, call: Node, buffer_map: dict[Node, Node], keys: list[Node]) -> list[np.ndarray]:

@@ -80,3 +80,18 @@ def test_checker_catches_an_unsound_rule(monkeypatch):
   roots, storage = witness("drop_detach")
   violations, matches = check_egraph(roots, storage, ("bad_negate",))
   assert matches.get("bad_negate", 0) > 0 and violations
+
+def test_the_all_stored_check_reads_an_assign_into_a_computed_value_as_its_value():
+  """The all-stored CALL check (run when store_candidate fires) takes its expected values from the oracle, which reads
+  an assign into a computed value as a fresh buffer holding it (spec rule 8); evaluating the graph's keys as they are
+  raised "STORE: the target goes through NEG" (found by test_all_rules_together_sound)."""
+  a, b = new_buffer(16, dtypes.float32, "CPU"), new_buffer(16, dtypes.float32, "CPU")
+  st = Storage()
+  st.set_data(a, np.arange(16, dtype=np.float32)); st.set_data(b, np.full(16, 3, np.float32))
+  x = Node(Ops.MUL, None, (a, b))
+  y = Node(Ops.ADD, None, (x, x))
+  n = Node(Ops.NEG, None, (a,))
+  assign = n.after(n.store(Node(Ops.ADD, None, (y, b))))
+  w = Node(Ops.WHERE, None, (Node(Ops.CMPLT, None, (a, b)), y, Node(Ops.MUL, None, (y, a))))
+  violations, matches = check_egraph([assign, w], st, None)
+  assert matches.get("store_candidate") and violations == []
