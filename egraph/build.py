@@ -5,7 +5,7 @@ dimensions passed as BIND args)."""
 from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
-from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, map_args
+from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, toposort, map_args, dims_arg
 from egraph.dtype import dtypes
 from egraph.errors import EngineError, ShapeError
 from egraph.symbolic import BoundVar, dims_in
@@ -32,10 +32,6 @@ def bind_dims(body: Node, args: list[Node]) -> tuple[Node, list[Node]]:
           raise ShapeError(f"callify: variable {d.var.name} is bound to {int(bound[d.var.key])} and {int(d)} in one graph")
   if bound: body = map_args([body], lambda d: d.var if isinstance(d, BoundVar) else d)[0]
   return body, args + [Node(Ops.BIND, dtypes.int32, (), (d.var, int(d))) for d in bound.values()]
-
-def dims_arg(n: Node):
-  """The part of a node's arg that can hold symbolic dimensions."""
-  return n.arg.shape if n.op is Ops.PARAM else () if n.op in (Ops.CALL, Ops.FUNCTION, Ops.BIND) else n.arg
 
 # ---- a CALL built over ids: the extracted e-classes, or the Encoding's own ids (the all-materialized fallback) ------
 

@@ -8,8 +8,7 @@ only encode's path handles (calls, multi-device and DISK values, bound dimension
 computed values, a CONTIGUOUS whose source may be storage only once materialized): encode raises what they should."""
 from __future__ import annotations
 from dataclasses import dataclass, field
-from egraph.ir import Node, Ops, ParamArg, empty_view
-from egraph.symbolic import BoundVar, dims_in
+from egraph.ir import Node, Ops, empty_view, binds_dims
 from egraph.encode import realize_points, assigns_into_computed, is_host, ASSIGNS
 from egraph.cost import CostModel
 
@@ -47,8 +46,7 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
   first = realize_points(roots, ())   # the roots' bases; the loop adds the rest in graph order, as realize_points does
   bases = list(dict.fromkeys(r.base for r in roots))
   in_order = len(bases) <= len(first) and all(k is b for k, b in zip(first, bases))   # `in_encoding_order`
-  if any(isinstance(d, BoundVar) for a in {n.arg for n in topo if n.arg is not None}
-         for d in dims_in(a.shape if isinstance(a, ParamArg) else a)): return None   # bind_dims: encode's path
+  if binds_dims(topo): return None   # bind_dims: encode's path
   keys = {k.id: k for k in first}   # realize_points' loop is folded into the one below
   realized = keys if assigns == "realized" else frozenset()   # a target is below its assign: its key is in by then
   # vertices: one per node, and per realize point stored a CONTIGUOUS and its fresh view (at most 3 nodes)

@@ -15,13 +15,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
-from egraph.ir import Node, Ops, GroupOp, CallInfo, toposort, substitute, new_buffer, map_args, const_key
+from egraph.ir import Node, Ops, GroupOp, CallInfo, toposort, substitute, new_buffer, map_args, const_key, dims_arg, binds_dims
 from egraph.dtype import dtypes
 from egraph.errors import CallsatError, EngineError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode, Encoding
 from egraph.direct import plan
-from egraph.build import view_over, bind_dims, dims_arg, build_call, has_bound_dims, materialized_call, build_plan
+from egraph.build import view_over, bind_dims, build_call, has_bound_dims, materialized_call, build_plan
 from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
                            resolve)
 from egraph.cost import CostModel, COST_PRESETS
@@ -100,7 +100,7 @@ class _Entry:
     temps = {res.call.src[1 + i] for i in getattr(res.call.arg, "temps", ())}
     minted = {b: None for v in [*res.call.src[1:], *res.buffer_map.values()] for b in toposort([v])
               if b.op is Ops.BUFFER and b.arg.uid in res.report.fresh_uids and b not in temps}
-    symbolic = any(isinstance(d, BoundVar) for n in topo for d in dims_in(dims_arg(n)))
+    symbolic = binds_dims(topo)
     return _Entry(topo, res, [i for i, n in enumerate(topo) if n.op is Ops.BUFFER], [pos[k.id] for k in res.buffer_map],
                   list(minted), symbolic)
 
@@ -154,21 +154,20 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   t1 = time.perf_counter()
   topo = toposort(roots, enter_calls=False)
   topo_s = time.perf_counter() - t1
+  def cache_key() -> tuple: return (graph_key(roots, topo)[0], model, sched, lim, assigns, fus)
   key = None
   # the key costs a third of encoding: only a graph of a cached one's size can hit (a fallback needs no key at all)
   if cache and any(len(e.topo) == len(topo) for e in _CACHE.values()):
-    key = (graph_key(roots, topo)[0], model, sched, lim, assigns, fus)
-    if (hit := _CACHE.get(key)) is not None:
+    if (hit := _CACHE.get(key := cache_key())) is not None:
       _CACHE.move_to_end(key)
       return _reuse(hit, topo, t0)
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
-  try: res = _callify(roots, model, sched, lim, t0, assigns, fus, topo, topo_s)
+  try: res = _callify(roots, topo, topo_s, model, sched, lim, t0, assigns, fus)
   finally:
     if was: gc.enable()
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
-    if key is None: key = (graph_key(roots, topo)[0], model, sched, lim, assigns, fus)
-    _CACHE[key] = _Entry.of(topo, res)
+    _CACHE[key if key is not None else cache_key()] = _Entry.of(topo, res)
     while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
   return res
 
@@ -268,9 +267,8 @@ def loaded_size(enc: Encoding) -> int:
   terms = sum(len(enc.rows.get(r, ())) for r in ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row"))
   return terms + 2 * len(enc.fresh)
 
-def _callify(roots: list[Node], model: CostModel, sched: Schedule, lim: Limits, t0: float, assigns: str = "fresh",
-             fusion: str = "rules", topo: list[Node] | None = None, topo_s: float = 0.0) -> CallifyResult:
-  if topo is None: topo = toposort(roots, enter_calls=False)
+def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits, t0: float,
+             assigns: str, fusion: str) -> CallifyResult:
   why = Budget.no_e_graph(lim, len(topo), topo_s)
   if why is not None and (res := _from_graph(roots, topo, topo_s, model, sched, lim, assigns, fusion, why)): return res
   enc = encode(roots, assigns, topo)
@@ -331,10 +329,10 @@ def _from_graph(roots: list[Node], topo: list[Node], topo_s: float, model: CostM
   the graph needs encode's path, has no realize point, or loading would fit the node limit after all."""
   t = time.perf_counter()
   if (p := plan(roots, topo, model, assigns)) is None or not p.keys: return None
-  if why.startswith("node limit"):
+  if node_limit := why.startswith("node limit"):
     if p.size <= lim.nodes: return None
     why = f"node limit: loading makes at least {p.size} e-nodes > {lim.nodes}"
-  reason = StopReason.NODE_LIMIT if why.startswith("node limit") else StopReason.TIME_LIMIT
+  reason = StopReason.NODE_LIMIT if node_limit else StopReason.TIME_LIMIT
   report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(topo), realize_points=len(p.keys),
                          stop_reason=reason, fallback=why + "; not encoded", cost=p.cost, baseline_cost=p.cost,
                          fresh_uids=p.fresh_uids, fusion=fusion,

@@ -11,7 +11,7 @@ from enum import Enum, auto
 from typing import Any
 from egraph.dtype import DType, dtypes
 from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
-from egraph.symbolic import HostDim, is_symbolic, max_value, map_dims
+from egraph.symbolic import HostDim, BoundVar, is_symbolic, max_value, map_dims, dims_in
 
 class Ops(Enum):
   # storage and calls
@@ -259,7 +259,9 @@ def empty_view(shape: tuple[int, ...], dtype: DType, device: str) -> Node:
   of their maximum size, shrunk to the bound size."""
   if all(d.__class__ is int for d in shape):   # one per realize point: the RESHAPE of a new buffer is new, made directly
     v = new_buffer(math.prod(shape), dtype, device)
-    return v if len(shape) == 1 else _make((Ops.RESHAPE, dtype, (v,), big := tuple(shape)), Ops.RESHAPE, dtype, (v,), big, big, v.device)
+    if len(shape) == 1: return v
+    shape = tuple(shape)
+    return _make((Ops.RESHAPE, dtype, (v,), shape), Ops.RESHAPE, dtype, (v,), shape, shape, v.device)
   big = tuple(max_value(d) for d in shape)
   v = new_buffer(math.prod(big), dtype, device).reshape(big)
   return v.shrink(tuple((0, d) for d in shape)) if big != tuple(map(int, shape)) or any(map(is_symbolic, shape)) else v
@@ -490,6 +492,18 @@ def toposort(roots, enter_calls: bool = True, deps_first: bool = False, leaves: 
     if deps_first and n.op is Ops.AFTER: kids = n.src[1:] + n.src[:1]
     stack.extend((s, False) for s in reversed(kids) if s.id not in seen)
   return order
+
+_NO_DIMS = (Ops.CALL, Ops.FUNCTION, Ops.BIND)
+
+def dims_arg(n: Node):
+  """The part of a node's arg that can hold symbolic dimensions."""
+  return n.arg.shape if n.op is Ops.PARAM else () if n.op in _NO_DIMS else n.arg
+
+def binds_dims(nodes) -> bool:
+  """Does any of `nodes` hold a bound symbolic dimension in its arg (`dims_arg`; each distinct arg looked at once, no
+  call per node: the fallback asks this of 200k-node graphs)?"""
+  args = {n.arg for n in nodes if n.arg is not None and n.op not in _NO_DIMS}
+  return any(isinstance(d, BoundVar) for a in args for d in dims_in(a.shape if isinstance(a, ParamArg) else a))
 
 _CALLS, _FINISH = (Ops.CALL, Ops.FUNCTION), object()
 
