@@ -193,7 +193,8 @@ def saturate(enc: Encoding, schedule: str | Schedule = "saturate", limits: str |
     runner.load(enc.rows, encoding=enc)
     runner.materialize()
     runner.optimize(resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits"))
-  except OutOfBudget as e: e.stats = runner.stats; raise
+  except OutOfBudget as e: e.stats = runner.stats; runner.release(); raise
+  except BaseException: runner.release(); raise
   return Saturation(enc, runner)
 
 @dataclass
@@ -286,6 +287,7 @@ def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostMode
   if size > lim.nodes:
     return _direct(enc, report, StopReason.NODE_LIMIT, f"node limit: loading makes ~{size} e-nodes > {lim.nodes}")
   if (why := budget.too_slow(size)) is not None: return _direct(enc, report, StopReason.TIME_LIMIT, "time limit: " + why)
+  sat = None
   try:
     sat = saturate(enc, sched, lim, abort_at=budget.abort_at, reserve=budget.extract_s, clock=budget.start)
     st = sat.runner.stats
@@ -315,6 +317,8 @@ def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostMode
   except Unextractable as e:
     if report.stop_reason is StopReason.SATURATED: raise
     return _direct(enc, report, report.stop_reason, f"{report.stop_reason}: stopped before every value had a form ({e})")
+  finally:
+    if sat is not None: sat.runner.release()   # nothing below reads the e-graph: it goes back to the pool
   report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
   if time.perf_counter() - budget.start > lim.seconds and report.stop_reason is StopReason.SATURATED:
     report.stop_reason = StopReason.TIME_LIMIT   # saturated in time, but extraction and decoding ran past the budget

@@ -24,7 +24,7 @@ A Runner given a StepHook (what `callsat explain` uses) applies the same rules o
 ruleset, and calls the hook after loading and after every step that matched; the rules are pure unions, so it
 reaches the same fixpoint as the phased run."""
 from __future__ import annotations
-import os, shutil, tempfile, time
+import os, shutil, tempfile, threading, time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Protocol
@@ -171,6 +171,37 @@ class StepHook(Protocol):
   def loaded(self, runner: "Runner") -> None: ...
   def step(self, phase: str, rnd: int, rule: str, matches: int) -> None: ...
 
+class DeclaredPool:
+  """egglog e-graphs with the callify language declared, by declaration text: declaring costs 10-15 ms, which every
+  callify of a tiny graph paid. A Runner takes one (`take`), `(push)`es, and gives it back after `(pop)` (`give`).
+  Per thread: an egglog EGraph must live and die on the thread that made it; at most `keep` wait per text."""
+  def __init__(self, keep: int = 2):
+    self.keep, self._local = keep, threading.local()
+
+  def _free(self) -> dict:
+    if (f := getattr(self._local, "free", None)) is None: f = self._local.free = {}
+    return f
+
+  def take(self, text: str, what: str):
+    if free := self._free().get(text): return free.pop()
+    g = eb.EGraph()
+    guarded(what, lambda: g.run_program(*g.parse_program(text)))
+    return g
+
+  def give(self, text: str, g) -> None:
+    try: g.run_program(*g.parse_program("(pop)"))
+    except Exception: return   # never pooled in an unknown state (or from another thread): it is dropped
+    free = self._free().setdefault(text, [])
+    if len(free) < self.keep: free.append(g)
+
+  def waiting(self) -> dict[str, int]:
+    """This thread's idle e-graphs per declaration text."""
+    return {t: len(v) for t, v in self._free().items()}
+
+  def clear(self) -> None: self._free().clear()
+
+DECLARED = DeclaredPool()
+
 class Runner:
   """One egglog e-graph holding an encoded graph; runs the phases under limits (one `check_limits()` decides stops)."""
   def __init__(self, schedule: Schedule, hook: StepHook | None = None, abort_at: float = float("inf"),
@@ -196,9 +227,16 @@ class Runner:
                          "Compare orders with `callsat order` instead")
     if stepwise and schedule.max_iterations is not None:
       raise CallsatError(f"explain runs to saturation; schedule {schedule.name!r} stops after {schedule.max_iterations} iteration(s)")
-    self.egraph = eb.EGraph()
-    self.command(declarations(schedule, stepwise), "declaring the callify language"
-                 + (" (ordered mode)" if self.ordered else " (stepwise)" if stepwise else ""))
+    self._decl = declarations(schedule, stepwise)
+    self.egraph = DECLARED.take(self._decl, "declaring the callify language"
+                                + (" (ordered mode)" if self.ordered else " (stepwise)" if stepwise else ""))
+    self.command("(push)", "saving the declared e-graph")   # release() pops back to it for the next Runner
+
+  def release(self) -> None:
+    """Done with the e-graph: it goes back to the process's pool in its declared state (idempotent). A Runner never
+    released (one whose Saturation a caller keeps) just lets its e-graph go."""
+    g, self.egraph = self.egraph, None
+    if g is not None: DECLARED.give(self._decl, g)
 
   @property
   def ordered(self) -> bool: return self.schedule.ordered is not None

@@ -28,6 +28,7 @@ from tinygrad.uop.ops import UOp   # noqa: E402
 from egraph.tinygrad_convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.driver import callify   # noqa: E402
 from egraph.tinygrad_fusion import bridge_fusion, cost_hints, realize_hints, Hints   # noqa: E402
+from egraph.tinygrad_cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
 
@@ -35,16 +36,35 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """tinygrad 0.14's `transform_to_call` by equality saturation: (CALL, buffer_map) over tinygrad UOps. Raises
   BridgeRefusal (a CallsatError naming the op, dtype or form) for a graph callsat cannot take. With
   CALLSAT_BRIDGE_FUSION=cost the values callsat's cost mode stores come back as CONTIGUOUS in the CALL body, with
-  cost-store as STOREs of the CALL (egraph/tinygrad_fusion.py)."""
-  cv, roots = to_callsat(big_sink)
+  cost-store as STOREs of the CALL (egraph/tinygrad_fusion.py). A graph whose structure was decided before (other
+  buffers, other bound values) is rebound from the structural cache (egraph/tinygrad_cache.py; CALLSAT_BRIDGE_CACHE)."""
   mode = bridge_fusion()
+  cache = _cache()
+  if cache is None: return _decide(big_sink, mode)[:2]
+  st = structure(big_sink)
+  key = (mode, st.key)   # the option changes the CALL: part of the key
+  if (hit := cache.get(key)) is not None:
+    if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
+    if hit.extra is not None: _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
+    return rebind(hit, st)
+  try: call, bmap, hints = _decide(big_sink, mode)
+  except BridgeRefusal as e:
+    cache.put(key, BridgeRefusal(e.reason, e.detail))   # refused by structure alone: refused again without converting
+    raise
+  cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None))
+  return call, bmap
+
+def _decide(big_sink: UOp, mode: str):
+  """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints)."""
+  cv, roots = to_callsat(big_sink)
   hints = _hints(cv, roots) if mode != "rules" else Hints()
   if mode == "cost-store": roots = realize_hints(cv, roots, hints.idents)   # stored by callify, as a program's own CONTIGUOUS
   # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an
   # assign into a realize point as a write into that point's storage; what gets stored beyond the graph's own realize
   # points is the bridge option's choice (CALLSAT_BRIDGE_FUSION, above), never CALLSAT_FUSION's
   res = callify(*roots, cache=False, assigns="realized", fusion="rules")
-  return to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
+  call, bmap = to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
+  return call, bmap, hints
 
 def _hints(cv, roots) -> Hints:
   """cost_hints, counted. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
@@ -54,10 +74,14 @@ def _hints(cv, roots) -> Hints:
     if _STATE["mode"] != "fallback": raise
     h = Hints(note=f"{type(e).__name__}: {e}")
     with _LOCK: _COUNTS["hint_errors"] += 1
-  with _LOCK:
-    _COUNTS["hinted" if h.idents else "unhinted"] += 1; _COUNTS["hints"] += len(h.idents); _COUNTS["hint_seconds"] += h.seconds
-    _LAST["hints"] = h
+  _count_hints(h)
   return h
+
+def _count_hints(h: Hints, seconds: bool = True) -> None:
+  with _LOCK:
+    _COUNTS["hinted" if h.idents else "unhinted"] += 1; _COUNTS["hints"] += len(h.idents)
+    if seconds: _COUNTS["hint_seconds"] += h.seconds
+    _LAST["hints"] = h
 
 def last_hints() -> Hints | None:
   """The hints of the last bridged call in cost mode (CALLSAT_BRIDGE_FUSION=cost), for reports and tests."""
@@ -70,6 +94,21 @@ _STATE = {"mode": None}   # None: not installed; "strict" | "fallback"
 _COUNTS: Counter = Counter()
 _REASONS: Counter = Counter()
 _LAST: dict = {}
+_CACHE: dict = {}   # "cache": the process's StructureCache (or None: off), made on first use from CALLSAT_BRIDGE_CACHE
+
+def _cache() -> StructureCache | None:
+  if "cache" not in _CACHE:
+    with _LOCK:
+      if "cache" not in _CACHE: _CACHE["cache"] = from_env()
+  return _CACHE["cache"]
+
+def set_cache(cache: StructureCache | None) -> None:
+  """Use this structural cache from now on (None: no cache; every graph is decided anew)."""
+  with _LOCK: _CACHE["cache"] = cache
+
+def cache_stats() -> dict:
+  """The structural cache's counts (entries, nodes, hits, misses, stored, uncacheable, evicted); {} when it is off."""
+  return c.stats() if (c := _cache()) is not None else {}
 
 def _reason(e: BaseException) -> str:
   if isinstance(e, BridgeRefusal): return e.reason
@@ -125,12 +164,13 @@ def installed(strict: bool = False):
 def stats() -> dict:
   """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
   mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
-  hint_seconds (choosing them)."""
+  hint_seconds (choosing them); cache: the structural cache's counts (cache_stats)."""
+  cache = cache_stats()   # outside _LOCK: making the cache takes it
   with _LOCK:
     return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
             "refused": _COUNTS["refused"], "reasons": dict(_REASONS.most_common()),
             "hinted": _COUNTS["hinted"], "unhinted": _COUNTS["unhinted"], "hints": _COUNTS["hints"],
-            "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"]}
+            "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "cache": cache}
 
 def reset_stats() -> None:
   with _LOCK: _COUNTS.clear(); _REASONS.clear(); _LAST.clear()
@@ -139,6 +179,7 @@ def summary(top: int = 5) -> str:
   s = stats()
   line = f"callsat bridge: {s['calls']} calls, {s['bridged']} bridged, {s['fallback']} fell back"
   if s["refused"]: line += f", {s['refused']} refused"
+  if c := s["cache"]: line += f"; structural cache: {c['hits']} hits, {c['misses']} misses, {c['uncacheable']} uncacheable"
   if s["hinted"] + s["unhinted"]:   # CALLSAT_BRIDGE_FUSION=cost or cost-store ran
     line += f"; cost mode: {s['hinted']} calls hinted, {s['hints']} realize points, {s['hint_errors']} errors, {s['hint_seconds']:.1f}s"
   reasons = list(s["reasons"].items())[:top]

@@ -17,7 +17,7 @@ FLOORS = {
   4: ("lowering", ["lower.*"]),
   5: ("research kit", ["rules.checker", "rules.soundness", "rules.strategies"]),
   6: ("front ends and tools", ["egraph.indexing", "egraph.rng", "egraph.tensor", "egraph.tracing", "egraph.models", "egraph.cli", "egraph.__main__",
-                               "egraph.ordering", "egraph.explain", "egraph.export", "egraph.tinygrad_convert", "egraph.tinygrad_fusion", "egraph.tinygrad",
+                               "egraph.ordering", "egraph.explain", "egraph.export", "egraph.tinygrad_convert", "egraph.tinygrad_fusion", "egraph.tinygrad_cache", "egraph.tinygrad",
                                "egraph.capture"]),
 }
 FACES = PACKAGES   # the package __init__s: lazy re-exports through egraph.face only
