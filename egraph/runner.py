@@ -24,7 +24,7 @@ A Runner given a StepHook (what `callsat explain` uses) applies the same rules o
 ruleset, and calls the hook after loading and after every step that matched; the rules are pure unions, so it
 reaches the same fixpoint as the phased run."""
 from __future__ import annotations
-import os, shutil, tempfile, threading, time
+import functools, os, shutil, tempfile, threading, time, weakref
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Protocol
@@ -144,7 +144,12 @@ def ordered_rule_text(name: str) -> str: return RULES[name].egglog(ruleset=order
 STEP_PREFIX = "step__"   # stepwise mode: each rule's own ruleset and rule name
 
 def declarations(schedule: Schedule, stepwise: bool = False) -> str:
-  """The egglog text that declares the language and the rules `schedule` runs (what a Runner starts with)."""
+  """The egglog text that declares the language and the rules `schedule` runs (what a Runner starts with); made once
+  per schedule and rule set (the research kit swaps rules in and out of RULES)."""
+  return _declarations(schedule, stepwise, tuple(RULES.values()))
+
+@functools.lru_cache(maxsize=64)
+def _declarations(schedule: Schedule, stepwise: bool, rules: tuple) -> str:
   if schedule.ordered is not None:
     text = [program([]), ORDERED_EXTRA]
     for n in dict.fromkeys(schedule.ordered): text += [f"(ruleset {ordered_ruleset(n)})", ordered_rule_text(n)]
@@ -170,6 +175,20 @@ class StepHook(Protocol):
   """Observes a stepwise run: `loaded` once the graph is in, `step` after every rule step that matched."""
   def loaded(self, runner: "Runner") -> None: ...
   def step(self, phase: str, rnd: int, rule: str, matches: int) -> None: ...
+
+_SCRATCH = threading.local()
+
+class _Folder:
+  """A temporary folder removed when this object goes (its thread ends) or the process exits."""
+  def __init__(self):
+    self.path = tempfile.mkdtemp(prefix="callsat-")
+    weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)   # finalize also runs at exit
+
+def _scratch() -> str:
+  """This thread's folder for the rows egglog reads (`input` takes files): made once, its files rewritten by each load
+  (a folder made and removed per callify cost ~1 ms)."""
+  if (f := getattr(_SCRATCH, "folder", None)) is None or not os.path.isdir(f.path): f = _SCRATCH.folder = _Folder()
+  return f.path
 
 class DeclaredPool:
   """egglog e-graphs with the callify language declared, by declaration text: declaring costs 10-15 ms, which every
@@ -250,15 +269,13 @@ class Runner:
     Encoding the rows come from) the canary also checks shapes and dtypes; without it only constants."""
     if encoding is not None: self.encoding = encoding
     t0 = time.perf_counter()
-    tmp = tempfile.mkdtemp(prefix="callsat-")
-    try:
-      cmds = []
-      for rel, rs in rows.items():
-        path = os.path.join(tmp, rel + ".tsv")
-        with open(path, "w") as f: f.write("".join("\t".join(map(str, r)) + "\n" for r in rs))
-        cmds.append(f'(input {rel} "{path}")')
-      if cmds: self.command(" ".join(cmds), "reading the inserted rows")
-    finally: shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _scratch()
+    cmds = []
+    for rel, rs in rows.items():
+      path = os.path.join(tmp, rel + ".tsv")
+      with open(path, "w") as f: f.write("".join("\t".join(map(str, r)) + "\n" for r in rs))
+      cmds.append(f'(input {rel} "{path}")')
+    if cmds: self.command(" ".join(cmds), "reading the inserted rows")
     self.stats.seconds["insert"] = time.perf_counter() - t0
     checkpoint(self.abort_at, "after inserting the rows")
     self._phase("load", "(run-schedule (saturate (run load)))")

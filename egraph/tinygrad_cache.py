@@ -18,7 +18,7 @@ from tinygrad.dtype import AddrSpace, dtypes as tdt
 from egraph.errors import CallsatError
 
 DEFAULT_ENTRIES = 512            # graphs kept (least recently used first out)
-DEFAULT_NODES = 4_000_000        # key entries kept in all: a 50k-UOp graph costs 50k
+DEFAULT_NODES = 500_000          # key entries kept in all (a 50k-UOp graph costs 50k): ~100 MB at most
 
 class _Uncacheable(Exception):
   """This result depends on more than the key abstracts: compute it every time."""
@@ -30,38 +30,44 @@ _BUF_FIELDS = tuple(f.name for f in dataclasses.fields(ParamArg) if f.name != "s
 
 @dataclasses.dataclass
 class Structure:
-  """One graph's key and what a rebind needs of it: its toposort, positions, identity leaves and stripped constants."""
+  """One graph's key and what a rebind needs of it: its toposort, positions, identity leaves and what the key leaves out."""
   key: tuple
   topo: list
   index: dict            # UOp -> toposort position
   leaves: frozenset      # positions of buffers and bound Variables: what a recipe names by position
-  stripped: frozenset    # CONST UOps whose value the key leaves out
+  stripped: frozenset    # the binding STOREs and the CONSTs only they read: values the key leaves out
 
-def structure(big_sink: UOp) -> Structure:
-  """The key of big_sink's graph (module docstring)."""
-  topo = list(big_sink.toposort())
+def _binds(u: UOp) -> bool:
+  """STORE(var, CONST): the store that binds a Variable to its value."""
+  return u.op is TOps.STORE and len(u.src) == 2 and u.src[1].op is TOps.CONST and u.src[0].is_variable
+
+def _walks(u: UOp) -> bool: return u.op is not TOps.STORE or not _binds(u)
+
+def structure(big_sink: UOp, strip: bool = True) -> Structure:
+  """The key of big_sink's graph (module docstring). A bound Variable is a leaf: the walk does not enter its binding
+  STORE, so its value's CONST is in the graph only where something else reads it (a shape that happens to equal it)."""
+  topo = list(big_sink.toposort(gate=_walks if strip else None))
   index = {u: i for i, u in enumerate(topo)}
-  entries, slots, leaves, bound = [], [], [], []
-  for i, u in enumerate(topo):
-    op, arg = u.op, u.arg
-    if op is TOps.BUFFER and arg.addrspace is AddrSpace.GLOBAL:
-      arg = ("storage", len(slots), *(getattr(arg, f) for f in _BUF_FIELDS))
-      slots.append(u.arg.slot); leaves.append(i)
-    elif op is TOps.AFTER and u.is_bound_var:
-      leaves.append(i); bound.append(index[u.src[1].src[1]])
-    entries.append((op, u.dtype, arg, u.tag, tuple([index[s] for s in u.src])))
-  stripped = _strippable(topo, entries, bound) if bound else ()
-  for i in stripped: entries[i] = (TOps.CONST, topo[i].dtype, "bound value", topo[i].tag, ())
+  entries, slots, leaves, stripped = [], [], [], set()
+  try:
+    for i, u in enumerate(topo):
+      op, arg, src = u.op, u.arg, u.src
+      if op is TOps.BUFFER and arg.addrspace is AddrSpace.GLOBAL:
+        arg = ("storage", len(slots), *(getattr(arg, f) for f in _BUF_FIELDS))
+        slots.append(u.arg.slot); leaves.append(i)
+      elif op is TOps.AFTER and u.is_bound_var:
+        leaves.append(i)
+        if strip:
+          st = src[1]
+          stripped.add(st)
+          if st.src[1] not in index: stripped.add(st.src[1])
+          entries.append((op, u.dtype, ("bound", st.src[1].dtype), u.tag, (index[src[0]],)))
+          continue
+      entries.append((op, u.dtype, arg, u.tag, tuple([index[s] for s in src])))
+  except KeyError:   # a binding STORE read by something else than its Variable's AFTER: keyed with every value
+    return structure(big_sink, strip=False)
   order = tuple(sorted(range(len(slots)), key=slots.__getitem__))   # results may depend on the slots' order
-  return Structure((tuple(entries), order), topo, index, frozenset(leaves), frozenset(topo[i] for i in stripped))
-
-def _strippable(topo, entries, bound) -> list[int]:
-  """The bound CONSTs no node reads but their Variables' STOREs (a CONST read elsewhere keeps its value in the key)."""
-  stores = {entries[i][4][1] for i, u in enumerate(topo) if u.op is TOps.AFTER and u.is_bound_var}   # their STOREs
-  cand = set(bound)
-  for i, e in enumerate(entries):
-    if i not in stores: cand.difference_update(e[4])
-  return sorted(cand)
+  return Structure((tuple(entries), order), topo, index, frozenset(leaves), frozenset(stripped))
 
 # ---- recipes: the result in terms of positions, fresh buffers and values ------------------------------------------------
 
@@ -77,7 +83,7 @@ def make_entry(st: Structure, call: UOp, buffer_map: dict, extra=None) -> Entry 
   """The entry for this graph's result, or None when the result cannot be rebound from the key alone."""
   body = call.src[0]
   for u in body.toposort():
-    if _is_storage(u) or u.op is TOps.AFTER and u.is_bound_var or u in st.stripped: return None
+    if _is_storage(u) or u.op is TOps.AFTER and u.is_bound_var or _binds(u) or u in st.stripped: return None
   memo: dict = {}
   fresh: list = []
   try:
@@ -94,7 +100,7 @@ def _recipe(u: UOp, st: Structure, memo: dict, fresh: list):
   elif _is_storage(u):
     r = ("fresh", len(fresh), u.dtype, u.arg, tuple(_recipe(s, st, memo, fresh) for s in u.src))
     fresh.append(u)
-  elif u in st.stripped or u.op is TOps.AFTER and u.is_bound_var: raise _Uncacheable(u.op)
+  elif u in st.stripped or u.op is TOps.AFTER and u.is_bound_var or _binds(u): raise _Uncacheable(u.op)
   else: r = ("op", u.op, u.dtype, u.arg, u.tag, tuple(_recipe(s, st, memo, fresh) for s in u.src))
   memo[u] = r
   return r

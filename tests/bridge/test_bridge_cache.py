@@ -112,14 +112,24 @@ def test_bound_values_share_an_entry_and_keep_their_own_values(cache):
   for g, w in zip(got, want): np.testing.assert_array_equal(g, w)
   assert cache.hits >= 2
 
-def test_a_bound_value_also_used_as_a_constant_stays_in_the_key(cache):
-  """v bound to 3 beside `x[:3]`: the 3 is one tinygrad UOp read by both; the key keeps it, so v=5 beside `x[:5]` is
-  another graph, and each gives its own values."""
+def test_a_bound_value_equal_to_a_shape_shares_the_entry(cache):
+  """v bound to 3 beside `x[:3]`: tinygrad makes the two 3s one UOp, but the walk never enters the binding, so v=5
+  beside `x[:3]` is the same structure (a decode loop's position meeting a shape); each gets its own values."""
   x = Tensor(np.arange(6, dtype=np.float32), device="PYTHON").realize()
-  make = lambda i: x[:Variable("v", 1, 6).bind(i)].sum() + x[:i].sum()
-  assert not structure(UOp.sink(make(3).uop)).stripped and structure(UOp.sink(make(3).uop)).key != structure(UOp.sink(make(5).uop)).key
-  with bridge.installed(strict=True): out = [make(i).item() for i in (3, 5, 3)]
-  assert out == [6.0, 20.0, 6.0]
+  make = lambda i: x[:Variable("v", 1, 6).bind(i)].sum() + x[:3].sum()
+  keys = {structure(UOp.sink(make(i).uop)).key for i in (3, 5)}
+  assert len(keys) == 1
+  assert structure(UOp.sink(make(3).uop)).key != structure(UOp.sink((x[:Variable("v", 1, 6).bind(3)].sum() + x[:4].sum()).uop)).key
+  with bridge.installed(strict=True): out = [make(i).item() for i in (3, 5, 3, 2)]
+  assert out == [6.0, 13.0, 6.0, 4.0] and cache.hits >= 2
+
+def test_a_binding_read_elsewhere_keys_its_value():
+  """A binding STORE that something besides its Variable's AFTER reads: the key keeps every value."""
+  v = Variable("v", 1, 9)
+  a, b = v.bind(3), v.bind(4)
+  sink = lambda x: UOp.sink(x, x.src[1])   # the STORE itself as a root
+  assert structure(sink(a)).key != structure(sink(b)).key
+  assert structure(UOp.sink(a)).key == structure(UOp.sink(b)).key
 
 def test_entries_keep_no_buffer_alive(cache):
   a = Tensor.empty(64, device="PYTHON").realize()

@@ -42,3 +42,15 @@ def test_threads_each_get_their_own():
 def test_pool_is_bounded_per_thread():
   for _ in range(2 * DECLARED.keep + 2): callify(*_graphs()["add"], cache=False, fusion="rules")
   assert DECLARED.waiting() and all(n <= DECLARED.keep for n in DECLARED.waiting().values())
+
+def test_row_folders_go_with_their_threads(tmp_path, monkeypatch):
+  """Each thread loads rows through a folder of its own, kept between callifies and removed when the thread ends."""
+  import gc, tempfile
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  def work():
+    for _ in range(2): callify(*_graphs()["view"], cache=False, fusion="rules")
+    assert len(list(tmp_path.iterdir())) >= 1
+  ts = [threading.Thread(target=work) for _ in range(3)]
+  for t in ts: t.start(); t.join()
+  gc.collect()
+  assert list(tmp_path.iterdir()) == []
