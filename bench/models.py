@@ -30,7 +30,7 @@ exactly: a float counts as equal only if it is the same float (callsat is to cha
 table gives the largest absolute difference, the largest relative one (to the larger value: an output summary's sum
 can be near 0, which inflates it) and the first call that differs. first ratio = mode / stock (lower is better, the
 target is <= 1.3); speed = stock steady / mode steady (higher is better, the target is >= 0.97), both from medians
-over rounds.
+over rounds; "speed, CPU time" is the same ratio in the process's CPU time per step (less moved by other load).
 
 Time: each process mostly schedules and compiles its model (mnist's first train_step alone is 20-35 s on 2 cores), so
 one round of 6 models x 4 modes takes about 6-9 minutes here; --models/--modes/--rounds trim it."""
@@ -185,18 +185,18 @@ def worker(model: str, mode: str, steps: int, tinygrad_tests: str) -> dict:
     t0 = time.perf_counter()
     call = MODELS[model](steps, np.random.default_rng(0))   # weights and inputs
     out["build_ms"] = (time.perf_counter() - t0) * 1e3
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     values = [call(0)]
-    out["first_ms"] = (time.perf_counter() - t0) * 1e3
+    out["first_ms"], out["first_cpu_ms"] = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
     values.append(call(1))
-    before, times = _stats(br), []
+    before, times, cpus = _stats(br), [], []
     for i in range(2, steps + 2):
-      t0 = time.perf_counter()
+      t0, c0 = time.perf_counter(), time.process_time()
       values.append(call(i))
-      times.append(time.perf_counter() - t0)
+      times.append(time.perf_counter() - t0); cpus.append(time.process_time() - c0)
     after = _stats(br)
     total, pre = _flat(after), _flat(before)
-    out.update(steady_ms=statistics.median(times) * 1e3, values=values, stats=after, total=total,
+    out.update(steady_ms=statistics.median(times) * 1e3, steady_cpu_ms=statistics.median(cpus) * 1e3, values=values, stats=after, total=total,
                steady={k: v - pre.get(k, 0) for k, v in total.items() if k in COUNTED})
   except BaseException as e:   # reported in the table, never fatal to the bench
     out["error"] = f"{type(e).__name__}: {e}"[:400]
@@ -263,12 +263,13 @@ def counts(runs: list[dict]) -> str:
 
 def table(results: dict, args) -> list[str]:
   """results[(model, mode)] = list of per-round dicts (round index inside)."""
-  lines = ["| model | mode | values = stock | first call ms | first / stock | steady ms | speed = stock / mode | bridge counts | errors |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| model | mode | values = stock | first call ms | first / stock | steady ms | speed = stock / mode | "
+           "speed, CPU time | bridge counts | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
   for model in args.models:
     stock = {r["round"]: r for r in results.get((model, "stock"), []) if "error" not in r}
     med = lambda runs, k: statistics.median(r[k] for r in runs) if runs else None
     s_first, s_steady = med(list(stock.values()), "first_ms"), med(list(stock.values()), "steady_ms")
+    s_cpu = med([r for r in stock.values() if "steady_cpu_ms" in r], "steady_cpu_ms")
     for mode in args.modes:
       runs = results.get((model, mode), [])
       ok, errs = [r for r in runs if "error" not in r], [r for r in runs if "error" in r]
@@ -284,9 +285,11 @@ def table(results: dict, args) -> list[str]:
       first, steady = med(ok, "first_ms"), med(ok, "steady_ms")
       fr = f"{first / s_first:.2f}x" if first and s_first and mode != "stock" else ""
       sp = f"{s_steady / steady:.2f}x" if steady and s_steady and mode != "stock" else ""
+      cpu = med([r for r in ok if "steady_cpu_ms" in r], "steady_cpu_ms")
+      sc = f"{s_cpu / cpu:.2f}x" if cpu and s_cpu and mode != "stock" else ""
       err = "; ".join(sorted({r["error"] for r in errs}))
       lines.append(f"| {model} | {mode} | {eq} | {f'{first:.0f}' if first else '-'} | {fr} | {f'{steady:.2f}' if steady else '-'} "
-                   f"| {sp} | {counts(ok) if ok else '-'} | {err.replace('|', '/')} |")
+                   f"| {sp} | {sc} | {counts(ok) if ok else '-'} | {err.replace('|', '/')} |")
   return lines
 
 def main() -> None:
