@@ -190,12 +190,15 @@ def worker(model: str, mode: str, steps: int, tinygrad_tests: str) -> dict:
     out["first_ms"], out["first_cpu_ms"] = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
     values.append(call(1))
     before, times, cpus = _stats(br), [], []
+    from tinygrad import GlobalCounters
     for i in range(2, steps + 2):
+      if i == steps + 1: GlobalCounters.reset()   # the last step's kernels: the same work in every mode?
       t0, c0 = time.perf_counter(), time.process_time()
       values.append(call(i))
       times.append(time.perf_counter() - t0); cpus.append(time.process_time() - c0)
     after = _stats(br)
     total, pre = _flat(after), _flat(before)
+    out["kernels"] = [GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem]
     out.update(steady_ms=statistics.median(times) * 1e3, steady_cpu_ms=statistics.median(cpus) * 1e3, values=values, stats=after, total=total,
                steady={k: v - pre.get(k, 0) for k, v in total.items() if k in COUNTED})
   except BaseException as e:   # reported in the table, never fatal to the bench
@@ -264,7 +267,7 @@ def counts(runs: list[dict]) -> str:
 def table(results: dict, args) -> list[str]:
   """results[(model, mode)] = list of per-round dicts (round index inside)."""
   lines = ["| model | mode | values = stock | first call ms | first / stock | steady ms | speed = stock / mode | "
-           "speed, CPU time | bridge counts | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "speed, CPU time | last step: kernels, GFLOP, MB | bridge counts | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   for model in args.models:
     stock = {r["round"]: r for r in results.get((model, "stock"), []) if "error" not in r}
     med = lambda runs, k: statistics.median(r[k] for r in runs) if runs else None
@@ -288,8 +291,11 @@ def table(results: dict, args) -> list[str]:
       cpu = med([r for r in ok if "steady_cpu_ms" in r], "steady_cpu_ms")
       sc = f"{s_cpu / cpu:.2f}x" if cpu and s_cpu and mode != "stock" else ""
       err = "; ".join(sorted({r["error"] for r in errs}))
+      ks = sorted({tuple(r["kernels"]) for r in ok if "kernels" in r})
+      kc = "; ".join(f"{k} / {o / 1e9:.3g} / {m / 1e6:.3g}" for k, o, m in ks) or "-"
+      if mode != "stock" and ks and ks != sorted({tuple(r["kernels"]) for r in stock.values() if "kernels" in r}): kc = f"**{kc}** (not stock's)"
       lines.append(f"| {model} | {mode} | {eq} | {f'{first:.0f}' if first else '-'} | {fr} | {f'{steady:.2f}' if steady else '-'} "
-                   f"| {sp} | {sc} | {counts(ok) if ok else '-'} | {err.replace('|', '/')} |")
+                   f"| {sp} | {sc} | {kc} | {counts(ok) if ok else '-'} | {err.replace('|', '/')} |")
   return lines
 
 def main() -> None:
