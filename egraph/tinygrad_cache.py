@@ -3,9 +3,10 @@ to its own buffers, without a conversion or an e-graph.
 
 A graph's key is its toposort written as (op, dtype, arg, tag, source positions) with what tinygrad itself abstracts
 from its schedule cache left out: which buffers (a GLOBAL BUFFER's slot becomes its ordinal of first appearance, plus
-the slots' relative order) and the values bound to Variables (a CONST read only by bound Variables' STOREs is kept
-without its value). Everything else, constants, shapes, dtypes, devices, options, is compared exactly, so two graphs
-with equal keys are the same graph up to that renaming, node for node in toposort order.
+the slots' relative order) and the values bound to Variables (a bound Variable is a leaf: the walk never enters its
+binding STORE, so the value's CONST is in the key only where something else reads it). Everything else, constants,
+shapes, dtypes, devices, tags, options, is compared exactly, so two graphs with equal keys are the same graph up to
+that renaming, node for node in toposort order.
 
 An entry keeps no UOp of the graph it was made from (those would keep its buffers alive): the CALL body (PARAMs only),
 and recipes for the args and buffer_map, which name the new graph's nodes by toposort position and mint fresh buffers
