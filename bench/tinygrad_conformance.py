@@ -1,10 +1,17 @@
 """tinygrad's own tests, stock vs callsat's bridge (strict and fallback): which pass, kernel counts, share bridged.
 
-    python bench/tinygrad_conformance.py --tests ../shared/tinygrad-tests [--files test/unit/test_callify.py ...]
-        [--modes stock strict fallback] [--out notes/benchmarks.md] [--detail notes/tinygrad-conformance.md]
+    python bench/tinygrad_conformance.py --tests ../shared/tinygrad-tests [--group core|wide|all]
+        [--files test/unit/test_callify.py ...] [--modes stock strict fallback] [--out notes/benchmarks.md]
+        [--detail notes/tinygrad-conformance.md]
 
 Each (file, mode) runs in its own pytest process from the tests folder (DEV as in that folder's README; CPU needs
-clang). A test counts for a mode when stock passed it (or xfailed it) and the mode gives the same outcome. Every test
+clang). The groups: core (the default) is the 20 files of that README's table; wide is 12 files of tinygrad's frontend
+and backend tests (ops, nn, optim, dtype, tensor, arange, randomness, gradient, conv, attention, getitem, linalg), run
+with RUN_SLOW=1 as tinygrad's CI does (it un-skips test_nn's TestNN and test_optim's TestOptim; set for the wide files
+only, so core's counts stay as before); most of them import torch as their oracle, so a CPU build of torch must be
+installed for the run (`pip install 'torch==2.13.0+cpu'`; it is no dependency of the project). At 0.14.0 here
+test_tensor (extra.gradcheck) and test_attention (tinygrad.llm.kernels) fail to import stock: 0 tests. all is both.
+A test counts for a mode when stock passed it (or xfailed it) and the mode gives the same outcome. Every test
 that passes stock and not bridged is listed with its cause; so is every kernel-count difference (more kernels bridged
 is a bug; fewer is a difference of form). The bridge's cost-mode option (CALLSAT_BRIDGE_FUSION) is forced off in every
 run: it adds realize points, so tinygrad's exact kernel counts change by design."""
@@ -21,13 +28,23 @@ FILES = [  # (file, DEV): the table of ../shared/tinygrad-tests/README.md
   ("test/backend/test_schedule.py", "CPU"), ("test/backend/test_setitem.py", "CPU"), ("test/backend/test_symbolic_jit.py", "CPU"),
   ("test/null/test_schedule.py", "NULL"), ("test/null/test_tensor.py", "NULL"), ("test/null/test_multitensor.py", "NULL"),
   ("test/null/test_symbolic_tensor.py", "NULL"), ("test/null/test_schedule_cache.py", "NULL")]
+WIDE = [  # (file, DEV): tinygrad's frontend and backend tests, with torch as the oracle of most
+  ("test/backend/test_ops.py", "CPU"), ("test/backend/test_nn.py", "CPU"), ("test/backend/test_optim.py", "CPU"),
+  ("test/backend/test_dtype.py", "CPU"), ("test/backend/test_tensor.py", "CPU"), ("test/backend/test_arange.py", "CPU"),
+  ("test/backend/test_randomness.py", "CPU"), ("test/unit/test_gradient.py", "CPU"), ("test/unit/test_conv.py", "CPU"),
+  ("test/unit/test_attention.py", "CPU"), ("test/unit/test_getitem_ops.py", "CPU"), ("test/unit/test_linalg.py", "CPU")]
+GROUPS = {"core": FILES, "wide": WIDE, "all": FILES + WIDE}
+ENV = {f: {"RUN_SLOW": "1"} for f, _ in WIDE}   # extra environment of a file's runs (tinygrad's CI runs these with it)
+TIMEOUT = {"test/backend/test_ops.py": 7200, "test/backend/test_dtype.py": 3600}   # s, floors over --timeout
 PASSING = ("passed", "xfailed")
 
 def run(tests: str, file: str, dev: str, mode: str, timeout: int) -> dict:
   """One pytest process; its record (outcomes, causes, kernel counts, bridge stats) and wall time."""
+  timeout = max(timeout, TIMEOUT.get(file, 0))
   with tempfile.TemporaryDirectory() as tmp:
     rec = os.path.join(tmp, "record.json")
-    env = {**os.environ, "DEV": dev, "CALLSAT_RECORD": rec, "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "bench"), tests])}
+    env = {**os.environ, **ENV.get(file, {}), "DEV": dev, "CALLSAT_RECORD": rec,
+           "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "bench"), tests])}
     env.pop("CALLSAT_BRIDGE", None)
     env["CALLSAT_BRIDGE_FUSION"] = "rules"   # the cost-mode option stays off here: it changes kernel counts by design
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tg_record", file]
@@ -55,18 +72,22 @@ def compare(stock: dict, mode: dict) -> tuple[int, list, list]:
 
 def pct(a: int, b: int) -> str: return f"{100 * a / b:.1f} %" if b else "-"
 
+def cell(n: int | None, base: int) -> str: return "-" if n is None else f"{n} ({pct(n, base)})"   # "-": that mode not run
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--tests", required=True, help="a tinygrad checkout (or ../shared/tinygrad-tests) at the 0.14.0 commit")
-  ap.add_argument("--files", nargs="*", help="test files relative to --tests (default: the 20 of the README table)")
+  ap.add_argument("--group", choices=list(GROUPS), default="core",
+                  help="core: the 20 files of the README table; wide: the 12 frontend/backend files (need torch); all: both")
+  ap.add_argument("--files", nargs="*", help="test files relative to --tests (default: those of --group)")
   ap.add_argument("--modes", nargs="*", default=["stock", "strict", "fallback"])
-  ap.add_argument("--timeout", type=int, default=1800)
+  ap.add_argument("--timeout", type=int, default=1800, help="s per (file, mode); test_ops and test_dtype get more")
   ap.add_argument("--out", help="markdown file to append the table to")
   ap.add_argument("--detail", help="markdown file to write every lost test and kernel difference to")
   a = ap.parse_args()
   tests = os.path.abspath(a.tests)
-  devs = dict(FILES)
-  files = [(f, devs.get(f, "CPU")) for f in a.files] if a.files else FILES
+  devs = dict(FILES + WIDE)
+  files = [(f, devs.get(f, "CPU")) for f in a.files] if a.files else GROUPS[a.group]
   rows, detail, totals = [], [], Counter()
   for f, dev in files:
     res = {m: run(tests, f, dev, m, a.timeout) for m in a.modes}
@@ -91,14 +112,16 @@ def main() -> None:
            "|---|---|---|---|---|---|---|---|"]
   for r in rows:
     reasons = ", ".join(f"{k} {v}" for k, v in list(r.get("reasons", {}).items())[:3])
-    lines.append(f"| {r['file']} | {r['dev']} | {r['stock']} | {r.get('strict', '-')} ({pct(r.get('strict', 0), r['stock'])}) | "
-                 f"{r.get('fallback', '-')} ({pct(r.get('fallback', 0), r['stock'])}) | {pct(r.get('bridged', 0), r.get('calls', 0))} "
-                 f"({r.get('bridged', 0)}/{r.get('calls', 0)}) | {reasons} | " + " / ".join(f"{w:.0f} s" for w in r["wall"].values()) + " |")
-  lines.append(f"| **all** | | {totals['stock']} | {totals['strict']} ({pct(totals['strict'], totals['stock'])}) | "
-               f"{totals['fallback']} ({pct(totals['fallback'], totals['stock'])}) | {pct(totals['bridged'], totals['calls'])} | | |")
+    lines.append(f"| {r['file']} | {r['dev']} | {r['stock']} | {cell(r.get('strict'), r['stock'])} | "
+                 f"{cell(r.get('fallback'), r['stock'])} | " + (f"{pct(r['bridged'], r['calls'])} ({r['bridged']}/{r['calls']})"
+                 if "calls" in r else "-") + f" | {reasons} | " + " / ".join(f"{w:.0f} s" for w in r["wall"].values()) + " |")
+  ran = lambda m: totals[m] if m in a.modes else None
+  lines.append(f"| **all** | | {totals['stock']} | {cell(ran('strict'), totals['stock'])} | "
+               f"{cell(ran('fallback'), totals['stock'])} | {pct(totals['bridged'], totals['calls']) if 'fallback' in a.modes else '-'} | | |")
   table = "\n".join(lines)
   print(table)
-  cmd = "python bench/tinygrad_conformance.py --tests " + a.tests + (" --files " + " ".join(a.files) if a.files else "")
+  cmd = ("python bench/tinygrad_conformance.py --tests " + a.tests + (f" --group {a.group}" if a.group != "core" else "") +
+         (" --files " + " ".join(a.files) if a.files else "") + (" --modes " + " ".join(a.modes) if a.modes != ap.get_default("modes") else ""))
   if a.out:
     with open(a.out, "a") as f: f.write(f"\n## tinygrad conformance ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n`{cmd}`\n\n{table}\n")
   if a.detail:
