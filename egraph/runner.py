@@ -252,7 +252,7 @@ class Runner:
     self.command("(push)", "saving the declared e-graph")   # release() pops back to it for the next Runner
 
   def release(self) -> None:
-    """Done with the e-graph: it goes back to the process's pool in its declared state (idempotent). A Runner never
+    """Done with the e-graph: it goes back to this thread's pool in its declared state (idempotent). A Runner never
     released (one whose Saturation a caller keeps) just lets its e-graph go."""
     g, self.egraph = self.egraph, None
     if g is not None: DECLARED.give(self._decl, g)
