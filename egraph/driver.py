@@ -193,8 +193,9 @@ def saturate(enc: Encoding, schedule: str | Schedule = "saturate", limits: str |
     runner.load(enc.rows, encoding=enc)
     runner.materialize()
     runner.optimize(resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits"))
-  except OutOfBudget as e: e.stats = runner.stats; runner.release(); raise
-  except BaseException: runner.release(); raise
+  except BaseException as e:   # the e-graph goes back to the pool; an OutOfBudget also carries what the run did
+    if isinstance(e, OutOfBudget): e.stats = runner.stats
+    runner.release(); raise
   return Saturation(enc, runner)
 
 @dataclass

@@ -217,8 +217,6 @@ class DeclaredPool:
     """This thread's idle e-graphs per declaration text."""
     return {t: len(v) for t, v in self._free().items()}
 
-  def clear(self) -> None: self._free().clear()
-
 DECLARED = DeclaredPool()
 
 class Runner:

@@ -44,6 +44,10 @@ def _binds(u: UOp) -> bool:
 
 def _walks(u: UOp) -> bool: return u.op is not TOps.STORE or not _binds(u)
 
+def _bound_value(u: UOp, st: Structure) -> bool:
+  """Does u carry a value the key leaves out (a binding, its CONST, a bound Variable)? A result holding one is not cached."""
+  return u in st.stripped or u.op is TOps.AFTER and u.is_bound_var or _binds(u)
+
 def structure(big_sink: UOp, strip: bool = True) -> Structure:
   """The key of big_sink's graph (module docstring). A bound Variable is a leaf: the walk does not enter its binding
   STORE, so its value's CONST is in the graph only where something else reads it (a shape that happens to equal it)."""
@@ -84,7 +88,7 @@ def make_entry(st: Structure, call: UOp, buffer_map: dict, extra=None) -> Entry 
   """The entry for this graph's result, or None when the result cannot be rebound from the key alone."""
   body = call.src[0]
   for u in body.toposort():
-    if _is_storage(u) or u.op is TOps.AFTER and u.is_bound_var or _binds(u) or u in st.stripped: return None
+    if _is_storage(u) or _bound_value(u, st): return None
   memo: dict = {}
   fresh: list = []
   try:
@@ -101,7 +105,7 @@ def _recipe(u: UOp, st: Structure, memo: dict, fresh: list):
   elif _is_storage(u):
     r = ("fresh", len(fresh), u.dtype, u.arg, tuple(_recipe(s, st, memo, fresh) for s in u.src))
     fresh.append(u)
-  elif u in st.stripped or u.op is TOps.AFTER and u.is_bound_var or _binds(u): raise _Uncacheable(u.op)
+  elif _bound_value(u, st): raise _Uncacheable(u.op)
   else: r = ("op", u.op, u.dtype, u.arg, u.tag, tuple(_recipe(s, st, memo, fresh) for s in u.src))
   memo[u] = r
   return r
