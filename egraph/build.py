@@ -103,6 +103,7 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
 _DONE = object()
 _VIEW_OPS = frozenset({o.name for o in GroupOp.Movement} | {"SLICE", "MULTI", "BITCAST"})   # BITCAST: a retyped assign target
 _SKIP_OPS = frozenset({"AFTER", "DETACH", "CONTIGUOUS_BACKWARD"})   # what storage_view strips
+DROPPED = frozenset({"DETACH", "CONTIGUOUS_BACKWARD"})   # markers an optimize rule replaces by their source
 
 def has_bound_dims(enc: Encoding) -> bool:
   """Does any interned arg hold a bound symbolic dimension? (Only then does a CALL body need `bind_dims`.)"""
@@ -116,13 +117,16 @@ class MaterializedIds:
   and extraction picks with no optimize rule (`baseline_cost` prices it; like it, views and aliases are not taken, so
   a contiguous view or a CONTIGUOUS of an assign is a copy). ~(2i) and ~(2i+1) are the AFTER and the STORE into
   realize point i's fresh buffer."""
-  def __init__(self, enc: Encoding):
+  def __init__(self, enc: Encoding, drop: bool = False):
+    """`drop`: a DETACH or CONTIGUOUS_BACKWARD is its source, as drop_detach and drop_contiguous_backward make it and
+    extraction keeps it (for `no_decision`'s graphs; the limits' fallback prices and builds the unoptimized form)."""
     self.enc, self.nodes, self.orig, fresh = enc, enc.nodes, enc.original, enc.fresh
     zero = {r[0] for r in enc.rows.get("zero_row", ())}
     pre = {g: r for g, r in enc.rows.get("precompiled_row", ())}
     self.cons = {c: (h, t) for c, h, t in enc.rows.get("cons_row", ())}
     special = {i: o for i, (o, a, _) in self.orig.items()
-               if o == "CONTIGUOUS" or (o == "AFTER" and a in enc.computed_args) or (o == "GETTUPLE" and i in pre)}
+               if o == "CONTIGUOUS" or (o == "AFTER" and a in enc.computed_args) or (o == "GETTUPLE" and i in pre)
+               or (drop and o in DROPPED)}
     memo: dict[int, int] = {}
     def storage(r: int) -> bool:
       """Is r's e-class storage once materialized: a buffer (view) that some inserted node is, up to what the
@@ -146,6 +150,7 @@ class MaterializedIds:
           if i in zero: i = fresh[i]; continue                  # zero_size
           return ~(2 * i)                                       # materialize_contiguous
         if o == "AFTER": return ~(2 * i)                        # materialize_assign
+        if o in DROPPED: i = self.orig[i][2][0]; continue     # drop_detach, drop_contiguous_backward
         i = pre[i]                                              # precompile_call
       return i
     for i in special: memo[i] = resolve(i)
@@ -206,13 +211,13 @@ def in_encoding_order(enc: Encoding) -> bool:
   bases = list(dict.fromkeys(r.base for r in enc.roots))
   return len(bases) <= len(enc.keys) and all(k is b for k, b in zip(enc.keys, bases))
 
-def materialized_call(enc: Encoding) -> BuiltCall:
+def materialized_call(enc: Encoding, drop: bool = False) -> BuiltCall:
   """The all-materialized CALL straight from the Encoding (no e-graph), linear in the graph: callify's fallback when
   its limits leave no time to saturate and extract. `build_call` over `MaterializedIds`, node for node, specialized:
   a vertex v indexes flat lists (~(2i), ~(2i+1) from their end); the SINK's AFTERs are in id order where
   `in_encoding_order` says so (else one walk orders them); one walk numbers the PARAMs (pre-order from the SINK) and
   builds each vertex as it finishes (every buffer under it has its PARAM by then)."""
-  ids = MaterializedIds(enc)
+  ids = MaterializedIds(enc, drop)
   nodes, orig, listed, fresh = ids.nodes, ids.orig, ids.listed, enc.fresh
   n_ids = len(nodes)
   R = list(range(n_ids))

@@ -9,7 +9,7 @@ computed values, a CONTIGUOUS whose source may be storage only once materialized
 from __future__ import annotations
 from dataclasses import dataclass, field
 from egraph.ir import Node, Ops, empty_view, binds_dims
-from egraph.encode import realize_points, assigns_into_computed, is_host, ASSIGNS
+from egraph.encode import Encoding, realize_points, assigns_into_computed, is_host, ASSIGNS
 from egraph.cost import CostModel
 
 _NOT_PLAIN = frozenset({Ops.CALL, Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.SINK, Ops.BIND, Ops.MULTI})
@@ -111,3 +111,34 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
   p.roots = [seen[k] for k in keys.values()]
   p.cost = cost
   return p
+
+# ---- graphs with no decision to make ----------------------------------------------------------------------------------
+
+# the optimize rules `no_decision` rules out, one condition each (tests/egraph/test_no_decision.py fails when a rule is
+# added to the optimize phase without a condition here)
+COVERED = frozenset({"contiguous_to_view", "bitcast_to_view", "copy_of_view", "contiguous_of_assign",
+                     "contiguous_of_assign_n", "assign_copy_in_place", "contiguous_idempotent", "drop_detach",
+                     "drop_contiguous_backward", "storage_through_reshape", "store_candidate"})
+_FACTS = ("view_row", "copy_into_row", "candidate_row", "precompiled_row", "zero_row")
+_THROUGH = frozenset({"RESHAPE", "DETACH", "CONTIGUOUS_BACKWARD"})
+_REALIZED = frozenset({"CONTIGUOUS", "AFTER"})
+
+def no_decision(enc: Encoding) -> str | None:
+  """Why no optimize rule can match the e-graph `enc` loads, or None when one may: then materialize's all-stored form is
+  the e-graph's only form of each realize point, and `materialized_call(enc)` is the CALL saturation and extraction
+  would build, without building the e-graph. Conservative: a graph it is unsure of goes through the e-graph."""
+  rows = enc.rows
+  if any(rows.get(r) for r in _FACTS): return None   # views (3 rules), copy_into, candidates; precompiled, zero: not plain
+  if enc.calls or enc.axes or enc.computed_args: return None   # precompiled calls, multi-device, assigns into computed values
+  op: dict[int, str] = {}
+  for rel in ("leaf_row", "un_row", "bin_row", "ter_row", "var_row"):
+    for r in rows.get(rel, ()): op[r[0]] = r[1]
+  src = {r[0]: r[3] for r in rows.get("un_row", ())}
+  for _, o, _, x in rows.get("un_row", ()):
+    if o != "CONTIGUOUS": continue
+    while op.get(x) in _THROUGH: x = src[x]
+    # CONTIGUOUS over a realized value, through RESHAPEs (storage_through_reshape) and dropped markers (drop_detach,
+    # drop_contiguous_backward; elsewhere `materialized_call(drop=True)` takes their source, as extraction does):
+    # contiguous_of_assign, contiguous_idempotent, and contiguous_of_storage once the value is storage
+    if op.get(x) in _REALIZED: return None
+  return "no optimize rule matches: the all-stored form is the only one"

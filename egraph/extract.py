@@ -261,11 +261,13 @@ def _knuth(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, a
 
 _BASELINE_LOOKS = frozenset({"CONTIGUOUS", "AFTER", "STORE", "BUFFER", "PARAM", "SLICE"})   # what baseline_cost prices itself
 
-def baseline_cost(enc: Encoding, model: CostModel) -> int:
+def baseline_cost(enc: Encoding, model: CostModel, drop: frozenset = frozenset()) -> int:
   """Cost of the everything-materialized CALL, read off the encoding: every inserted node once, and every realize
-  point as a STORE into its fresh buffer plus the AFTER that orders it (the form the materialize phase adds)."""
+  point as a STORE into its fresh buffer plus the AFTER that orders it (the form the materialize phase adds); the ops
+  in `drop` (markers replaced by their source) cost nothing."""
   total, plain = 0, type(model).enode_cost is CostModel.enode_cost
   for i, (op, a, kids) in enc.original.items():
+    if op in drop: continue
     if plain and op not in _BASELINE_LOOKS: total += model.nodes; continue   # the base model prices the rest at nodes
     node = enc.nodes[i]
     if op == "CONTIGUOUS" or (op == "AFTER" and enc.args[a][1] == COMPUTED_TARGET):

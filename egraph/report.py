@@ -42,6 +42,7 @@ class CallifyReport:
   stop_reason: StopReason = StopReason.SATURATED
   stop_nodes: int = 0       # e-nodes when the e-graph stopped growing (what the node limit compares); 0: never built
   fallback: str | None = None   # why the CALL was built straight from the encoding, all-materialized (no e-graph)
+  settled: str = ""         # why no e-graph was needed: no optimize rule could match, the all-stored form is the CALL
   cost: int = 0
   baseline_cost: int = 0
   cost_model: str = "bytes"
@@ -71,6 +72,7 @@ class CallifyReport:
       f"  e-graph   {self.e_nodes} e-nodes, {self.e_classes} e-classes, {self.iterations} iterations, stop: {self.stop_reason}"
       + (f" at {self.stop_nodes} e-nodes" if self.stop_reason is StopReason.NODE_LIMIT and self.stop_nodes else ""),
       *([f"  fallback  all-materialized CALL built without the e-graph ({self.fallback})"] if self.fallback else []),
+      *([f"  settled   all-materialized CALL built without the e-graph ({self.settled})"] if self.settled else []),
       f"  rules     {rules}",
       f"  cost      {self.cost} ({self.cost_model}) vs {self.baseline_cost} all-materialized baseline ({saved:.0%} saved)",
       f"  CALL      {self.buffers} fresh buffers" + (f" ({self.temps} of them temporaries)" if self.temps else "")
