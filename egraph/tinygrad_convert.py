@@ -10,7 +10,7 @@ Back out, callsat's CALL is rebuilt as tinygrad UOps: OPAQUE from its original, 
 from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
-from tinygrad.uop.ops import UOp, Ops as TOps
+from tinygrad.uop.ops import UOp, Ops as TOps, shape_to_shape_arg
 from tinygrad.dtype import dtypes as tdt, AddrSpace
 from egraph.ir import Node, Ops, GroupOp, OpaqueArg, BufferArg, ParamArg, CallInfo, toposort
 from egraph.dtype import dtypes, DType
@@ -63,6 +63,29 @@ def _ints(shape, what: str) -> tuple[int, ...]:
   if shape is None: return None
   if not all(isinstance(s, int) for s in shape): raise BridgeRefusal("form:symbolic-shape", f"{what} has shape {shape}")
   return tuple(shape)
+
+def _concrete(x) -> bool:
+  return type(x) is int or type(x) is bool or isinstance(x, Ops) or (type(x) is tuple and all(map(_concrete, x)))
+
+def int_move(op: Ops, x: UOp, shape: tuple[int, ...], arg) -> UOp:
+  """callsat's movement op `op` with int `arg` over `x` (int `shape`), not a no-op, as the UOps tinygrad 0.14's
+  movement method builds (hash-consed: the same objects), without its checks (callsat checked the shapes) and its
+  simplify (a no-op on int shape args): SHRINK and PAD as (offset, size) and (before, new size), an EXPAND as a
+  squeeze, an EXPAND of the new axes on the left and a PERMUTE back (tinygrad's `_broadcast_to`)."""
+  dt = x.dtype
+  if op is Ops.RESHAPE: return UOp(TOps.RESHAPE, dt, (x, shape_to_shape_arg(arg)))
+  if op is Ops.PERMUTE: return UOp(TOps.PERMUTE, dt, (x,), arg)
+  if op is Ops.FLIP: return UOp(TOps.FLIP, dt, (x,), arg)
+  if op is Ops.SHRINK or op is Ops.PAD:
+    marg = [(a, b - a) for a, b in arg] if op is Ops.SHRINK else [(a, d + a + b) for (a, b), d in zip(arg, shape)]
+    return UOp(TOps.SHRINK if op is Ops.SHRINK else TOps.PAD, dt, (x, *map(shape_to_shape_arg, zip(*marg))))
+  # EXPAND (callsat's keeps the rank)
+  at = tuple(i for i, (d, nd) in enumerate(zip(shape, arg)) if d == 1 and nd != 1)
+  kept = tuple(i for i in range(len(shape)) if i not in at)
+  squeezed = UOp(TOps.RESHAPE, dt, (x, shape_to_shape_arg(tuple(shape[i] for i in kept))))
+  r = UOp(TOps.EXPAND, dt, (squeezed, shape_to_shape_arg(tuple(arg[i] for i in at))))
+  perm = tuple(at.index(i) if i in at else len(at) + kept.index(i) for i in range(len(shape)))
+  return r if perm == tuple(range(len(shape))) else UOp(TOps.PERMUTE, dt, (r,), perm)
 
 _SERIAL = itertools.count()   # conversions alive at once (threads) never share a symbolic dimension's key
 
@@ -327,12 +350,14 @@ class _Back:
 
   def movement(self, n: Node, s: list[UOp]) -> UOp:
     """tinygrad's movement methods check through the shape of the freshly rebuilt source (a recursive shape pass over the
-    new body) and simplify their shape args: each (op, arg, source shape) goes through them once, later ones reuse what
-    they built when that was one op over the source."""
+    new body) and simplify their shape args: with int dimensions `int_move` builds what they build; a symbolic
+    (op, arg, source shape) goes through them once, later ones reuse what they built when that was one op over the
+    source."""
     op, x = n.op, s[0]
     if repr(n.shape) == repr(n.src[0].shape) and (op is not Ops.PERMUTE or n.arg == tuple(range(len(n.shape)))) and \
        (op is not Ops.FLIP or not any(n.arg)): return x   # a no-op: tinygrad's methods return the source
     key = (op, n.arg, n.src[0].shape)
+    if _concrete(key): return int_move(op, x, n.src[0].shape, n.arg)
     if m := self.moves.get(key): return UOp(m[0], x.dtype, (x,) + m[1], m[2])
     if op is Ops.RESHAPE: r = x.reshape(self.d(n.arg))
     elif op is Ops.EXPAND: r = x.expand(self.d(n.arg))
