@@ -70,22 +70,33 @@ def _concrete(x) -> bool:
 def int_move(op: Ops, x: UOp, shape: tuple[int, ...], arg) -> UOp:
   """callsat's movement op `op` with int `arg` over `x` (int `shape`), not a no-op, as the UOps tinygrad 0.14's
   movement method builds (hash-consed: the same objects), without its checks (callsat checked the shapes) and its
-  simplify (a no-op on int shape args): SHRINK and PAD as (offset, size) and (before, new size), an EXPAND as a
-  squeeze, an EXPAND of the new axes on the left and a PERMUTE back (tinygrad's `_broadcast_to`)."""
-  dt = x.dtype
-  if op is Ops.RESHAPE: return UOp(TOps.RESHAPE, dt, (x, shape_to_shape_arg(arg)))
-  if op is Ops.PERMUTE: return UOp(TOps.PERMUTE, dt, (x,), arg)
-  if op is Ops.FLIP: return UOp(TOps.FLIP, dt, (x,), arg)
+  simplify (a no-op on int shape args). The steps depend on (op, arg, shape) alone: made once per process (bounded)."""
+  if (steps := _STEPS.get(key := (op, arg, shape))) is None:
+    steps = _move_steps(op, shape, arg)
+    if len(_STEPS) >= STEPS_SIZE: _STEPS.pop(next(iter(_STEPS)))   # oldest out; a racing thread makes an entry twice
+    _STEPS[key] = steps
+  for o, srcs, a in steps: x = UOp(o, x.dtype, (x, *srcs), a)
+  return x
+
+_STEPS: dict = {}
+STEPS_SIZE = 8192
+
+def _move_steps(op: Ops, shape: tuple[int, ...], arg) -> tuple:
+  """(tinygrad op, shape srcs, arg) per UOp tinygrad's method stacks on the source: SHRINK and PAD as (offset, size) and
+  (before, new size), an EXPAND as a squeeze, an EXPAND of the new axes on the left and a PERMUTE back (its
+  `_broadcast_to`)."""
+  S = shape_to_shape_arg
+  if op is Ops.RESHAPE: return ((TOps.RESHAPE, (S(arg),), None),)
+  if op is Ops.PERMUTE or op is Ops.FLIP: return ((TOps.PERMUTE if op is Ops.PERMUTE else TOps.FLIP, (), arg),)
   if op is Ops.SHRINK or op is Ops.PAD:
     marg = [(a, b - a) for a, b in arg] if op is Ops.SHRINK else [(a, d + a + b) for (a, b), d in zip(arg, shape)]
-    return UOp(TOps.SHRINK if op is Ops.SHRINK else TOps.PAD, dt, (x, *map(shape_to_shape_arg, zip(*marg))))
+    return ((TOps.SHRINK if op is Ops.SHRINK else TOps.PAD, tuple(map(S, zip(*marg))), None),)
   # EXPAND (callsat's keeps the rank)
   at = tuple(i for i, (d, nd) in enumerate(zip(shape, arg)) if d == 1 and nd != 1)
   kept = tuple(i for i in range(len(shape)) if i not in at)
-  squeezed = UOp(TOps.RESHAPE, dt, (x, shape_to_shape_arg(tuple(shape[i] for i in kept))))
-  r = UOp(TOps.EXPAND, dt, (squeezed, shape_to_shape_arg(tuple(arg[i] for i in at))))
   perm = tuple(at.index(i) if i in at else len(at) + kept.index(i) for i in range(len(shape)))
-  return r if perm == tuple(range(len(shape))) else UOp(TOps.PERMUTE, dt, (r,), perm)
+  return ((TOps.RESHAPE, (S(tuple(shape[i] for i in kept)),), None), (TOps.EXPAND, (S(tuple(arg[i] for i in at)),), None),
+          *(((TOps.PERMUTE, (), perm),) if perm != tuple(range(len(shape))) else ()))
 
 _SERIAL = itertools.count()   # conversions alive at once (threads) never share a symbolic dimension's key
 
