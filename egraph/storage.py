@@ -7,7 +7,7 @@ import os, sys, threading, weakref
 from collections import OrderedDict
 from typing import Iterator
 import numpy as np
-from egraph.dtype import DType, dtypes
+from egraph.dtype import DType, dtypes, as_np
 from egraph.errors import CallsatError, DeviceError, ShapeError
 from egraph.ir import Node, Ops, new_buffer
 
@@ -115,7 +115,7 @@ class Storage:
 
   def set_data(self, buf: Node, data) -> np.ndarray:
     """Write `data` (any shape, buf.arg.size elements) into `buf`; in place if allocated, so existing views see it."""
-    a = np.asarray(data).astype(buf.dtype.np, copy=False).reshape(-1)
+    a = as_np(np.asarray(data), buf.dtype).reshape(-1)
     if a.size != elements(buf): raise ShapeError(f"set_data: {a.size} elements for BUFFER uid={buf.arg.uid} of size {elements(buf)}")
     dst = self.allocate(buf, zero=False)
     dst[...] = a

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools, math, os, weakref
 from typing import Any, Iterator
 import numpy as np
-from egraph.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
+from egraph.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype, as_np
 from egraph.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
 from egraph.storage import STORAGE, host_buffer
 from egraph.driver import callify
@@ -73,7 +73,7 @@ def _broadcast_to(n: Node, shape: tuple[int, ...]) -> Node:
 
 def _host(arr: np.ndarray, dtype: DType, device) -> Node:
   """Host data as a lazy COPY from an NPY buffer to `device` (what tinygrad does for lists and numpy arrays)."""
-  arr = np.asarray(arr, dtype=dtype.np)  # not ascontiguousarray: that makes 0-d arrays 1-d
+  arr = as_np(arr, dtype)  # not ascontiguousarray: that makes 0-d arrays 1-d
   view = host_buffer(arr.reshape(-1), dtype).reshape(arr.shape)
   return view if device == "NPY" else Node(Ops.COPY, dtype, (view,), device)
 
@@ -245,10 +245,10 @@ class Tensor:
     return self
 
   def numpy(self) -> np.ndarray:
-    """A copy of the values; bfloat16 comes back as float32 (numpy has no bfloat16), as in tinygrad."""
+    """A copy of the values; bfloat16 and fp8 come back as float32 (numpy has no such dtypes), as in tinygrad."""
     self.realize()
     out = np.array(read(self.node), dtype=self.dtype.np).reshape(self.shape)
-    return out.astype(np.float32) if self.dtype == dtypes.bfloat16 else out
+    return out.astype(np.float32) if self.dtype in (dtypes.bfloat16, *dtypes.fp8s) else out
   def tolist(self): return self.numpy().tolist()
   def item(self):
     if self.numel() != 1: raise ShapeError(f"item: tensor of shape {self.shape} has {self.numel()} elements, not 1")
@@ -484,9 +484,10 @@ class Tensor:
     n = Node(Ops.REDUCE, self.dtype, (self.node,), (op, axes)) if axes else self.node
     return Tensor(n if keepdim else n.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes)))
   def sum(self, axis=None, keepdim=False, dtype=None) -> Tensor:
-    """Accumulates in sum_acc_dtype (small ints in int32/uint32, halves in float32); a half sum is cast back (tinygrad)."""
+    """Accumulates in sum_acc_dtype (small ints in int32/uint32, halves and fp8 in float32); a half or fp8 sum is cast
+    back (tinygrad)."""
     ret = self.cast(sum_acc_dtype(self.dtype) if dtype is None else dtype)._reduce(Ops.ADD, axis, keepdim)
-    return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
+    return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s) else ret
   def prod(self, axis=None, keepdim=False, dtype=None) -> Tensor:
     """In its own dtype (or `dtype`), as tinygrad 0.14: no accumulation dtype, unlike sum."""
     return self.cast(self.dtype if dtype is None else dtype)._reduce(Ops.MUL, axis, keepdim)

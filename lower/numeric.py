@@ -6,10 +6,12 @@ tinygrad's decomposition gives), MOD/FLOORMOD give the dividend.
 Shifts by a count outside [0, bits) give 0 (SHL, and SHR of a non-negative value) or -1 (SHR of a negative value).
 Float -> int casts follow tinygrad's CPU device on x86-64: to int32/int64 a NaN or out-of-range value gives the
 dtype's minimum; to uint32/uint64 (and anything negative) its maximum; int8/int16/uint8/uint16 go through int32 and
-keep the low bits. bfloat16 and float16 arithmetic rounds to the dtype after every op (ml_dtypes / numpy)."""
+keep the low bits. bfloat16 and float16 arithmetic rounds to the dtype after every op (ml_dtypes / numpy). fp8 ops
+compute in float32 and round back after every op, casts into fp8 as tinygrad's float_to_fp8 (egraph.dtype.as_np:
+nearest even, saturating): ml_dtypes' own fp8 arithmetic overflows to NaN/inf instead."""
 from __future__ import annotations
 import numpy as np
-from egraph.dtype import DType, dtypes
+from egraph.dtype import DType, dtypes, as_np
 from egraph.errors import DTypeError
 from egraph.ir import Ops, GroupOp
 
@@ -18,7 +20,7 @@ def _udt_np(d: np.dtype) -> np.dtype: return np.dtype(f"u{d.itemsize}")
 def wrap_const(v, dt: DType) -> np.ndarray:
   """A scalar of `dt` as a 0-d array; ints wrap like C."""
   if dt.is_int(): return np.array(int(v) % (1 << dt.bits), dtype=_udt_np(dt.np)).view(dt.np)
-  return np.array(v, dtype=dt.np)
+  return as_np(v, dt)
 
 def cdivmod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """C division (truncating) and remainder (sign of the dividend); x / 0 = 0 and x % 0 = x; INT_MIN / -1 wraps."""
@@ -98,6 +100,9 @@ _BOOL_VIA_INT = frozenset({Ops.NEG, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD
 def alu(op: Ops, dt: DType, *xs: np.ndarray) -> np.ndarray:
   """One ALU op; `dt` is the dtype of its (last) operand."""
   if op is Ops.WHERE: return np.where(*xs)
+  if dt in dtypes.fp8s:   # in float32 (exact for fp8 operands), then rounded back as tinygrad's float_to_fp8
+    r = alu(op, dtypes.float32, *(x.astype(np.float32) for x in xs))
+    return r if r.dtype == np.bool_ else as_np(r, dt)
   if op in GroupOp.FloatOnly and not dt.is_float(): raise DTypeError(f"{op.name}: needs a float dtype, got {dt.name}")
   if op is Ops.TRUNC: return np.trunc(xs[0]) if dt.is_float() else xs[0].copy()
   if op is Ops.POW: return float_pow(*xs) if dt.is_float() else int_pow(*xs)
@@ -108,6 +113,8 @@ def alu(op: Ops, dt: DType, *xs: np.ndarray) -> np.ndarray:
 def cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
   """x (of dtype src) converted to dst, with the float -> int rules of tinygrad's CPU device."""
   if dst == dtypes.bool: return np.asarray(x) != 0
+  if src in dtypes.fp8s: x, src = np.asarray(x).astype(np.float32), dtypes.float32   # exact
+  if dst in dtypes.fp8s: return as_np(x, dst)
   if not (src.is_float() and dst.is_int()):
     with np.errstate(all="ignore"): return np.asarray(x).astype(dst.np)
   f = np.asarray(x).astype(np.float64)

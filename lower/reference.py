@@ -11,7 +11,7 @@ device. Bool arithmetic is C's `(bool)(a op b)`: ADD=OR, SUB=XOR, MUL=AND, NEG=i
 from __future__ import annotations
 from typing import Any, TYPE_CHECKING
 import numpy as np
-from egraph.dtype import dtypes
+from egraph.dtype import dtypes, as_np
 from egraph.errors import CallsatError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, is_shard, toposort, multi_arg, shard_params
 from egraph.view import view_index
@@ -34,11 +34,12 @@ def _reduce(n: Node, x: np.ndarray) -> np.ndarray:
   rop, axes = n.arg
   axes, dt = tuple(sorted(set(axes))), n.dtype   # ir.py accepts repeated axes; numpy does not
   if dt == dtypes.bool: return (np.all if rop is Ops.MUL else np.any)(x, axis=axes, keepdims=True)
-  acc = np.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt.np   # half sums accumulate in float32
+  if dt in dtypes.fp8s: x = x.astype(np.float32)   # exact; an fp8 has no -inf to start max from
+  acc = np.float32 if dt in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s) else dt.np   # half sums accumulate in float32
   if rop is Ops.ADD: r = np.sum(x, axis=axes, keepdims=True, dtype=acc)
   elif rop is Ops.MUL: r = np.prod(x, axis=axes, keepdims=True, dtype=acc)
   else: r = np.max(x, axis=axes, keepdims=True, initial=-np.inf if dt.is_float() else np.iinfo(dt.np).min)
-  return np.asarray(r).astype(dt.np, copy=False)
+  return as_np(np.asarray(r), dt)
 
 def _bitcast(n: Node, x: np.ndarray) -> np.ndarray:
   c = np.array(x, copy=True, order="C")

@@ -13,7 +13,19 @@ DEVICES = ("CPU", "PYTHON")
 INTS = [d for d in dtypes.ints]
 FLOATS = [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]
 
-def _np(d): return np.float32 if d == dtypes.bfloat16 else d.np
+def _np(d): return np.float32 if d in (dtypes.bfloat16, *dtypes.fp8s) else d.np   # what .numpy() gives
+
+try: import tinygrad.dtype as _tg
+except ImportError: _tg = None
+
+def _into(x, d):
+  """x converted to d as tinygrad converts: numpy's conversion, but into fp8 tinygrad's own float_to_fp8 (ml_dtypes'
+  overflows to NaN/inf where tinygrad saturates); None for fp8 without tinygrad."""
+  if d not in dtypes.fp8s: return np.asarray(x).astype(d.np)
+  if _tg is None: return None
+  td = getattr(_tg.dtypes, d.name)
+  bits = [_tg.float_to_fp8(float(v), td) for v in np.asarray(x).astype(np.float64).reshape(-1)]
+  return np.array(bits, np.uint8).reshape(np.shape(x)).view(d.np)
 
 # ---- construction: numpy inputs keep their dtype and values ----------------------------------------------------------
 
@@ -133,10 +145,11 @@ def test_casts_between_all_pairs(device):
   """Every pair: ints wrap, int->float rounds, float->float rounds, to bool is != 0 (numpy, where numpy defines it)."""
   vals = np.array([0, 1, -1, 3, 100, -128, 127, 255], np.int64)
   for a, b in itertools.product(dtypes.all, repeat=2):
-    src = (vals != 0) if a == dtypes.bool else vals.astype(a.np)
+    if (src := (vals != 0) if a == dtypes.bool else _into(vals, a)) is None: continue
     got = Tensor(src, device=device).cast(b).numpy()
     with np.errstate(all="ignore"):
-      want = (src != 0) if b == dtypes.bool else np.asarray(src).astype(b.np).astype(_np(b))
+      if (want := (src != 0) if b == dtypes.bool else _into(src, b)) is None: continue
+      want = want.astype(_np(b))
     if a.is_float() and b.is_int():   # in range: trunc then wrap; a negative float to uint32/uint64 is the max (x86)
       want = np.asarray(src).astype(np.int64).astype(b.np)
       if b.kind == 'u' and b.itemsize >= 4: want = np.where(np.asarray(src) < 0, np.array(b.max, b.np), want)
@@ -182,7 +195,7 @@ def test_elementwise_and_reduce_ops_every_dtype(device, d):
   rng = np.random.default_rng(d.priority)
   a, b = _vals(d, rng), _vals(d, rng)
   ta, tb = Tensor(a, device=device), Tensor(b, device=device)
-  f = (lambda x: x.astype(np.float32)) if d == dtypes.bfloat16 else (lambda x: x)
+  f = (lambda x: x.astype(np.float32)) if d in (dtypes.bfloat16, *dtypes.fp8s) else (lambda x: x)
   A, B = f(a), f(b)
   cases = [(ta < tb, A < B), (ta == tb, A == B), (ta != tb, A != B), (ta.maximum(tb), np.maximum(A, B)),
            (ta.max(), A.max()), ((ta > tb).where(ta, tb), np.where(A > B, A, B))]
@@ -197,7 +210,8 @@ def test_elementwise_and_reduce_ops_every_dtype(device, d):
     cases += [(ta / tb, A / B), (tp.sqrt(), np.sqrt(p)), (tp.log2(), np.log2(p)), (ta.exp2(), np.exp2(A)), (ta.sin(), np.sin(A)),
               (ta.trunc(), np.trunc(A)), (ta.floor(), np.floor(A)), (tp.reciprocal(), 1 / p)]
   Tensor.realize(*[t for t, _ in cases])
-  tol = {dtypes.float16: 2e-3, dtypes.bfloat16: 1e-2, dtypes.float32: 2e-6, dtypes.float64: 1e-12}.get(d, 0)
+  tol = {dtypes.float16: 2e-3, dtypes.bfloat16: 1e-2, dtypes.float32: 2e-6, dtypes.float64: 1e-12,
+         **{f8: 2.0 ** -(f8.finfo()[1] + 1) for f8 in dtypes.fp8s}}.get(d, 0)   # fp8: half an ulp (x4 below)
   for i, (t, want) in enumerate(cases):
     got = t.numpy()
     want = np.asarray(want)
