@@ -12,6 +12,10 @@ from lower.mem import Ctx, Mem, Spec, storage_mem
 
 UNSUPPORTED = {Ops.FUNCTION: "FUNCTION", Ops.TUPLE: "TUPLE", Ops.GETTUPLE: "GETTUPLE", Ops.BIND: "BIND"}
 HALF = (dtypes.float16, dtypes.bfloat16)
+
+def _acc_dtype(dt: DType, rop) -> DType:
+  """What a reduce of `dt` accumulates in: halves' sums and products in float32, fp8 always (it has no -inf for max)."""
+  return dtypes.float32 if dt in dtypes.fp8s or (dt in HALF and rop is not Ops.MAX) else dt
 IDENTITY = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
 
 def _through(n: Node, idx: tuple, valid: tuple) -> tuple[tuple, tuple]:
@@ -60,7 +64,7 @@ def _split_full_reduce(n: Node) -> Node | None:
   else: return None
   shape = x.shape[:a] + (P, x.shape[a] // P) + x.shape[a + 1:]
   y = x.reshape(shape)
-  if x.dtype in HALF and n.arg[0] is not Ops.MAX: y = y.cast(dtypes.float32)   # partials kept in float32, as one reduce accumulates
+  if _acc_dtype(x.dtype, n.arg[0]) != x.dtype: y = y.cast(dtypes.float32)   # partials kept in float32, as one reduce accumulates
   part = Node(Ops.REDUCE, None, (y,), (n.arg[0], tuple(i for i in range(len(shape)) if i != a)))
   return Node(Ops.REDUCE, None, (part,), (n.arg[0], tuple(range(len(shape))))).reshape(n.shape).cast(n.dtype)
 
@@ -222,7 +226,12 @@ class _Builder:
     x = n.src[0]
     if x.dtype.itemsize == n.dtype.itemsize:
       v = self.value(x, idx, valid, after, bcast)
-      return Expr(Ops.CAST if dtypes.bool in (x.dtype, n.dtype) else Ops.BITCAST, n.dtype, (v,))
+      if dtypes.bool not in (x.dtype, n.dtype): return Expr(Ops.BITCAST, n.dtype, (v,))
+      # a bool is the byte 0 or 1: a cast to or from uint8, whose bits an fp8 then takes as they are
+      u8 = dtypes.uint8
+      if x.dtype in dtypes.fp8s: v = Expr(Ops.BITCAST, u8, (v,))
+      if n.dtype not in dtypes.fp8s: return Expr(Ops.CAST, n.dtype, (v,))
+      return Expr(Ops.BITCAST, n.dtype, (Expr(Ops.CAST, u8, (v,)),))
     m, aft = storage_mem(x, self.g.bind)
     devs = x.device
     if m is None:
@@ -233,7 +242,7 @@ class _Builder:
 
   def reduce(self, n: Node, idx, valid, after, bcast) -> Expr:
     """A REDUCE in place: a 'reduce' Expr over fresh vars for its (non-unit) axes; float16 and bfloat16 sums and
-    products accumulate in float32 (as lower/reference.py's). Axes a float sum or max does not vary along fold away."""
+    products, and every fp8 reduce, accumulate in float32 (as lower/reference.py's). Axes a float sum or max does not vary along fold away."""
     rop, axes = n.arg
     x = n.src[0]
     rvars, cidx = [], list(idx)
@@ -243,7 +252,7 @@ class _Builder:
       rvars.append(v); cidx[a] = Idx.var(v) if v.size > 1 else Idx.const(0)
     body = self.value(x, tuple(cidx), valid, after, bcast)
     if not rvars: return body
-    acc = dtypes.float32 if n.dtype in HALF and rop is not Ops.MAX else n.dtype
+    acc = _acc_dtype(n.dtype, rop)
     if acc != n.dtype: body = Expr(Ops.CAST, acc, (body,))
     # a float sum or max of a body that does not vary along some reduce vars folds them: n*c in float64, rounded once
     # (a sum of a 10^12-element constant tensor looped for 3 s and was 1.6 % off)

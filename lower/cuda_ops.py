@@ -7,17 +7,20 @@ shifts by a count outside [0, bits) give 0 (-1 for SHR of a negative value); flo
 device (an explicit helper each: GPUs saturate natively). float16 and bfloat16 live in memory as 16-bit patterns and are
 computed in float, rounded to the dtype after every op and cast (bfloat16: round to nearest even, NaN stays NaN); a
 float64 or wide-int value meets them through a round-to-odd float, so the two roundings equal one direct rounding.
+An fp8 is its byte everywhere (loads, stores, selects and bitcasts move it): ops and casts decode it to float, compute
+and encode with tinygrad's float_to_fp8 (nearest even, finite overflow saturating), by bit manipulation in the
+prelude (cuda_fp8.h's conversions do not saturate the way tinygrad's do, and the emulator has no cuda_fp8.h).
 Not bit exact: transcendental float ops (exp2 log2 sin pow: the GPU's libm), NaN payloads through float16/bfloat16."""
 from __future__ import annotations
 import math, struct
 import numpy as np
-from egraph.dtype import DType, dtypes
+from egraph.dtype import DType, dtypes, FP8, to_fp8_bits
 from egraph.errors import UnsupportedOpError
 from egraph.ir import Ops
 
 VT = {"bool": "bool", "int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
       "int32": "int", "uint32": "unsigned", "int64": "long long", "uint64": "unsigned long long",
-      "float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}
+      "float16": "float", "bfloat16": "float", "float32": "float", "float64": "double", **{n: "unsigned char" for n in FP8}}
 MT = {**VT, "bool": "unsigned char", "float16": "unsigned short", "bfloat16": "unsigned short"}
 WRAP = {n: ("unsigned long long" if n.endswith("64") else "unsigned") for n in
         ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")}
@@ -121,11 +124,37 @@ static __device__ __forceinline__ unsigned long long cs_threefry(unsigned long l
   }
   return ((unsigned long long)b << 32) | a;
 }
-"""
+// fp8 bits <-> float (egraph.dtype.FP8's formats): decoding is exact (NaN the quiet NaN of its sign); encoding rounds to
+// nearest even on the float's bits (a subnormal by a longer shift), saturates finite overflow, maps NaN and inf
+static __device__ __forceinline__ float cs_fp8_f(unsigned b, unsigned mant, int bias, unsigned infb, unsigned nanb, bool fnuz) {
+  const unsigned mag = b & 0x7fu, sign = (b & 0x80u) << 24;
+  unsigned r = mag < (1u << mant) ? cs_bits((float)mag * cs_f32((unsigned)(128 - bias - (int)mant) << 23))
+                                  : (mag << (23 - mant)) + ((unsigned)(127 - bias) << 23);
+  if (fnuz ? b == 0x80u : infb == nanb ? mag == 0x7fu : mag > infb) r = 0x7fc00000u;
+  else if (!fnuz && infb != nanb && mag == infb) r = 0x7f800000u;
+  return cs_f32(r | sign);
+}
+static __device__ __forceinline__ unsigned char cs_f_fp8(float x, unsigned mant, int bias, unsigned maxb, unsigned infb, unsigned nanb, bool fnuz) {
+  const unsigned b = cs_bits(x), a = b & 0x7fffffffu, s = 23u - mant;
+  const int eb = (int)(a >> 23) - (127 - bias);
+  const unsigned base = eb < 1 ? (a & 0x7fffffu) | 0x800000u : a - ((unsigned)(127 - bias) << 23);
+  const unsigned sh = eb < 1 ? (s + 1u - (unsigned)eb < 31u ? s + 1u - (unsigned)eb : 31u) : s;
+  unsigned r = base >> sh;
+  const unsigned rem = base - (r << sh), half = 1u << (sh - 1u);
+  r += (rem > half || (rem == half && (r & 1u))) ? 1u : 0u;
+  if (r > maxb) r = maxb;
+  if (a == 0x7f800000u) r = infb; else if (a > 0x7f800000u) r = nanb;
+  return (unsigned char)(r | (fnuz && r == 0u ? 0u : (b >> 24) & 0x80u));
+}
+""" + "".join(
+  f"static __device__ __forceinline__ float cs_{n}_f(unsigned char b) {{ return cs_fp8_f(b, {f.mant}, {f.bias}, {f.inf_bits}u, {f.nan_bits}u, {str(f.fnuz).lower()}); }}\n"
+  f"static __device__ __forceinline__ unsigned char cs_f_{n}(float x) {{ return cs_f_fp8(x, {f.mant}, {f.bias}, {f.max_bits}u, {f.inf_bits}u, {f.nan_bits}u, {str(f.fnuz).lower()}); }}\n"
+  for n, f in FP8.items())
 
 def cconst(v, dt: DType) -> str:
   """A constant of dt as a C expression of its value type (negatives parenthesized: `-(-1)` must not read `--1`)."""
   if dt == dtypes.bool: return "true" if v else "false"
+  if dt in dtypes.fp8s: return f"((unsigned char){int(to_fp8_bits(v, dt))}u)"
   if dt.is_int():
     v = int(v) % (1 << dt.bits)
     if dt.kind == 'i' and v >= 1 << (dt.bits - 1): v -= 1 << dt.bits
@@ -178,6 +207,11 @@ def alu(op, dt: DType, sdts: tuple, a: list) -> str:
   """One ALU op (not CAST/BITCAST) on operand texts `a`; dt is the result dtype, sdts the operands'."""
   sdt = sdts[-1] if op is not Ops.WHERE else dt
   if op is Ops.WHERE: return f"({a[0]} ? {a[1]} : {a[2]})"
+  if sdt in dtypes.fp8s or dt in dtypes.fp8s:   # in float, encoded back (WHERE above selects the bytes)
+    a = [f"cs_{s.name}_f({x})" if s in dtypes.fp8s else x for s, x in zip(sdts, a)]
+    f32 = dtypes.float32
+    r = alu(op, f32 if dt in dtypes.fp8s else dt, tuple(f32 if s in dtypes.fp8s else s for s in sdts), a)
+    return f"cs_f_{dt.name}({r})" if dt in dtypes.fp8s else r
   if op in CMP: return f"({a[0]} {CMP[op]} {a[1]})"
   if op is Ops.THREEFRY:
     if sdt != dtypes.uint64: unsupported(op.name, sdt)
@@ -208,6 +242,9 @@ def alu(op, dt: DType, sdts: tuple, a: list) -> str:
 
 def cast(src: DType, dst: DType, x: str) -> str:
   if src == dst: return x
+  if src in dtypes.fp8s: x, src = f"cs_{src.name}_f({x})", dtypes.float32
+  if dst in dtypes.fp8s:   # through float: a double rounded to odd first, ints exact below 2**24 and saturated above
+    return f"cs_f_{dst.name}({'cs_d2fo(' + x + ')' if src == dtypes.float64 else '((float)' + x + ')'})"
   if dst == dtypes.bool: return f"({x} != 0)"
   if src == dtypes.bool: return f"(({VT[dst.name]}){x})"    # 0 and 1 are exact everywhere
   if dst.is_float():
@@ -226,5 +263,5 @@ def bitcast(src: DType, dst: DType, x: str) -> str:
   if src.itemsize != dst.itemsize or dtypes.bool in (src, dst): unsupported(f"BITCAST {src.name} ->", dst)
   bits = {"float16": "cs_f2h", "bfloat16": "cs_f2bf", "float32": "cs_bits", "float64": "cs_dbits"}
   vals = {"float16": "cs_h2f", "bfloat16": "cs_bf2f", "float32": "cs_f32", "float64": "cs_f64"}
-  b = f"{bits[src.name]}({x})" if src.is_float() else f"(({UBITS[src.itemsize]}){x})"
-  return f"{vals[dst.name]}({b})" if dst.is_float() else f"(({VT[dst.name]}){b})"
+  b = f"{bits[src.name]}({x})" if src.name in bits else f"(({UBITS[src.itemsize]}){x})"   # fp8: already its byte
+  return f"{vals[dst.name]}({b})" if dst.name in vals else f"(({VT[dst.name]}){b})"

@@ -5,16 +5,20 @@ float -> int casts are defined: LLVM's own forms are UB or poison there, so the 
 
 bfloat16 is a float32 value in registers that always holds a bfloat16 (every op rounds to nearest even on the bits,
 NaN to the canonical quiet NaN, as ml_dtypes) and an i16 in memory. float16 is LLVM's `half` (x86 computes it in
-float and rounds after every op, as numpy)."""
+float and rounds after every op, as numpy). An fp8 is its i8 bits in registers and memory (so loads, stores, WHERE
+and bitcasts move the bits, as numpy does): ops and casts decode it to float32 (exact), compute there and encode the
+result with tinygrad's float_to_fp8 (nearest even, finite overflow saturating), as lower/numeric.py; the formats come
+from egraph.dtype.FP8."""
 from __future__ import annotations
 import struct
 import numpy as np
-from egraph.dtype import DType, dtypes
+from egraph.dtype import DType, dtypes, FP8, to_fp8_bits
 from egraph.errors import UnsupportedOpError
 from egraph.ir import Ops
 
 VT = {"bool": "i1", "int8": "i8", "uint8": "i8", "int16": "i16", "uint16": "i16", "int32": "i32", "uint32": "i32",
-      "int64": "i64", "uint64": "i64", "float16": "half", "bfloat16": "float", "float32": "float", "float64": "double"}
+      "int64": "i64", "uint64": "i64", "float16": "half", "bfloat16": "float", "float32": "float", "float64": "double",
+      **{n: "i8" for n in FP8}}
 MT = {**VT, "bool": "i8", "bfloat16": "i16"}     # in memory
 SUF = {k: {"half": "f16", "float": "f32", "double": "f64"}.get(v, v) for k, v in VT.items()}
 MSUF = {**SUF, "bool": "i8", "bfloat16": "i16"}   # masked loads/stores move bools and bfloat16s as their memory type
@@ -26,12 +30,13 @@ def lconst(v, dt: DType) -> str:
     u = int(v) % (1 << dt.bits)
     return str(u - (1 << dt.bits) if u >> (dt.bits - 1) else u)
   if dt == dtypes.float16: return "0xH%04X" % int(np.array(v, np.float16).view(np.uint16))
+  if dt in dtypes.fp8s: return str(int(to_fp8_bits(v, dt).view(np.int8)))
   with np.errstate(all="ignore"): x = float(np.array(v, dt.np).astype(np.float64))
   return "0x%016X" % struct.unpack("<Q", struct.pack("<d", x))[0]
 
 def reg_size(dt: DType) -> int:
-  """Bytes of a value of `dt` in a register (bfloat16 computes as float32)."""
-  return 4 if dt == dtypes.bfloat16 else dt.itemsize
+  """Bytes of a value of `dt` in a register (bfloat16 and fp8 compute as float32)."""
+  return 4 if dt == dtypes.bfloat16 or dt in dtypes.fp8s else dt.itemsize
 
 _FBIN = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.FDIV: "fdiv"}
 _CMP = {Ops.CMPLT: ("fcmp olt", "icmp slt", "icmp ult"), Ops.CMPNE: ("fcmp une", "icmp ne", "icmp ne"),
@@ -55,6 +60,11 @@ class Isel:
     sdt = sdts[-1] if op is not Ops.WHERE else dt
     if op is Ops.CAST: return self.cast(sdts[0], dt, a[0])
     if op is Ops.BITCAST: return self.bitcast(sdts[0], dt, a[0])
+    if (sdt in dtypes.fp8s or dt in dtypes.fp8s) and op is not Ops.WHERE:   # WHERE selects the bits
+      f32 = dtypes.float32
+      a = [self.fp8_decode(s, x) if s in dtypes.fp8s else x for s, x in zip(sdts, a)]
+      r = self._alu(op, f32 if dt in dtypes.fp8s else dt, f32, a, fflags)
+      return self.fp8_encode(dt, r) if dt in dtypes.fp8s else r
     r = self._alu(op, dt, sdt, a, fflags)
     return self.bf16_round(r) if dt == dtypes.bfloat16 and op not in _EXACT else r
 
@@ -195,6 +205,60 @@ class Isel:
     fb = self._sel(self._ins("fcmp une", dt, back, x), it, self._ins("or", it, fb, self.cst(1, i32)), fb)
     return self._conv("bitcast", fb, it, ft)
 
+  # fp8: i8 bits, decoded to float32 for every op and cast
+  def fp8_decode(self, dt: DType, v: str) -> str:
+    """The fp8 bits v as the float32 they stand for (exact; NaN the quiet NaN of its sign, as ml_dtypes)."""
+    f, i32 = FP8[dt.name], dtypes.int32
+    it, ft, ic = self.ty(i32), self.ty(dtypes.float32), lambda c: self.cst(c, i32)
+    b = self._conv("zext", v, self.ty(dt), it)
+    mag, sign = self._ins("and", it, b, ic(0x7F)), self._ins("shl", it, self._ins("and", it, b, ic(0x80)), ic(24))
+    # a normal is its bits moved into float32's fields and rebiased; exponent field 0: mantissa * 2**(emin - mant)
+    norm = self._ins("add", it, self._ins("shl", it, mag, ic(23 - f.mant)), ic((127 - f.bias) << 23))
+    sub = self._conv("bitcast", self._ins("fmul", ft, self._conv("uitofp", mag, it, ft), self.cst(2.0 ** (f.emin - f.mant), dtypes.float32)), ft, it)
+    r = self._sel(self._ins("icmp ult", it, mag, ic(1 << f.mant)), it, sub, norm)
+    if f.fnuz: nan = self._ins("icmp eq", it, b, ic(0x80))
+    elif f.inf_bits == f.nan_bits: nan = self._ins("icmp eq", it, mag, ic(0x7F))   # e4m3: no inf, one NaN per sign
+    else:   # IEEE-like: exponent all ones is inf (mantissa 0) or NaN
+      nan = self._ins("icmp ugt", it, mag, ic(f.inf_bits))
+      r = self._sel(self._ins("icmp eq", it, mag, ic(f.inf_bits)), it, ic(0x7F800000), r)
+    r = self._sel(nan, it, ic(0x7FC00000), r)
+    return self._conv("bitcast", self._ins("or", it, r, sign), it, ft)
+
+  def fp8_encode(self, dt: DType, x: str) -> str:
+    """float32 x as fp8 bits, as tinygrad's float_to_fp8: nearest even on the bits (subnormals by a longer shift),
+    finite overflow saturating to the largest finite pattern, NaN and +-inf as egraph.dtype.FP8 says, no -0 in fnuz."""
+    f, i32 = FP8[dt.name], dtypes.int32
+    it, ic, s = self.ty(i32), lambda c: self.cst(c, i32), 23 - f.mant
+    b = self._conv("bitcast", x, self.ty(dtypes.float32), it)
+    a = self._ins("and", it, b, ic(0x7FFFFFFF))
+    eb = self._ins("sub", it, self._ins("lshr", it, a, ic(23)), ic(127 - f.bias))   # the fp8 biased exponent
+    sub = self._ins("icmp slt", it, eb, ic(1))
+    # normal: the rebiased bits, `s` low bits to round off; subnormal: the mantissa with its hidden bit, shifted
+    # 1 - eb further (at most 31: below that everything rounds to 0, float32 subnormals too)
+    base = self._sel(sub, it, self._ins("or", it, self._ins("and", it, a, ic(0x7FFFFF)), ic(0x800000)),
+                     self._ins("sub", it, a, ic((127 - f.bias) << 23)))
+    sh = self._sel(sub, it, self._call("smin", i32, self._ins("sub", it, ic(s + 1), eb), ic(31)), ic(s))
+    r = self._ins("lshr", it, base, sh)
+    rem = self._ins("sub", it, base, self._ins("shl", it, r, sh))
+    half = self._ins("shl", it, ic(1), self._ins("sub", it, sh, ic(1)))
+    bt = self.ty(dtypes.bool)
+    tie_odd = self._ins("and", bt, self._ins("icmp eq", it, rem, half), self._conv("trunc", r, it, bt))
+    up = self._ins("or", bt, self._ins("icmp ugt", it, rem, half), tie_odd)
+    r = self._call("umin", i32, self._ins("add", it, r, self._conv("zext", up, bt, it)), ic(f.max_bits))
+    r = self._sel(self._ins("icmp eq", it, a, ic(0x7F800000)), it, ic(f.inf_bits), r)
+    r = self._sel(self._ins("icmp ugt", it, a, ic(0x7F800000)), it, ic(f.nan_bits), r)
+    neg = self._ins("and", it, self._ins("lshr", it, b, ic(24)), ic(0x80))
+    if f.fnuz: neg = self._sel(self._ins("icmp eq", it, r, ic(0)), it, ic(0), neg)   # no -0: 0x80 is NaN
+    return self._conv("trunc", self._ins("or", it, r, neg), it, self.ty(dt))
+
+  def to_f32(self, src: DType, x: str) -> str:
+    """A value of `src` (not fp8) as float32, rounded once: doubles to odd, so the fp8 rounding after it is direct."""
+    ft = self.ty(dtypes.float32)
+    if src == dtypes.float64: return self.f32_odd(x)
+    if src == dtypes.float16: return self._conv("fpext", x, self.ty(src), ft)
+    if src.is_float(): return x   # float32, and bfloat16's register
+    return self._conv("uitofp" if src.kind in 'ub' else "sitofp", x, self.ty(src), ft)   # exact below 2**24; above, saturated either way
+
   # memory
   def from_mem(self, dt: DType, v: str) -> str:
     """A value loaded as mty(dt) as a value of ty(dt)."""
@@ -276,6 +340,8 @@ class Isel:
   def cast(self, src: DType, dst: DType, x: str) -> str:
     """x converted to `dst` as lower/numeric.py's cast (float -> int: tinygrad's CPU device on x86-64)."""
     if src == dst: return x
+    if src in dtypes.fp8s: x, src = self.fp8_decode(src, x), dtypes.float32
+    if dst in dtypes.fp8s: return self.fp8_encode(dst, self.to_f32(src, x))
     st, dt, E = self.ty(src), self.ty(dst), self.emit
     if dst == dtypes.bool: return self._ins("fcmp une" if src.is_float() else "icmp ne", st, x, self.zero(src))
     if src == dtypes.bool: return self._conv("uitofp" if dst.is_float() else "zext", x, st, dt)

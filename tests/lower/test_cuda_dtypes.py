@@ -1,4 +1,4 @@
-"""The CUDA renderer over all 13 dtypes, under the CPU emulator (lower/cuda_emu.h), against the numpy reference
+"""The CUDA renderer over all 17 dtypes, under the CPU emulator (lower/cuda_emu.h), against the numpy reference
 (lower/reference.py, i.e. lower/numeric.py): every ALU op each dtype accepts on edge values (every pair of them for binary
 ops), every CAST pair, every same-size BITCAST, THREEFRY, and ADD/MUL/MAX reduces in the serial and block forms. Ints,
 bools, casts and bitcasts match bit for bit; float results match exactly too (NaN for NaN, -0 == 0) except the
@@ -7,7 +7,7 @@ compile as one translation unit: one g++ run."""
 import shutil
 import numpy as np
 import pytest
-from egraph.dtype import DType, dtypes
+from egraph.dtype import DType, dtypes, as_np
 from egraph.errors import UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, new_buffer, ParamArg, CallInfo
 from egraph.storage import Storage
@@ -20,7 +20,8 @@ UNARY = (Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRU
 BINARY = (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND,
           Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.FLOORDIV, Ops.FLOORMOD, Ops.POW)
 APPROX = {Ops.EXP2: 1, Ops.LOG2: 1, Ops.SIN: 1, Ops.POW: 1}     # libm-dependent: compared with a tolerance
-TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
+TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12,   # fp8: a libm ulp may move one fp8 ulp
+       "fp8e4m3": 0.13, "fp8e4m3fnuz": 0.13, "fp8e5m2": 0.26, "fp8e5m2fnuz": 0.26}
 
 def accepts(op, dt: DType) -> bool:
   """The ops egraph/ir.py builds for dt (bool: the logical ones and IDIV/MOD)."""
@@ -37,8 +38,9 @@ def edges(dt: DType) -> np.ndarray:
     if dt.kind == 'i': vs += [-1, -2, -3, -7, -100, dt.min, dt.min + 1]
     return np.concatenate([numeric.wrap_const(v, dt).reshape(1) for v in vs])
   big = {"float16": [6e4, 300.7], "bfloat16": [3e38, 2.0 ** 40, 300.7]}.get(dt.name, [3e38, 2.0 ** 31, 2.0 ** 63, 1e10, 300.7])
+  if dt in dtypes.fp8s: big = [3e38, 57344.0, 448.0, 240.0, 300.7, 2.0 ** -9, -2.0 ** -16, 0.0029]   # max, subnormals
   vs = [0.0, -0.0, 1.0, -1.0, 0.5, -1.5, 2.5, 3.0, -7.25, 1e-3, 100.0, -255.9, np.inf, -np.inf, np.nan, 1e-6] + big
-  return np.array(vs, np.float64).astype(dt.np)
+  return as_np(np.array(vs, np.float64), dt)
 
 def cast_values(dt: DType) -> np.ndarray:
   """Edge values plus every float -> int boundary the rules name (2**64 itself excepted: numeric.cast gives 0 there)."""
@@ -49,7 +51,7 @@ def cast_values(dt: DType) -> np.ndarray:
   if not dt.is_float(): return edges(dt)
   b = [2.0 ** 31, 2.0 ** 31 - 1, -2.0 ** 31, -2.0 ** 31 - 1, 2.0 ** 32, 2.0 ** 32 - 1, 2.0 ** 63, -2.0 ** 63, 2.0 ** 64 - 4096,
        -2.0 ** 64, 1 + 2.0 ** -8 + 2.0 ** -40, 1 + 2.0 ** -11 + 2.0 ** -40, -(1 + 2.0 ** -8 + 2.0 ** -40), 65535.9, 65536.0, -32769.0, 128.5, -129.5, 255.5, 256.0, -0.5, -0.9999, 0.9999, 1e30, -1e30]
-  with np.errstate(over="ignore"): v = np.concatenate([edges(dt), np.array(b, np.float64).astype(dt.np)])
+  with np.errstate(over="ignore"): v = np.concatenate([edges(dt), as_np(np.array(b, np.float64), dt)])
   return v[v.astype(np.float64) != 2.0 ** 64]   # 2**64 - 4096 rounds to it in float32 and bfloat16
 
 class Prog:
@@ -61,7 +63,7 @@ class Prog:
     return Node(Ops.PARAM, buf.dtype, (), ParamArg(len(self.bufs) - 1, (buf.arg.size,), "CPU"))
   def input(self, data: np.ndarray, dt: DType) -> Node:
     b = new_buffer(data.size, dt, "CPU")
-    self.S.set_data(b, np.asarray(data).astype(dt.np).reshape(-1))
+    self.S.set_data(b, as_np(np.asarray(data), dt).reshape(-1))
     return self.param(b)
   def out(self, v: Node, what: str, tol: float = 0.0):
     b = new_buffer(int(np.prod(v.shape)), v.dtype, "CPU")
@@ -85,7 +87,7 @@ def op_prog(dt: DType) -> Prog:
   return P
 
 def cast_prog(dt: DType) -> Prog:
-  """dt cast to each of the 13 dtypes, and bitcast to each other dtype of its size (NaNs left out of half bitcasts:
+  """dt cast to each of the 17 dtypes, and bitcast to each other dtype of its size (NaNs left out of half bitcasts:
   their payload is not kept through float, as on the GPU)."""
   P, v = Prog(f"casts_{dt.name}"), cast_values(dt)
   x = P.input(v, dt)
@@ -171,8 +173,33 @@ def test_threefry_matches_numeric(results):
   assert np.array_equal(got, numeric.threefry2x32(TF_X, TF_KEY))
 
 def test_every_pair_is_covered(results):
-  assert sum(k.startswith("CAST ") for k in results) == 13 * 12
+  assert sum(k.startswith("CAST ") for k in results) == len(dtypes.all) * (len(dtypes.all) - 1)
   assert {k.split()[1] for k in results if k.startswith("BITCAST")} == {d.name for d in dtypes.all if d != dtypes.bool}
+
+def test_fp8_casts_match_tinygrad():
+  """The prelude's fp8 conversions under the emulator, bit for bit against tinygrad's float_to_fp8 (from float32 and
+  float64 over the sweep: ties, subnormals, overflow, inf, NaN, -0) and fp8_to_float (all 256 patterns)."""
+  from fp8_oracle import sweep, tinygrad_bits, tinygrad_values
+  progs, want = [], {}
+  for dt in dtypes.fp8s:
+    P, x64 = Prog(f"fp8_{dt.name}"), sweep(dt, 1000)
+    with np.errstate(over="ignore"): x32 = x64.astype(np.float32)
+    for src, x in ((dtypes.float32, x32), (dtypes.float64, x64)):
+      P.out(Node(Ops.BITCAST, dtypes.uint8, (P.input(x, src).cast(dt),)), f"{src.name} -> {dt.name}")
+      want[f"{src.name} -> {dt.name}"] = tinygrad_bits(x, dt)
+    P.out(Node(Ops.BITCAST, dt, (P.input(np.arange(256, dtype=np.uint8), dtypes.uint8),)).cast(dtypes.float32), f"{dt.name} -> float32")
+    want[f"{dt.name} -> float32"] = tinygrad_values(dt).astype(np.float32)
+    progs.append(P)
+  lows = cuda.plans([p.call() for p in progs])
+  emu = cuda.emulator()
+  mod = emu.load(lows[0].plan)
+  for p, lw in zip(progs, lows):
+    got = p.S.copy()
+    cuda.run_lowered(lw, got, emu, mod)
+    for uid, (what, _) in p.tol.items():
+      g, w = got[uid], want[what]
+      if w.dtype == np.uint8: np.testing.assert_array_equal(g, w, err_msg=what)
+      else: assert np.array_equal(g.view(np.uint32)[~np.isnan(w)], w.view(np.uint32)[~np.isnan(w)]) and np.isnan(g[np.isnan(w)]).all(), what
 
 def test_unrenderable_raises_unsupported():
   """What the renderer cannot spell names the op and the dtype."""
@@ -187,6 +214,7 @@ def test_constants_and_nvcc_spellings():
   assert cuda_ops.cconst(2**64 - 1, dtypes.uint64) == "18446744073709551615ull" and cuda_ops.cconst(-1, dtypes.uint32) == "4294967295u"
   assert cuda_ops.cconst(float("inf"), dtypes.float64).startswith("cs_f64(") and cuda_ops.cconst(-1.5, dtypes.float64) == "(-0x1.8000000000000p+0)"
   assert cuda_ops.cconst(1 + 2**-8 + 2**-20, dtypes.bfloat16) == float(1 + 2**-7).hex() + "f"
+  assert cuda_ops.cconst(1e9, dtypes.fp8e4m3) == "((unsigned char)126u)"   # fp8: its byte, saturated as tinygrad
 
 @pytest.mark.skipif(drv.nvcc_path() is None, reason="nvcc is not on PATH (nor in $CUDA_HOME/bin, /usr/local/cuda/bin)")
 def test_nvcc_compiles_every_dtype_kernel():

@@ -5,7 +5,7 @@ division by zero, INT_MIN // -1. Ints and casts bit for bit; transcendental floa
 import platform
 import numpy as np
 import pytest
-from egraph.dtype import dtypes
+from egraph.dtype import dtypes, as_np
 from egraph.errors import DTypeError, UnsupportedOpError
 from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, new_buffer
 from egraph.storage import Storage
@@ -21,7 +21,8 @@ RNG = np.random.default_rng(7)
 DTS = list(dtypes.all)
 N = 48
 INEXACT = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.POW})
-RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-13}
+RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-13,   # fp8: one ulp of the rounding after
+        "fp8e4m3": 0.13, "fp8e4m3fnuz": 0.13, "fp8e5m2": 0.26, "fp8e5m2fnuz": 0.26}     # an inexact op may differ
 
 def values(dt, n=N, seed=0):
   """n values of dt: the edge values first, then random ones."""
@@ -31,7 +32,7 @@ def values(dt, n=N, seed=0):
     edge = [0.0, -0.0, 1.0, -1.0, np.nan, np.inf, -np.inf, 0.5, -2.5, 3.0, 2.0 ** 31, -2.0 ** 31 - 1e3, 2.0 ** 63,
             -2.0 ** 63, 2.0 ** 64, 1e30, -1e30, 65504.0, 70000.0, 300.0, -129.0, 1e-40, 255.5, -0.75]
     x = np.concatenate([edge, rng.standard_normal(n) * 10])[:n]
-    with np.errstate(all="ignore"): return x.astype(dt.np)
+    with np.errstate(all="ignore"): return as_np(x, dt)
   edge = [0, 1, -1, 2, -2, 3, -7, dt.min, dt.max, dt.min + 1, dt.max - 1, dt.bits - 1, dt.bits, dt.bits + 1, 100, 5]
   x = np.concatenate([np.array(edge, dtype=object), rng.integers(-1 << 62, 1 << 62, n, dtype=np.int64).astype(object)])[:n]
   return wrap(x, dt)
@@ -63,7 +64,7 @@ def run(ins: list, outs: list):
 
 def same(nat, ref, msg, rtol=None):
   """Bit for bit (NaNs only as NaNs), or within rtol for floats."""
-  if ref.dtype.kind == 'f' or ref.dtype == dtypes.bfloat16.np:
+  if ref.dtype.kind == 'f' or ref.dtype in (dtypes.bfloat16.np, *(d.np for d in dtypes.fp8s)):
     n, r = nat.astype(np.float64), ref.astype(np.float64)
     if rtol is not None: np.testing.assert_allclose(n, r, rtol=rtol, atol=rtol, equal_nan=True, err_msg=msg); return
     np.testing.assert_array_equal(n, r, err_msg=msg)
@@ -119,6 +120,24 @@ def test_size_changing_bitcasts():
   for (s, d), (nat, ref) in zip(pairs, run(ins, outs)):
     np.testing.assert_array_equal(nat.view(np.uint8), ref.view(np.uint8), err_msg=f"BITCAST {s.name} -> {d.name}")
 
+@pytest.mark.parametrize("dt", dtypes.fp8s, ids=lambda d: d.name)
+def test_fp8_casts_match_tinygrad(dt):
+  """Compiled casts into fp8 from float32 and float64 (one rounding, no double rounding through float) over the sweep,
+  and out of all 256 patterns, bit for bit against tinygrad's float_to_fp8 / fp8_to_float."""
+  from fp8_oracle import sweep, tinygrad_bits, tinygrad_values
+  x64 = sweep(dt)
+  with np.errstate(over="ignore"): x32 = x64.astype(np.float32)
+  bits = np.arange(256, dtype=np.uint8)
+  (n32, _), (n64, _), (back, _) = run([x32, x64, bits], [
+    (dt, x32.shape, lambda ps: ps[0].cast(dt)), (dt, x64.shape, lambda ps: ps[1].cast(dt)),
+    (dtypes.float32, (256,), lambda ps: Node(Ops.BITCAST, dt, (ps[2],)).cast(dtypes.float32))])
+  np.testing.assert_array_equal(n32.view(np.uint8), tinygrad_bits(x32, dt))
+  np.testing.assert_array_equal(n64.view(np.uint8), tinygrad_bits(x64, dt))
+  want = tinygrad_values(dt)
+  np.testing.assert_array_equal(back, want.astype(np.float32))
+  ok = ~np.isnan(want)
+  assert np.array_equal(np.signbit(back[ok]), np.signbit(want[ok]))
+
 def test_threefry():
   x = RNG.integers(0, 1 << 63, N, dtype=np.uint64) * np.uint64(2) + np.arange(N, dtype=np.uint64)
   k = np.roll(x, 3)
@@ -130,7 +149,7 @@ def test_threefry():
 @pytest.mark.parametrize("dt", DTS, ids=lambda d: d.name)
 def test_reduces(dt):
   x = values(dt, 48, seed=5)
-  if dt.is_float(): x = (RNG.standard_normal(48) * 2).astype(dt.np); x[5] = -0.0
+  if dt.is_float(): x = as_np(RNG.standard_normal(48) * 2, dt); x[5] = -0.0
   x = x.reshape(6, 8)
   outs = [(dt, shape, lambda ps, rop=rop, ax=ax: Node(Ops.REDUCE, None, (ps[0],), (rop, ax)))
           for rop in (Ops.ADD, Ops.MAX, Ops.MUL) for ax, shape in (((1,), (6, 1)), ((0,), (1, 8)), ((0, 1), (1, 1)))]
