@@ -9,7 +9,7 @@ Back out, callsat's CALL is rebuilt as tinygrad UOps: OPAQUE from its original, 
 (fresh ones become new tinygrad BUFFERs), views as SHRINK(BUFFER)[.BITCAST], PARAMs typed like their args."""
 from __future__ import annotations
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from tinygrad.uop.ops import UOp, Ops as TOps, shape_to_shape_arg
 from tinygrad.dtype import dtypes as tdt, AddrSpace
 from egraph.ir import Node, Ops, GroupOp, OpaqueArg, BufferArg, ParamArg, CallInfo, toposort
@@ -32,10 +32,9 @@ class DiskViewError(CallsatError, RuntimeError):
 _DT = {tdt.bool: dtypes.bool, tdt.int8: dtypes.int8, tdt.uint8: dtypes.uint8, tdt.int16: dtypes.int16,
        tdt.uint16: dtypes.uint16, tdt.int32: dtypes.int32, tdt.uint32: dtypes.uint32, tdt.int64: dtypes.int64,
        tdt.uint64: dtypes.uint64, tdt.float16: dtypes.float16, tdt.bfloat16: dtypes.bfloat16,
-       tdt.float32: dtypes.float32, tdt.float64: dtypes.float64}
+       tdt.float32: dtypes.float32, tdt.float64: dtypes.float64, **{getattr(tdt, d.name): d for d in dtypes.fp8s}}
 _TDT = {v: k for k, v in _DT.items()}
 _WEAK = {tdt.weakint: dtypes.int64, tdt.weakfloat: dtypes.float32}   # never stored: tinygrad refuses to realize them
-_FP8 = {getattr(tdt, n): n for n in ("fp8e4m3", "fp8e5m2", "fp8e4m3fnuz", "fp8e5m2fnuz")}
 _OWN_DEVICES = ("CPU", "PYTHON", "NPY", "CUDA", "DISK")
 _DIRECT = {TOps.CONTIGUOUS: Ops.CONTIGUOUS, TOps.CONTIGUOUS_BACKWARD: Ops.CONTIGUOUS_BACKWARD, TOps.DETACH: Ops.DETACH,
            TOps.CAST: Ops.CAST, TOps.BITCAST: Ops.BITCAST, TOps.AFTER: Ops.AFTER, TOps.STORE: Ops.STORE}
@@ -63,6 +62,13 @@ def _ints(shape, what: str) -> tuple[int, ...]:
   if shape is None: return None
   if not all(isinstance(s, int) for s in shape): raise BridgeRefusal("form:symbolic-shape", f"{what} has shape {shape}")
   return tuple(shape)
+
+def param_like(u: UOp, slot: int) -> UOp:
+  """`u.param_like(slot)`; for a single-device BUFFER the PARAM it builds, made from the buffer's own shape src and arg
+  (the same object) without working out the buffer's axis, shape and address space."""
+  if u.op is TOps.BUFFER and type(u.arg.device) is str and u.arg.addrspace is AddrSpace.GLOBAL:
+    return UOp(TOps.PARAM, src=u.src, arg=replace(u.arg, slot=slot))
+  return u.param_like(slot)
 
 def _concrete(x) -> bool:
   return type(x) is int or type(x) is bool or isinstance(x, Ops) or (type(x) is tuple and all(map(_concrete, x)))
@@ -115,6 +121,7 @@ class Conversion:
   dims: dict = field(default_factory=dict)         # tinygrad symbolic dimension (UOp) -> HostDim
   dim_uops: dict = field(default_factory=dict)     # HostDim key -> tinygrad UOp
   serial: int = field(default_factory=lambda: next(_SERIAL))
+  bound_vars: bool = False                         # did the graph hold a bound variable (a call input)?
 
   def dim(self, d):
     """A tinygrad dimension as callsat's: ints stay, an expression becomes a HostDim worth its maximum."""
@@ -199,14 +206,15 @@ def _same_dims(a, b) -> bool: return len(a) == len(b) and all(type(x) is type(y)
 
 def _convert(cv: Conversion, u: UOp) -> Node:
   op = u.op
-  if u.dtype in tdt.fp8s: raise BridgeRefusal(f"dtype:{_FP8[u.dtype]}", f"{op.name} of {u.dtype.name}")
   if op is TOps.BUFFER and u.arg.addrspace is AddrSpace.GLOBAL and not u.is_variable:
     size = _ints(u.shape, "BUFFER")[0]
     n = Node(Ops.BUFFER, to_dtype(u.dtype, "BUFFER"), (), BufferArg(BUFFER_UID_BASE + u.arg.slot, size, to_device(u.device)))
     cv.buffers[n.arg.uid] = u
     return n
   virtual = u.device is None or u.dtype in _WEAK
-  if op is TOps.AFTER and u.is_bound_var: return _opaque(cv, u, ())     # a call input, never an assign
+  if op is TOps.AFTER and u.is_bound_var:   # a call input, never an assign
+    cv.bound_vars = True
+    return _opaque(cv, u, ())
   if op is TOps.AFTER and virtual:
     # an assign with nowhere to store: tinygrad reads AFTER(t, STORE(t, v)) into a computed t as v (CONTIGUOUS of a
     # virtual value is not realized); otherwise it stays what it is
@@ -397,7 +405,7 @@ class _Back:
       if (orig := self.cv.params.get(n.id)) is not None: return orig   # a function body's own argument
       if params is None or not 0 <= n.arg.slot < len(params):   # an output slot callify added to a precompiled call
         return UOp.param(n.arg.slot, _TDT[n.dtype], self.d(n.arg.shape), from_device(n.device), addrspace=AddrSpace.GLOBAL)
-      return params[n.arg.slot].param_like(n.arg.slot)   # typed, shaped and split like its argument, as tinygrad's own
+      return param_like(params[n.arg.slot], n.arg.slot)   # typed, shaped and split like its argument, as tinygrad's own
     if op is Ops.SLICE:   # tinygrad's view: SHRINK(BUFFER) in the buffer's elements, retyped by BITCAST
       off, count = n.arg
       size = count * n.dtype.itemsize // n.src[0].dtype.itemsize
@@ -421,7 +429,7 @@ def to_tinygrad(cv: Conversion, call: Node, buffer_map: dict, contiguous: frozen
   args = [back(a) for a in call.src[1:]]
   if any(a.op is Ops.BIND for a in call.src[1:]): raise BridgeRefusal("form:bind", "symbolic BIND arguments")
   body = back(call.src[0], args)
-  bound = [u for u in body.toposort() if u.op is TOps.AFTER and u.is_bound_var]
+  bound = [u for u in body.toposort() if u.op is TOps.AFTER and u.is_bound_var] if cv.bound_vars else []
   if bound:
     body = body.substitute({b: b.param_like(len(args) + i) for i, b in enumerate(bound)})
     args += bound

@@ -1,6 +1,6 @@
 """The bridge's conversion back to tinygrad: `int_move` builds a movement op with int arguments as the very UOps
 tinygrad 0.14's movement methods build (UOps are hash-consed, so `is` compares whole graphs), for every op, rank and
-argument drawn."""
+argument drawn; `param_like` a buffer argument's PARAM as tinygrad's method builds it."""
 import math
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
@@ -46,3 +46,26 @@ def test_int_move_is_what_tinygrad_builds(m):
   if noop: return   # the bridge returns the source before building anything
   x = Tensor.empty(*shape).uop
   assert int_move(op, x, shape, arg) is call(x)
+
+def test_every_tinygrad_dtype_maps_to_callsats():
+  """Each of tinygrad's storable dtypes (fp8 included) is the callsat dtype of the same name, and back."""
+  from tinygrad import dtypes as tdt
+  from egraph.dtype import dtypes
+  from egraph.tinygrad_convert import to_dtype
+  for t in tdt.all:
+    d = to_dtype(t)
+    assert d is dtypes.from_any(t.name) and d.itemsize == t.itemsize and getattr(tdt, d.name) is t
+
+@pytest.mark.parametrize("device", ["CPU", "NULL", "DISK:/tmp/callsat-param-like"])
+@pytest.mark.parametrize("dtype", ["float32", "int8", "bool", "half", "uint64", "bfloat16", "fp8e4m3", "fp8e5m2fnuz"])
+def test_param_like_is_tinygrads(device, dtype):
+  """A buffer argument's PARAM, built from the buffer's own src and arg, is the object tinygrad's param_like builds."""
+  from tinygrad import dtypes
+  from tinygrad.uop.ops import UOp
+  from egraph.tinygrad_convert import param_like
+  for n in (1, 5, 64):
+    b = UOp.new_buffer(device, n, getattr(dtypes, dtype))
+    for slot in (0, 3):
+      assert param_like(b, slot) is b.param_like(slot)
+  x = Tensor.empty(4, 4).uop.shrink(((0, 2), (0, 4)))   # not a buffer: tinygrad's own method
+  assert param_like(x, 1) is x.param_like(1)
