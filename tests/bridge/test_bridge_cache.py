@@ -156,13 +156,13 @@ def test_env_setting(monkeypatch):
 
 def test_refusals_are_cached_and_still_counted(cache):
   bridge.reset_stats()
-  fp8 = lambda: Tensor([1.0, 2.0], device="PYTHON").cast(dtypes.fp8e4m3).contiguous().realize()
+  opts = lambda: (Tensor([1.0, 2.0], device="PYTHON") + 1).contiguous(arg=(1,)).realize()   # CONTIGUOUS with options
   with bridge.installed(strict=True):
     for _ in range(2):
-      with pytest.raises(BridgeRefusal, match=r"dtype:fp8e4m3"): fp8()
-  with bridge.installed(strict=False): fp8()
+      with pytest.raises(BridgeRefusal, match=r"form:contiguous-with-options"): opts()
+  with bridge.installed(strict=False): opts()
   s = bridge.stats()
-  assert s["refused"] >= 2 and s["reasons"].get("dtype:fp8e4m3", 0) >= 3 and cache.hits >= 1
+  assert s["refused"] >= 2 and s["reasons"].get("form:contiguous-with-options", 0) >= 3 and cache.hits >= 1
 
 def test_values_equal_stock_under_threads(cache):
   """Threads realize graphs of one structure with their own data through the bridge: each gets its own numbers."""
