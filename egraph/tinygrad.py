@@ -51,7 +51,8 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   except BridgeRefusal as e:
     cache.put(key, BridgeRefusal(e.reason, e.detail))   # refused by structure alone: refused again without converting
     raise
-  cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None))
+  # a CALL without the hints that failed is fallback mode's answer for this call: strict must meet the error again
+  if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None))
   return call, bmap
 
 def _decide(big_sink: UOp, mode: str):
@@ -72,7 +73,7 @@ def _hints(cv, roots) -> Hints:
   try: h = cost_hints(cv, roots)
   except Exception as e:
     if _STATE["mode"] != "fallback": raise
-    h = Hints(note=f"{type(e).__name__}: {e}")
+    h = Hints(note=f"{type(e).__name__}: {e}", failed=True)
     with _LOCK: _COUNTS["hint_errors"] += 1
   _count_hints(h)
   return h

@@ -50,6 +50,7 @@ class Hints:
   partition: PartitionReport | None = None
   note: str = ""
   seconds: float = 0.0
+  failed: bool = False   # choosing them raised (fallback mode goes on without): this call's answer, never cached
 
 def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
 

@@ -206,3 +206,20 @@ def test_sgd_loop_values_equal_stock(cache):
 class _nothing:
   def __enter__(self): return self
   def __exit__(self, *a): return False
+
+def test_a_result_without_failed_hints_is_not_cached(cache, monkeypatch):
+  """Cost mode, fallback: choosing the hints raises, the CALL goes on without them and that is counted; it is not
+  cached, so strict mode on the same structure meets the error (and a later call may choose hints again)."""
+  import egraph.tinygrad as br
+  def broken(cv, roots): raise RuntimeError("no hints today")
+  monkeypatch.setattr(br, "cost_hints", broken)
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  data = np.arange(16, dtype=np.float32).reshape(4, 4)
+  prog = lambda: (Tensor(data, device="PYTHON").realize() + 3).sum().numpy()
+  bridge.reset_stats()
+  with bridge.installed(strict=False):
+    for _ in range(2): assert prog() == (data + 3).sum()
+  s = bridge.stats()
+  assert s["bridged"] >= 4 and s["hint_errors"] == s["bridged"] and cache.stats()["stored"] == 0
+  with bridge.installed(strict=True):
+    with pytest.raises(RuntimeError, match="no hints today"): prog()
