@@ -24,7 +24,7 @@ A Runner given a StepHook (what `callsat explain` uses) applies the same rules o
 ruleset, and calls the hook after loading and after every step that matched; the rules are pure unions, so it
 reaches the same fixpoint as the phased run."""
 from __future__ import annotations
-import functools, os, shutil, tempfile, threading, time, weakref
+import contextlib, functools, os, shutil, tempfile, threading, time, weakref
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Protocol
@@ -178,10 +178,17 @@ class StepHook(Protocol):
 
 _SCRATCH = threading.local()
 
+# rows go through memory where the system has a tmpfs: a rewritten file on a disk filesystem can be flushed on close
+# (ext4 does so for a file truncated and rewritten), measured 3.5 ms a load on a busy machine against 0.07 in /dev/shm
+_MEMORY_FS = "/dev/shm"
+
+def _scratch_parent() -> str | None:
+  return _MEMORY_FS if os.path.isdir(_MEMORY_FS) and os.access(_MEMORY_FS, os.W_OK | os.X_OK) else None
+
 class _Folder:
   """A temporary folder removed when this object goes (its thread ends) or the process exits."""
   def __init__(self):
-    self.path = tempfile.mkdtemp(prefix="callsat-")
+    self.path = tempfile.mkdtemp(prefix="callsat-", dir=_scratch_parent())
     weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)   # finalize also runs at exit
 
 def _scratch() -> str:
@@ -271,6 +278,7 @@ class Runner:
     cmds = []
     for rel, rs in rows.items():
       path = os.path.join(tmp, rel + ".tsv")
+      with contextlib.suppress(FileNotFoundError): os.unlink(path)   # a new file, not a truncated one (see _MEMORY_FS)
       with open(path, "w") as f: f.write("".join("\t".join(map(str, r)) + "\n" for r in rs))
       cmds.append(f'(input {rel} "{path}")')
     if cmds: self.command(" ".join(cmds), "reading the inserted rows")

@@ -1,6 +1,7 @@
 """The declared e-graph pool (egraph/runner.py DeclaredPool): a reused e-graph gives what a new one gives, and each
 thread keeps its own (egglog's EGraph lives and dies on the thread that made it)."""
 import threading
+import pytest
 from egraph import callify
 from egraph.ir import Node, Ops, new_buffer
 from egraph.dtype import dtypes
@@ -43,10 +44,14 @@ def test_pool_is_bounded_per_thread():
   for _ in range(2 * DECLARED.keep + 2): callify(*_graphs()["add"], cache=False, fusion="rules")
   assert DECLARED.waiting() and all(n <= DECLARED.keep for n in DECLARED.waiting().values())
 
-def test_row_folders_go_with_their_threads(tmp_path, monkeypatch):
-  """Each thread loads rows through a folder of its own, kept between callifies and removed when the thread ends."""
+@pytest.mark.parametrize("memory_fs", [True, False], ids=["memory-fs", "temp-dir"])
+def test_row_folders_go_with_their_threads(tmp_path, monkeypatch, memory_fs):
+  """Each thread loads rows through a folder of its own, kept between callifies and removed when the thread ends: in
+  the memory filesystem where there is one, else in the temp dir."""
   import gc, tempfile
-  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  import egraph.runner as runner
+  monkeypatch.setattr(runner, "_MEMORY_FS", str(tmp_path) if memory_fs else str(tmp_path / "absent"))
+  monkeypatch.setattr(tempfile, "tempdir", None if memory_fs else str(tmp_path))
   def work():
     for _ in range(2): callify(*_graphs()["view"], cache=False, fusion="rules")
     assert len(list(tmp_path.iterdir())) >= 1
