@@ -7,8 +7,9 @@ own pass, on the same tinygrad graphs, in the same run, from 4-UOp graphs to 50k
 Each program is a real tinygrad program's step: the graph measured is the sink its own `realize` (or `.item()`,
 `opt.step()`) hands the pass, caught at tinygrad.tensor.transform_to_call before any pass has seen it. The tiny programs
 (4 to 300 UOps): copy-in (realize of a new `Tensor([1., 2, 3])`), item (`(a + 3).sum().item()`), contig-sum
-(`(b * 2).contiguous().sum(1)`), sgd-assign (`w.assign(w * 0.99 - 0.01 * g)`), sgd-momentum (nn.optim.SGD's step, one
-parameter), layernorm (nn.LayerNorm forward), adam (nn.optim.Adam's step, two parameters), attention (a causal attention
+(`(b * 2).contiguous().sum(1)`), sgd-assign (`w.assign(w * 0.99 - 0.01 * g)`), kv-write (a decode step's KV-cache
+write into one position, as examples/gpt2.py without JIT), slice-view (`w[2:6].contiguous()` and a slice of a computed
+value), sgd-momentum (nn.optim.SGD's step, one parameter), layernorm (nn.LayerNorm forward), adam (nn.optim.Adam's step, two parameters), attention (a causal attention
 block with residual), mlp-train (a 2-layer MLP's forward, cross-entropy loss, backward and Adam step); the big ones:
 synth-N (a DAG of elementwise ops, reductions, contiguous points and assigns over realized buffers), GPT-2 small's
 forward and ResNet-18's eval forward. Programs with state (weights, optimizer moments, an assigned w) are set up once,
@@ -136,6 +137,27 @@ def sgd_assign():
     return lambda: w.assign(w * 0.99 - 0.01 * g).realize()
   return step
 
+def kv_write():
+  """A decode step's cache write, as examples/gpt2.py's attention does it without JIT: new keys and values stacked into
+  one position of a realized KV cache (`cache[:, :, p:p+1].assign(...)`): callsat decides where the assign writes."""
+  from tinygrad import Tensor
+  cache = Tensor.zeros(2, 1, 16, 4, 8).contiguous().realize()
+  restore = _state(cache)
+  def step():
+    restore(); xk, xv = Tensor.empty(1, 1, 4, 8), Tensor.empty(1, 1, 4, 8)
+    return lambda: cache[:, :, 5:6, :, :].assign(Tensor.stack(xk, xv)).realize()
+  return step
+
+def slice_view():
+  """Rows of a realized matrix read as a new tensor (`w[2:6].contiguous()`): a zero-copy view or a copy, callsat's
+  choice."""
+  from tinygrad import Tensor
+  w = Tensor.empty(16, 32).realize()
+  def step():
+    b = Tensor.empty(16, 32)
+    return lambda: Tensor.realize(w[2:6].contiguous(), (b[4:8] * 2).contiguous())
+  return step
+
 def _optimizer(opt_cls, shapes, **kw):
   """nn.optim's step on parameters with new realized gradients each step; one step run first (tinygrad's own pass) so
   the optimizer's state (lr, moments, beta powers) is realized, as from a training loop's second step on."""
@@ -204,7 +226,8 @@ def mlp_train(d_in: int = 32, hidden: int = 64, classes: int = 10, batch: int = 
     return lambda: run(x, y)
   return step
 
-TINY = {"copy-in": copy_in, "item": item, "contig-sum": contig_sum, "sgd-assign": sgd_assign, "sgd-momentum": sgd_momentum,
+TINY = {"copy-in": copy_in, "item": item, "contig-sum": contig_sum, "sgd-assign": sgd_assign, "kv-write": kv_write,
+        "slice-view": slice_view, "sgd-momentum": sgd_momentum,
         "layernorm": layernorm, "adam": adam, "attention": attention, "mlp-train": mlp_train}
 SYNTH_STEPS = {"synth-1k": 300, "synth-10k": 3060, "synth-50k": 15300}   # ~1k, 10k, 50k UOps; the exact count is reported
 PROGRAMS = [*TINY, *SYNTH_STEPS, "gpt2", "resnet18"]
