@@ -14,6 +14,7 @@ import json, os, sys, time
 import numpy as np
 sys.path.insert(0, os.getcwd())
 from lower import cuda_driver as drv      # numpy + ctypes only: no egglog, no callsat front end
+from egraph.dtype import dtypes            # numpy + ml_dtypes: the fp8 buffers' host types
 
 dry = "--dry-run" in sys.argv[1:]
 D = os.path.join("bench", "gpu_corpus")
@@ -32,7 +33,8 @@ def check_files(c):
   for name, b in c["plan"]["buffers"].items():
     if b["kind"] == "tmp": continue
     a = z[f"in_{name}"]
-    want = "uint16" if b["dtype"] == "bfloat16" else b["dtype"]   # bfloat16 travels as its bits (numpy has no bfloat16)
+    # bfloat16 and fp8 travel as their bits (numpy has no such dtypes)
+    want = "uint16" if b["dtype"] == "bfloat16" else "uint8" if b["dtype"].startswith("fp8") else b["dtype"]
     assert a.nbytes == b["nbytes"] and a.dtype.name == want, (c["name"], name, a.dtype, a.nbytes, b)
     if b["written"]: assert z[f"out_{name}"].shape == a.shape, (c["name"], name)
   return z
@@ -53,6 +55,7 @@ def run_cases(backend, label):
       if b["kind"] == "tmp" or not b["written"]: continue
       got, want = arrays[n], z[f"out_{n}"]
       if b["dtype"] == "bfloat16": got, want = (bf16(x) for x in (got, want))
+      if b["dtype"].startswith("fp8"): got, want = (x.view(dtypes.from_any(b["dtype"]).np).astype(np.float32) for x in (got, want))
       rt, at = c["tolerance"][n]
       ok = np.allclose(got, want, rtol=rt, atol=at, equal_nan=True) if want.dtype.kind == "f" else np.array_equal(got, want)
       if not ok:

@@ -156,7 +156,10 @@ def _corpus(random: int, graphs: int) -> list[Case]:
 
 def tolerance(dtype: str) -> tuple[float, float]:
   """(rtol, atol) for comparing a GPU/emulated buffer with the numpy reference."""
-  return {"float16": (2e-3, 2e-3), "bfloat16": (1e-2, 1e-2), "float32": (1e-4, 1e-5), "float64": (1e-9, 1e-12)}.get(dtype, (0.0, 0.0))
+  return {"float16": (2e-3, 2e-3), "bfloat16": (1e-2, 1e-2), "float32": (1e-4, 1e-5), "float64": (1e-9, 1e-12),
+          # fp8: one ulp (a libm ulp may move the rounding), a subnormal step near 0
+          "fp8e4m3": (0.13, 2.0 ** -9), "fp8e4m3fnuz": (0.13, 2.0 ** -10), "fp8e5m2": (0.26, 2.0 ** -16),
+          "fp8e5m2fnuz": (0.26, 2.0 ** -17)}.get(dtype, (0.0, 0.0))
 
 def bench_cases() -> list:
   """CALLs whose inputs the GPU machine generates: elementwise bandwidth and a tiled matmul."""
@@ -201,8 +204,10 @@ def main(argv=None) -> int:
       a = c.storage.get(n.arg.uid)
       arrays[f"in_{name}"] = a if a is not None else np.zeros(n.arg.size, n.dtype.np)
       if b["written"]: arrays[f"out_{name}"] = ref[n.arg.uid]
-    # bfloat16 (an ml_dtypes type) would load back as raw void bytes: its bits go in as uint16 (gpu_check.sh reads them)
-    arrays = {k: a.view(np.uint16) if a.dtype.name == "bfloat16" else a for k, a in arrays.items()}
+    # bfloat16 and fp8 (ml_dtypes types) would load back as raw void bytes: their bits go in as uint16 / uint8
+    # (gpu_check.sh reads them)
+    arrays = {k: a.view(np.uint16) if a.dtype.name == "bfloat16" else a.view(np.uint8) if a.dtype.name.startswith("float8")
+              else a for k, a in arrays.items()}
     np.savez_compressed(os.path.join(args.out, "cases", c.name + ".npz"), **arrays)
     plan = {k: v for k, v in lw.plan.items() if k not in ("source", "kernels")}
     manifest["cases"].append({"name": c.name, "plan": plan, "tolerance": {n: tolerance(b["dtype"]) for n, b in plan["buffers"].items() if b["kind"] != "tmp"}})

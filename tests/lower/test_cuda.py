@@ -29,8 +29,9 @@ def compare(case, got: Storage, ref: Storage):
   assert set(got) >= set(ref)
   for u in ref:
     a, b = got[u], ref[u]
-    if b.dtype.name == "bfloat16": a, b = a.astype(np.float32), b.astype(np.float32)   # ml_dtypes' kind is 'V'
-    rt, at = M.tolerance(got[u].dtype.name)
+    dt = dtypes.from_numpy(b.dtype)
+    rt, at = M.tolerance(dt.name)
+    if dt in (dtypes.bfloat16, *dtypes.fp8s): a, b = a.astype(np.float32), b.astype(np.float32)   # ml_dtypes' kind is 'V'
     if b.dtype.kind == 'f': np.testing.assert_allclose(a, b, rtol=rt, atol=at, equal_nan=True, err_msg=f"{case.name}: buffer {u}")
     else: np.testing.assert_array_equal(a, b, err_msg=f"{case.name}: buffer {u}")
 
