@@ -57,6 +57,22 @@ def realize_points(roots: list[Node], topo: list[Node]) -> list[Node]:
         if x.device is not None and not x.has_buffer_identity() and x.op is not Ops.AFTER: keys.setdefault(x.id, x)
   return list(keys.values())
 
+def folded_bitcasts(topo: list[Node], keys: list[Node]) -> set[int]:
+  """BITCASTs tinygrad 0.14's callify reads as retyped views of storage: the source of a CONTIGUOUS or COPY, a STORE's
+  target or a realize point, reached through movement ops that keep one contiguous range (and other such BITCASTs).
+  Any other BITCAST stays in its kernel: a view there would pass the CALL a buffer of a dtype tinygrad would not
+  (a bfloat16 one, which clang here cannot compile)."""
+  starts = [n.src[0] for n in topo if n.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.STORE) and n.src]
+  starts += [k for k in keys if k.op not in (Ops.CONTIGUOUS, Ops.AFTER)]
+  out: set[int] = set()
+  for x in starts:
+    top = n = x
+    while True:
+      while n.op in GroupOp.Movement or n.op is Ops.DETACH: n = n.src[0]
+      if n.op is not Ops.BITCAST or n.id in out or contiguous_range(top, n) is None: break
+      out.add(n.id); top = n = n.src[0]
+  return out
+
 @dataclass
 class Encoding:
   """The inserted graph: ids, the arg intern table, the rows, and the realize points with their e-class ids."""
@@ -135,13 +151,15 @@ ASSIGNS = ("fresh", "realized")
 def encode(roots: list[Node], assigns: str = "fresh", topo: list[Node] | None = None) -> Encoding:
   """Insert the graph under `roots`: consumers of a realize point see CONTIGUOUS(point), as tinygrad's rule 6 does.
   `assigns`: an assign into a view of a computed realize point gets a fresh buffer ("fresh", spec rule 8) or writes
-  that point's own storage after it is stored ("realized", tinygrad 0.14's callify). `topo`: toposort(roots,
-  enter_calls=False), if made already."""
+  that point's own storage after it is stored ("realized", tinygrad 0.14's callify). "realized" is tinygrad 0.14's
+  reading of BITCAST too: only the BITCASTs its pass folds are views (`folded_bitcasts`); "fresh" makes every BITCAST of
+  a contiguous range of storage one (spec rule 3). `topo`: toposort(roots, enter_calls=False), if made already."""
   if assigns not in ASSIGNS: raise UnsupportedOpError(f"callify: assigns must be one of {ASSIGNS}, got {assigns!r}")
   enc = Encoding(list(roots))
   if topo is None: topo = toposort(roots, enter_calls=False)
   enc.graph_nodes, enc.keys = len(topo), realize_points(roots, topo)
   realized = frozenset(k.id for k in enc.keys) if assigns == "realized" else frozenset()
+  folded = folded_bitcasts(topo, enc.keys) if assigns == "realized" else None
   if any(isinstance(n.device, tuple) for n in topo): enc.axes = shard_axes(roots)
   is_key = {k.id for k in enc.keys}
   wrapped: dict[int, int] = {}   # Node.id -> id that consumers reference
@@ -174,7 +192,7 @@ def encode(roots: list[Node], assigns: str = "fresh", topo: list[Node] | None = 
       v = n.src[1].src[1] if len(n.src) == 2 and n.src[1].op is Ops.STORE else None
       if v is not None and v.op is Ops.COPY and v.id in is_key and uses.get(v.id) == 1: copies_into.append((i, v))
     if n.op is Ops.CONTIGUOUS: contigs.append((i, n))
-    if n.op is Ops.BITCAST: bitcasts.append((i, n))
+    if n.op is Ops.BITCAST and (folded is None or n.id in folded): bitcasts.append((i, n))
     if n.op is Ops.COPY and n.src[0].base is not n.src[0]: copies.append(n.src[0])
     wrapped[n.id] = i
     if n.id in is_key and n.op not in (Ops.CONTIGUOUS, Ops.AFTER):

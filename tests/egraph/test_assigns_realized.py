@@ -62,3 +62,22 @@ def test_contiguous_range_of_a_per_device_buffer_is_a_view():
   st.set_data(b, np.concatenate([np.arange(12), np.arange(12)]).astype(np.float32))   # each device's copy
   run_call(res.call, st)
   np.testing.assert_array_equal(read(res.buffer_map[v], st), np.arange(3, 9, dtype=np.float32).reshape(2, 3))
+
+def test_bitcast_is_a_view_only_where_tinygrad_folds_it():
+  """tinygrad 0.14 folds a BITCAST into a retyped view only under a CONTIGUOUS or COPY, as a STORE's target or as a
+  realize point; one a kernel reads stays in that kernel (the CALL passes the buffer in its own dtype: a bfloat16 view
+  there gave tinygrad a `__bf16*` kernel argument clang cannot compile). The spec's reading (rule 3) views every one."""
+  from egraph.ir import Node, new_buffer
+  from egraph.dtype import dtypes
+  b = new_buffer(8, dtypes.int16, "CPU")
+  read_by_kernel = Node(Ops.CAST, dtypes.float32, (Node(Ops.BITCAST, dtypes.bfloat16, (b,)),))
+  realized_itself = Node(Ops.BITCAST, dtypes.int32, (b.shrink(((2, 6),)),))
+  for assigns, args in (("fresh", {dtypes.bfloat16, dtypes.float32}), ("realized", {dtypes.int16, dtypes.float32})):
+    res = callify(read_by_kernel, realized_itself, cache=False, assigns=assigns)
+    assert {a.dtype for a in res.call.src[1:]} == args, assigns
+    view = res.buffer_map[realized_itself]   # a view of b, no copy, in both
+    assert view.dtype == dtypes.int32 and _base(view) is b and res.report.stores == 1
+    st = STORAGE.copy()
+    st.set_data(b, np.arange(-4, 4, dtype=np.int16))
+    run_call(res.call, st)
+    np.testing.assert_array_equal(read(res.buffer_map[realized_itself], st), np.arange(-4, 4, dtype=np.int16)[2:6].view(np.int32))

@@ -1,0 +1,100 @@
+"""Bridge bugs found by running tinygrad's own tests, each pinned against stock tinygrad: the same values and the same
+kernel count, with the structural cache on (a second run is rebound from it) and off.
+
+* A BITCAST of a realized buffer read by a kernel stays in that kernel, as tinygrad 0.14's callify leaves it: the bridge
+  folded it into a retyped view, so `a.bitcast(dtypes.bfloat16).numpy()` (a bf16 -> float32 kernel) got a `__bf16*`
+  argument, which clang here cannot compile (15 losses in test_dtype.py: every `test_bitcast`). tinygrad folds a BITCAST
+  into a view only under a CONTIGUOUS or COPY, as an assign's target, or as a realize point."""
+import contextlib, shutil
+import numpy as np
+import pytest
+
+tinygrad = pytest.importorskip("tinygrad")
+import tinygrad.tensor as tg_tensor   # noqa: E402
+from tinygrad import Tensor, GlobalCounters, Context, dtypes   # noqa: E402
+from egraph import tinygrad as bridge   # noqa: E402
+from egraph.tinygrad_cache import StructureCache, from_env   # noqa: E402
+
+@contextlib.contextmanager
+def _calls():
+  """The CALLs the pass in use (stock or bridged) returns inside the block."""
+  inner, seen = tg_tensor.transform_to_call, []
+  def recording(sink):
+    call, bmap = inner(sink)
+    seen.append(call)
+    return call, bmap
+  tg_tensor.transform_to_call = recording
+  try: yield seen
+  finally: tg_tensor.transform_to_call = inner
+
+@contextlib.contextmanager
+def _stock():
+  bridge.uninstall()
+  yield
+
+def _run(build, device: str, bridged: bool):
+  """(values, kernel count, dtypes of every CALL argument) of the tensors `build` makes, realized on `device`."""
+  with Context(DEV=device):
+    Tensor.manual_seed(1234)
+    GlobalCounters.reset()
+    with (bridge.installed(strict=True) if bridged else _stock()), _calls() as calls:
+      outs = build()
+      Tensor.realize(*outs)
+      kernels = GlobalCounters.kernel_count
+      vals = [o.numpy() for o in outs] if device != "NULL" else []
+  return vals, kernels, {a.dtype for c in calls for a in c.src[1:]}
+
+@pytest.fixture(params=["cache", "no-cache"])
+def cache(request):
+  bridge.set_cache(StructureCache() if request.param == "cache" else None)
+  yield request.param
+  bridge.set_cache(from_env())
+
+def _same_as_stock(build, device: str, values: bool = True) -> None:
+  want, want_k, want_dt = _run(build, device, bridged=False)
+  for _ in range(2):   # the second run of the structure is rebound from the cache when it is on
+    got, k, dt = _run(build, device, bridged=True)
+    assert k == want_k, f"{k} kernels bridged, stock {want_k}"
+    assert dt <= want_dt, f"CALL arguments of dtypes stock never passes: {dt - want_dt}"
+    if values:
+      for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+# ---- a BITCAST read by a kernel stays in the kernel ---------------------------------------------------------------------
+
+def _bf16_of_int16():
+  a = Tensor(np.arange(-16, 16, dtype=np.int16)).realize()
+  return [a.bitcast(dtypes.bfloat16).float()]   # what .numpy() of a bf16 tensor realizes
+
+def _bf16_of_half():   # the pair hypothesis found in TestBitCast.test_shape_change_bitcast
+  h = Tensor(np.linspace(-3, 3, 32, dtype=np.float16).reshape(2, 2, 8)).realize()
+  return [h.bitcast(dtypes.bfloat16).float()]
+
+def _bf16_of_int32():   # size-changing: the last dim doubles
+  return [Tensor(np.arange(8, dtype=np.int32).reshape(2, 4) * 70001).realize().bitcast(dtypes.bfloat16).float()]
+
+def _bitcast_in_compute():
+  a = Tensor(np.arange(12, dtype=np.int16).reshape(3, 4)).realize()
+  return [a.bitcast(dtypes.uint16) + 1, a[1:].bitcast(dtypes.half) * 2]
+
+def _bitcast_views():   # where tinygrad does fold the bitcast into a view: realized as itself, zero kernels
+  a = Tensor(np.arange(16, dtype=np.int16)).realize()
+  return [a[2:10].bitcast(dtypes.int32), a.bitcast(dtypes.uint16)]
+
+BITCASTS = {f.__name__[1:]: f for f in [_bf16_of_int16, _bf16_of_half, _bf16_of_int32, _bitcast_in_compute, _bitcast_views]}
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="tinygrad's CPU device compiles with clang")
+@pytest.mark.parametrize("name", list(BITCASTS))
+def test_bitcast_on_cpu_as_stock(name, cache):
+  """On tinygrad's CPU device (clang): a kernel with a bf16 buffer argument does not compile here, stock or bridged."""
+  _same_as_stock(BITCASTS[name], "CPU")
+
+@pytest.mark.parametrize("name", list(BITCASTS))
+def test_bitcast_args_as_stock(name, cache):
+  """The CALLs pass no buffer of a dtype stock's do not (on tinygrad's NULL device: no compiler needed)."""
+  _same_as_stock(BITCASTS[name], "NULL", values=False)
+
+def test_bf16_bitcast_is_no_call_argument():
+  """The repro: stock reads `short*` and bitcasts in the kernel; the bridge passed `BITCAST(BUFFER short)` as bf16."""
+  _, _, dts = _run(_bf16_of_int16, "NULL", bridged=True)
+  assert dtypes.bfloat16 not in dts and dtypes.int16 in dts
