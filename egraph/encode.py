@@ -57,6 +57,23 @@ def realize_points(roots: list[Node], topo: list[Node]) -> list[Node]:
         if x.device is not None and not x.has_buffer_identity() and x.op is not Ops.AFTER: keys.setdefault(x.id, x)
   return list(keys.values())
 
+def live_topo(roots: list[Node], topo: list[Node], realized: frozenset = frozenset()) -> tuple[list[Node], set[int]]:
+  """(topo without what only the overwritten target of an assign into a computed value reads, the ids of those assigns'
+  STOREs whose target is dropped). tinygrad's callify (spec rule 8, tinygrad 0.14 alike) replaces AFTER(t, STORE(t, v))
+  whose t is no buffer by CONTIGUOUS(v) before it collects realize points and assigns: t's old value is dead, so a
+  realize point or an assign only t reads (a lazy init the assign overwrites, its RNG counter update) is not stored."""
+  reach: dict[int, bool] = {r.id: True for r in roots}   # id -> read whole (True) or a dropped-target STORE (False)
+  dead_target = False
+  for n in reversed(topo):   # parents first
+    if (whole := reach.get(n.id)) is None: continue
+    if not whole: kids = (n.src[1],)   # STORE(t, v) of an assign into a computed t: only v is read
+    elif n.op is Ops.AFTER and len(n.src) == 2 and n.src[1].op is Ops.STORE and assigns_into_computed(n, realized):
+      reach.setdefault(n.src[1].id, False); dead_target = True; continue
+    else: kids = n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src
+    for s in kids: reach[s.id] = True
+  if not dead_target: return topo, set()
+  return [n for n in topo if n.id in reach], {i for i, whole in reach.items() if not whole}
+
 def folded_bitcasts(topo: list[Node], keys: list[Node]) -> set[int]:
   """BITCASTs tinygrad 0.14's callify reads as retyped views of storage: the source of a CONTIGUOUS or COPY, a STORE's
   target or a realize point, reached through movement ops that keep one contiguous range (and other such BITCASTs).
@@ -139,11 +156,15 @@ class Encoding:
       stack.append((m, True)); stack.extend((s, False) for s in kids if s.id not in self.ids)
     return self.ids[n.id]
 
-  def mint_fresh(self, realize_id: int, n: Node) -> None:
+  def fresh_view(self, n: Node) -> int:
+    """Emit a fresh storage view for realize point n (its own buffer); returns its id."""
     f = empty_multi(n, self.axes.get(n.id, self.axes.get(n.src[0].id) if n.src else None)) if isinstance(n.device, tuple) else \
         empty_view(n.shape, n.dtype, n.device)
     self.fresh_buffers.add(_buffer_of(f).arg.uid)
-    self.fresh[realize_id] = self.emit_tree(f)
+    return self.emit_tree(f)
+
+  def mint_fresh(self, realize_id: int, n: Node, view: int | None = None) -> None:
+    self.fresh[realize_id] = self.fresh_view(n) if view is None else view
     self.row("fresh_row", realize_id, self.fresh[realize_id])
 
 ASSIGNS = ("fresh", "realized")
@@ -153,13 +174,17 @@ def encode(roots: list[Node], assigns: str = "fresh", topo: list[Node] | None = 
   `assigns`: an assign into a view of a computed realize point gets a fresh buffer ("fresh", spec rule 8) or writes
   that point's own storage after it is stored ("realized", tinygrad 0.14's callify). "realized" is tinygrad 0.14's
   reading of BITCAST too: only the BITCASTs its pass folds are views (`folded_bitcasts`); "fresh" makes every BITCAST of
-  a contiguous range of storage one (spec rule 3). `topo`: toposort(roots, enter_calls=False), if made already."""
+  a contiguous range of storage one (spec rule 3). In both, an assign into a computed value drops its target's old
+  value (`live_topo`). `topo`: toposort(roots, enter_calls=False), if made already."""
   if assigns not in ASSIGNS: raise UnsupportedOpError(f"callify: assigns must be one of {ASSIGNS}, got {assigns!r}")
   enc = Encoding(list(roots))
   if topo is None: topo = toposort(roots, enter_calls=False)
   enc.graph_nodes, enc.keys = len(topo), realize_points(roots, topo)
   realized = frozenset(k.id for k in enc.keys) if assigns == "realized" else frozenset()
+  topo, dropped = live_topo(roots, topo, realized)   # an assign into a computed value drops its target's old value
+  if dropped: enc.keys = realize_points(roots, topo)
   folded = folded_bitcasts(topo, enc.keys) if assigns == "realized" else None
+  pending: dict[int, int] = {}                 # id of a computed assign's AFTER -> its fresh view (minted at its STORE)
   if any(isinstance(n.device, tuple) for n in topo): enc.axes = shard_axes(roots)
   is_key = {k.id for k in enc.keys}
   wrapped: dict[int, int] = {}   # Node.id -> id that consumers reference
@@ -168,8 +193,12 @@ def encode(roots: list[Node], assigns: str = "fresh", topo: list[Node] | None = 
   copies: list[Node] = []                      # movement views that a COPY reads
   copies_into: list[tuple[int, Node]] = []     # (assign id, host COPY it stores): the copy may land in place
   uses: dict[int, int] = {}
+  consumers: dict[int, list[Node]] = {}        # for a dropped-target STORE: its AFTER
   for n in topo:
     for s in n.src: uses[s.id] = uses.get(s.id, 0) + 1
+    if dropped:
+      for s in n.src:
+        if s.id in dropped: consumers.setdefault(s.id, []).append(n)
   for r in roots: uses[r.id] = uses.get(r.id, 0) + 1
   for n in topo:
     if n.op is Ops.BIND: raise UnsupportedOpError("callify: BIND nodes belong in CALL args; bind a Variable in a shape instead")
@@ -179,18 +208,26 @@ def encode(roots: list[Node], assigns: str = "fresh", topo: list[Node] | None = 
     if n.op is Ops.CONTIGUOUS and n.device is None:          # nothing to allocate on: a no-op on values
       wrapped[n.id] = wrapped[n.src[0].id]; enc.ids[n.id] = wrapped[n.id]; continue
     kids = n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src
-    child_ids = [enc.ids[s.id] if n.op is Ops.CONTIGUOUS and s.contiguous() is n else wrapped[s.id] for s in kids]
+    if n.id in dropped:   # STORE(t, v) of an assign into a computed t, t dropped: the store into its fresh view f
+      aft = next(p for p in consumers[n.id] if p.op is Ops.AFTER)
+      pending[aft.id] = enc.fresh_view(aft)
+      child_ids = [pending[aft.id], wrapped[n.src[1].id]]
+    elif n.id in pending: child_ids = [pending[n.id], wrapped[n.src[1].id]]   # AFTER(f, STORE(f, v)): t is not read
+    else: child_ids = [enc.ids[s.id] if n.op is Ops.CONTIGUOUS and s.contiguous() is n else wrapped[s.id] for s in kids]
     computed = n.op is Ops.AFTER and assigns_into_computed(n, realized)
     if computed and not (len(n.src) == 2 and n.src[1].op is Ops.STORE):
       raise UnsupportedOpError(f"callify: AFTER into a computed {n.src[0].op.name} must have exactly one STORE dependency")
     i = enc.emit(n, child_ids, enc.arg_id(n.dtype, COMPUTED_TARGET, "AFTER") if computed else None)
+    v = n.src[1].src[1] if n.op is Ops.AFTER and len(n.src) == 2 and n.src[1].op is Ops.STORE else None
     if computed:
-      enc.mint_fresh(i, n); enc.stores_into_computed.add(child_ids[1])
+      enc.mint_fresh(i, n, pending.get(n.id)); enc.stores_into_computed.add(child_ids[1])
       if (a := enc.arg_id(n.dtype, COMPUTED_TARGET, "AFTER")) not in enc.computed_args: enc.computed_args.add(a); enc.row("computed_arg", a)
     elif n.op is Ops.AFTER and n.device is not None:
       enc.pins[i] = child_ids[0]     # an assign writes its own target: extraction must keep that storage
-      v = n.src[1].src[1] if len(n.src) == 2 and n.src[1].op is Ops.STORE else None
-      if v is not None and v.op is Ops.COPY and v.id in is_key and uses.get(v.id) == 1: copies_into.append((i, v))
+    else: v = None
+    # a host COPY stored by an assign (into storage or a computed value's fresh buffer) may land there (tinygrad merges
+    # the COPY's realize point into the AFTER's)
+    if v is not None and v.op is Ops.COPY and v.id in is_key and uses.get(v.id) == 1: copies_into.append((i, v))
     if n.op is Ops.CONTIGUOUS: contigs.append((i, n))
     if n.op is Ops.BITCAST and (folded is None or n.id in folded): bitcasts.append((i, n))
     if n.op is Ops.COPY and n.src[0].base is not n.src[0]: copies.append(n.src[0])

@@ -4,14 +4,18 @@ kernel count, with the structural cache on (a second run is rebound from it) and
 * A BITCAST of a realized buffer read by a kernel stays in that kernel, as tinygrad 0.14's callify leaves it: the bridge
   folded it into a retyped view, so `a.bitcast(dtypes.bfloat16).numpy()` (a bf16 -> float32 kernel) got a `__bf16*`
   argument, which clang here cannot compile (15 losses in test_dtype.py: every `test_bitcast`). tinygrad folds a BITCAST
-  into a view only under a CONTIGUOUS or COPY, as an assign's target, or as a realize point."""
+  into a view only under a CONTIGUOUS or COPY, as an assign's target, or as a realize point.
+* An assign into a computed value drops the value it overwrites, as tinygrad's callify does (it replaces
+  AFTER(t, STORE(t, v)) whose t is no buffer by CONTIGUOUS(v)): the bridge computed a lazy `Tensor.uniform` the assign
+  overwrites (6 kernels, stock 1) and stored a host copy into a fresh buffer before copying it into the assign's (2,
+  stock 1); test_nn.py's test_lstm_cell scheduled 28 kernels against stock's 24."""
 import contextlib, shutil
 import numpy as np
 import pytest
 
 tinygrad = pytest.importorskip("tinygrad")
 import tinygrad.tensor as tg_tensor   # noqa: E402
-from tinygrad import Tensor, GlobalCounters, Context, dtypes   # noqa: E402
+from tinygrad import Tensor, GlobalCounters, Context, dtypes, nn   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
 from egraph.tinygrad_cache import StructureCache, from_env   # noqa: E402
 
@@ -98,3 +102,47 @@ def test_bf16_bitcast_is_no_call_argument():
   """The repro: stock reads `short*` and bitcasts in the kernel; the bridge passed `BITCAST(BUFFER short)` as bf16."""
   _, _, dts = _run(_bf16_of_int16, "NULL", bridged=True)
   assert dtypes.bfloat16 not in dts and dtypes.int16 in dts
+
+# ---- an assign into a computed value drops the value it overwrites ---------------------------------------------------
+
+def _assign_over_lazy_init():
+  w = Tensor.uniform(64, 16)
+  return [w.assign(Tensor(np.full((64, 16), 7, np.float32)))]
+
+def _assign_over_computed():
+  r = Tensor(np.ones((64, 16), np.float32)).realize()
+  w = r + 1
+  return [w.assign(Tensor(np.arange(64 * 16, dtype=np.float32).reshape(64, 16)))]
+
+def _assign_over_computed_still_read():   # the old value has another reader: it is computed for that reader only
+  r = Tensor(np.ones((4, 4), np.float32)).realize()
+  w = r * 3
+  y = w + 1
+  return [y, w.assign(Tensor(np.full((4, 4), 2, np.float32)))]
+
+def _lstm_cell():   # tinygrad's test_nn.py TestNN.test_lstm_cell, without torch
+  layer = nn.LSTMCell(32, 16)
+  rng = np.random.default_rng(0)
+  for w in (layer.weight_hh, layer.weight_ih, layer.bias_hh, layer.bias_ih):
+    w.assign(rng.standard_normal(w.shape).astype(np.float32) * 0.1)
+  inp = Tensor.randn(1, 32)
+  h, c = layer(inp)
+  h.realize(), c.realize()
+  h2, c2 = layer(inp, (h, c))
+  return [h, c, h2, c2]
+
+ASSIGNS = {f.__name__[1:]: f for f in [_assign_over_lazy_init, _assign_over_computed, _assign_over_computed_still_read,
+                                       _lstm_cell]}
+
+@pytest.mark.parametrize("name", list(ASSIGNS))
+def test_assign_over_computed_values_as_stock(name, cache):
+  _same_as_stock(ASSIGNS[name], "PYTHON")
+
+@pytest.mark.parametrize("name", list(ASSIGNS))
+def test_assign_over_computed_kernel_counts_as_stock(name, cache):
+  _same_as_stock(ASSIGNS[name], "NULL", values=False)
+
+def test_assign_over_lazy_init_runs_one_kernel():
+  """The repro: the uniform init the assign overwrites is never computed (stock: 1 kernel, the host copy)."""
+  assert _run(_assign_over_lazy_init, "NULL", bridged=False)[1] == 1
+  assert _run(_assign_over_lazy_init, "NULL", bridged=True)[1] == 1

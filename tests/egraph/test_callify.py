@@ -288,3 +288,35 @@ def test_cache_and_encoding_tell_signed_zeros_and_flip_from_permute_apart():
   np.testing.assert_equal((1 / (a * 0.0)).numpy(), [np.inf, np.inf])
   m = Tensor(np.arange(4, dtype=np.float32).reshape(2, 2)).realize()
   np.testing.assert_equal((m.flip(0) + m.T).numpy(), np.flip(np.arange(4).reshape(2, 2), 0) + np.arange(4).reshape(2, 2).T)
+
+@pytest.mark.parametrize("assigns", ["fresh", "realized"])
+def test_assign_into_computed_value_drops_what_only_its_target_reads(assigns):
+  """Rule 8 replaces AFTER(t, STORE(t, v)) by CONTIGUOUS(v) before realize points and assigns are collected (the
+  reference and tinygrad 0.14 alike): a realize point and an assign that only the overwritten t reads are not stored
+  (a lazy init the assign overwrites, with its RNG counter update); a host COPY v lands in the fresh buffer itself."""
+  s = Storage()
+  a, ctr = buf((3,), s), buf((3,), s)
+  bump = ctr.after(ctr.store(Node(Ops.ADD, None, (ctr, ctr))))            # an assign only the dead init reads
+  init = Node(Ops.MUL, None, (Node(Ops.MUL, None, (a, bump)).contiguous(), a))
+  host = Node(Ops.COPY, dtypes.float32, (buf((3,), s, device="NPY", data=np.array([7., 8., 9.], np.float32)),), "CPU")
+  asg = init.after(init.store(host))
+  res = callify(asg, cache=False, assigns=assigns)
+  assert set(res.buffer_map) == {asg, host} and res.buffer_map[asg] is res.buffer_map[host]
+  assert res.report.stores == 1 and res.report.buffers == 1                 # the copy, straight into its buffer
+  assert not any(n.op in (Ops.MUL, Ops.CONTIGUOUS) for n in toposort([res.call.src[0]]))
+  before = s.copy()
+  run_call(res.call, s)
+  np.testing.assert_equal(evaluate([res.buffer_map[asg]], s)[0], [7, 8, 9])
+  np.testing.assert_equal(s[ctr.arg.uid], before[ctr.arg.uid])   # the dead assign never ran
+
+def test_assign_into_computed_value_whose_old_value_is_read_elsewhere():
+  """The overwritten value is still computed for another reader, and that reader sees it, not the assign."""
+  s = Storage()
+  a = buf((3,), s)
+  t = Node(Ops.MUL, None, (a, a)).contiguous()
+  y = Node(Ops.ADD, None, (t, a))
+  asg = t.after(t.store(Node(Ops.ADD, None, (a, a))))
+  res = callify(y, asg, cache=False)
+  run_call(res.call, s)
+  np.testing.assert_equal(evaluate([res.buffer_map[y]], s)[0], [2, 6, 12])
+  np.testing.assert_equal(evaluate([res.buffer_map[asg]], s)[0], [2, 4, 6])

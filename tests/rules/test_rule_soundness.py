@@ -54,6 +54,17 @@ def test_rule_fires_and_is_sound(name):
   assert matches.get(name, 0) > 0, f"witness for {name} did not fire it: {matches}"
   assert not violations, "\n".join(map(str, violations))
 
+def test_copy_in_place_into_a_computed_value_is_sound():
+  """assign_copy_in_place on an assign into a computed value (tinygrad merges the COPY into the AFTER whatever the
+  target): the copy lands in the assign's fresh buffer; the overwritten target, a realize point with an assign under
+  it, is dropped before encoding (rule 8)."""
+  s = Storage()
+  a, b = _buf(s, (4, 4)), _buf(s, (4, 4), 1)
+  t = Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b.after(b.store(a)))).contiguous(), a))
+  roots = [t.after(t.store(Node(Ops.COPY, dtypes.float32, (_buf(s, (4, 4), 2, "NPY"),), "CPU")))]
+  violations, matches = check_egraph(roots, s, ("assign_copy_in_place",), structure=True)
+  assert matches.get("assign_copy_in_place", 0) > 0 and not violations, "\n".join(map(str, violations))
+
 def test_every_rule_is_documented():
   for r in RULES.values():
     assert r.doc and "\n" not in r.doc and r.phase in ("materialize", "optimize")
