@@ -129,7 +129,9 @@ def test_explain_follows_callifys_fusion_mode(name, monkeypatch):
   ex2, rep2 = explain(*roots, fusion="cost"), callify(*roots, cache=False).report
   assert rep2.fusion == "rules" and (ex2.e_nodes, ex2.e_classes) == (ex.e_nodes, ex.e_classes) != (rep2.e_nodes, rep2.e_classes)
   ex3 = explain(*roots)
-  assert (ex3.e_nodes, ex3.e_classes, ex3.cost) == (rep2.e_nodes, rep2.e_classes, rep2.cost)
+  if rep2.settled:   # no decision in rules mode: callify built the CALL without the e-graph explain shows, at its cost
+    assert (rep2.e_nodes, rep2.iterations) == (0, 0) and ex3.e_nodes > 0 and ex3.cost == rep2.cost
+  else: assert (ex3.e_nodes, ex3.e_classes, ex3.cost) == (rep2.e_nodes, rep2.e_classes, rep2.cost)
 
 def test_explanation_data_and_lookup():
   out, b = _views()
