@@ -8,7 +8,7 @@ only encode's path handles (calls, multi-device and DISK values, bound dimension
 computed values, a CONTIGUOUS whose source may be storage only once materialized): encode raises what they should."""
 from __future__ import annotations
 from dataclasses import dataclass, field
-from egraph.ir import Node, Ops, empty_view, binds_dims
+from egraph.ir import Node, Ops, GroupOp, empty_view, binds_dims
 from egraph.encode import Encoding, realize_points, assigns_into_computed, is_host, ASSIGNS
 from egraph.cost import CostModel
 
@@ -30,6 +30,7 @@ class Plan:
   fresh_uids: set[int] = field(default_factory=set)
   cost: int = 0
   pairs: int = 0   # realize points stored into a fresh buffer
+  dropped: int = 0   # what the markers `plan(drop=True)` skipped would cost: cost + dropped is the baseline
   in_order: bool = True   # `sink` is the SINK's order (else a walk from the roots orders it, as `build_call` does)
 
   @property
@@ -40,8 +41,9 @@ class Plan:
   def template(self, v: int) -> tuple: n = self.nodes[v]; return n.op, n.dtype, n.arg
   def make(self, v: int, src: tuple[Node, ...]) -> Node: return self.nodes[v].over(src)
 
-def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "fresh") -> Plan | None:
-  """The Plan of `roots` (`topo`: toposort(roots, enter_calls=False)), or None where encode must decide."""
+def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "fresh", drop: bool = False) -> Plan | None:
+  """The Plan of `roots` (`topo`: toposort(roots, enter_calls=False)), or None where encode must decide. `drop`: a
+  DETACH or CONTIGUOUS_BACKWARD is its source (`materialized_call(drop=True)`, for `settled_on_graph`'s graphs)."""
   if assigns not in ASSIGNS: return None
   first = realize_points(roots, ())   # the roots' bases; the loop adds the rest in graph order, as realize_points does
   bases = list(dict.fromkeys(r.base for r in roots))
@@ -84,11 +86,15 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
   seen: dict[Node, int] = {}   # node -> the vertex its consumers read (nodes hash by identity)
   get, add, name = seen.__getitem__, nodes.append, _NAME.__getitem__
   AFTER, CONTIGUOUS, STORE, RESHAPE, COPY = Ops.AFTER, Ops.CONTIGUOUS, Ops.STORE, Ops.RESHAPE, Ops.COPY
+  DETACH, CONTIGUOUS_BACKWARD = Ops.DETACH, Ops.CONTIGUOUS_BACKWARD
   for n in topo:   # `vertex`, inline: one per node (200k of them at the scale this path is for)
     op, dev = n.op, n.device
     if op in _NOT_PLAIN or (dev is not None and (dev.__class__ is tuple or dev.startswith("DISK:"))): return None
     if (op is CONTIGUOUS or op is AFTER) and dev is not None: keys.setdefault(n.id, n)
     if n in seen: continue   # the CONTIGUOUS a realize point is read through, made already
+    if drop and (op is DETACH or op is CONTIGUOUS_BACKWARD):   # priced into the baseline only
+      p.dropped += model.nodes if plain else model.enode_cost(_NAME[op], n, None, False) or 0
+      seen[n] = seen[n.src[0]]; continue
     if op is CONTIGUOUS:
       x = n.src[0]
       if dev is None: seen[n] = seen[x]; continue   # nothing to allocate on: a no-op on values
@@ -142,3 +148,22 @@ def no_decision(enc: Encoding) -> str | None:
     # contiguous_of_assign, contiguous_idempotent, and contiguous_of_storage once the value is storage
     if op.get(x) in _REALIZED: return None
   return "no optimize rule matches: the all-stored form is the only one"
+
+_MOVEMENT = frozenset(GroupOp.Movement)
+_MARKERS = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD})
+
+def settled_on_graph(roots: list[Node], topo: list[Node]) -> bool:
+  """`no_decision` read off the graph, before encoding, conservatively (False: encode and ask `no_decision`): no BITCAST
+  (bitcast_to_view), no COPY of a movement op (copy_of_view), no assign storing a COPY (assign_copy_in_place), no
+  CONTIGUOUS of a movement op, a marker, a CONTIGUOUS or an AFTER (views, contiguous_of_assign, contiguous_idempotent,
+  and what is storage once materialized), no marker as a realize point. `plan` refuses the rest of encode's forms."""
+  if any(r.base.op in _MARKERS for r in roots): return False
+  for n in topo:
+    op = n.op
+    if op is Ops.BITCAST: return False
+    if op is Ops.COPY and n.src[0].op in _MOVEMENT: return False
+    if op is Ops.AFTER and len(n.src) == 2 and n.src[1].op is Ops.STORE and n.src[1].src[1].op is Ops.COPY: return False
+    if op is Ops.CONTIGUOUS and n.device is not None:
+      x = n.src[0].op
+      if x in _MOVEMENT or x in _MARKERS or x is Ops.CONTIGUOUS or x is Ops.AFTER: return False
+  return True

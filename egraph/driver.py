@@ -20,7 +20,7 @@ from egraph.dtype import dtypes
 from egraph.errors import CallsatError, EngineError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode, Encoding
-from egraph.direct import plan, no_decision
+from egraph.direct import plan, no_decision, settled_on_graph
 from egraph.build import view_over, bind_dims, build_call, has_bound_dims, materialized_call, build_plan, DROPPED
 from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
                            resolve)
@@ -273,6 +273,8 @@ def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostMode
              assigns: str, fusion: str) -> CallifyResult:
   why = Budget.no_e_graph(lim, len(topo), topo_s)
   if why is not None and (res := _from_graph(roots, topo, topo_s, model, sched, lim, assigns, fusion, why)): return res
+  if fusion != "cost" and SHORTCUT["on"] and settled_on_graph(roots, topo) and \
+     (res := _settled_plan(roots, topo, topo_s, model, sched, assigns)) is not None: return res
   enc = encode(roots, assigns, topo)
   tm, why = cost_plan(enc) if fusion == "cost" else (None, "")   # cost mode: candidates get stored forms (egraph/fusion.py)
   cands = add_candidates(enc) if tm is not None else {}
@@ -358,6 +360,22 @@ def _settled(enc: Encoding, report: CallifyReport, model: CostModel, why: str) -
   b = materialized_call(enc, drop=True)
   report.seconds["settled"] = time.perf_counter() - t
   report.settled, report.cost = why, baseline_cost(enc, model, DROPPED)
+  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
+  return CallifyResult(b.call, b.buffer_map, report)
+
+def _settled_plan(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule,
+                  assigns: str) -> CallifyResult | None:
+  """`_settled` without encoding, for a graph `settled_on_graph` passes: `plan(drop=True)` is `materialized_call(enc,
+  drop=True)` over its own fresh buffers (None: a form only encode takes, or no realize point)."""
+  t = time.perf_counter()
+  if (p := plan(roots, topo, model, assigns, drop=True)) is None or not p.keys: return None
+  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(topo), realize_points=len(p.keys),
+                         cost=p.cost, baseline_cost=p.cost + p.dropped, fresh_uids=p.fresh_uids,
+                         settled="no optimize rule matches (read off the graph): the all-stored form is the only one")
+  report.seconds.update(toposort=topo_s, plan=time.perf_counter() - t)
+  t = time.perf_counter()
+  b = build_plan(p)
+  report.seconds["settled"] = time.perf_counter() - t
   report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
   return CallifyResult(b.call, b.buffer_map, report)
 

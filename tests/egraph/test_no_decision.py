@@ -1,5 +1,5 @@
-"""Graphs with no decision to make (egraph/direct.py `no_decision`): no optimize rule can match, so callify builds the
-all-stored CALL without the e-graph (`report.settled`). It must be node for node the CALL saturation and extraction
+"""Graphs with no decision to make (egraph/direct.py `no_decision`, `settled_on_graph`): no optimize rule can match, so
+callify builds the all-stored CALL without the e-graph (`report.settled`), off the graph or off the encoding. It must be node for node the CALL saturation and extraction
 build for the same graph, under every cost model and both assign readings; graphs where a rule may match go through
 the e-graph."""
 import pytest
@@ -77,6 +77,18 @@ def test_plain_compute_is_settled_and_markers_are_dropped():
   ops = {n.op for n in toposort([res.call])}
   assert Ops.DETACH not in ops and Ops.CONTIGUOUS_BACKWARD not in ops
   assert res.report.stores == 3 and res.report.views == 0 and "settled" in str(res.report)
+
+def test_settled_off_the_graph_or_off_the_encoding():
+  """A graph `settled_on_graph` can read settles without encoding (`plan(drop=True)`); one it is unsure of (a CONTIGUOUS
+  of a movement op) is encoded, and `no_decision` settles it when no rule can match there either."""
+  a, b = buf(), buf()
+  plain = Node(Ops.MUL, None, (Node(Ops.DETACH, None, (Node(Ops.ADD, None, (a, b)),)), a)).contiguous()
+  moved = Node(Ops.ADD, None, (a, b)).reshape((4, 4)).permute((1, 0)).contiguous()
+  for roots, graph in (([plain], True), ([moved], False)):
+    assert check(roots)
+    rep = callify(*roots, cache=False, fusion="rules").report
+    assert rep.settled and ("read off the graph" in rep.settled) is graph and ("plan" in rep.seconds) is graph
+    assert ("encode" in rep.seconds) is not graph and rep.baseline_cost >= rep.cost
 
 def test_an_assign_of_computed_values_is_settled():
   t, a = buf(), buf()
