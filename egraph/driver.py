@@ -347,21 +347,15 @@ def _from_graph(roots: list[Node], topo: list[Node], topo_s: float, model: CostM
                          fusion_note="no e-graph: no partition" if fusion == "cost" else "")
   report.seconds.update(toposort=topo_s, plan=time.perf_counter() - t)
   t = time.perf_counter()
-  b = build_plan(p)
-  report.seconds["direct"] = time.perf_counter() - t
-  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
-  return CallifyResult(b.call, b.buffer_map, report)
+  return _result(build_plan(p), report, "direct", t)
 
 SHORTCUT = {"on": True}   # tests turn it off to compare with the e-graph's CALL
 
 def _settled(enc: Encoding, report: CallifyReport, model: CostModel, why: str) -> CallifyResult:
   """A graph with no decision to make (`no_decision`): the CALL the e-graph would give, built without it."""
-  t = time.perf_counter()
-  b = materialized_call(enc, drop=True)
-  report.seconds["settled"] = time.perf_counter() - t
   report.settled, report.cost = why, baseline_cost(enc, model, DROPPED)
-  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
-  return CallifyResult(b.call, b.buffer_map, report)
+  t = time.perf_counter()
+  return _result(materialized_call(enc, drop=True), report, "settled", t)
 
 def _settled_plan(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule,
                   assigns: str) -> CallifyResult | None:
@@ -374,16 +368,16 @@ def _settled_plan(roots: list[Node], topo: list[Node], topo_s: float, model: Cos
                          settled="no optimize rule matches (read off the graph): the all-stored form is the only one")
   report.seconds.update(toposort=topo_s, plan=time.perf_counter() - t)
   t = time.perf_counter()
-  b = build_plan(p)
-  report.seconds["settled"] = time.perf_counter() - t
-  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
-  return CallifyResult(b.call, b.buffer_map, report)
+  return _result(build_plan(p), report, "settled", t)
 
 def _direct(enc: Encoding, report: CallifyReport, reason: StopReason, why: str) -> CallifyResult:
   """The fallback: the all-materialized CALL built from the Encoding, reported with why."""
-  t = time.perf_counter()
-  b = materialized_call(enc)
-  report.seconds["direct"] = time.perf_counter() - t
   report.stop_reason, report.fallback, report.cost = reason, why, report.baseline_cost
+  t = time.perf_counter()
+  return _result(materialized_call(enc), report, "direct", t)
+
+def _result(b, report: CallifyReport, phase: str, t: float) -> CallifyResult:
+  """The CALL `b` built since `t`: its counts and the build's time (as `phase`) into `report`."""
+  report.seconds[phase] = time.perf_counter() - t
   report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
   return CallifyResult(b.call, b.buffer_map, report)
