@@ -10,7 +10,7 @@ from egraph.dtype import dtypes
 from egraph.errors import EngineError, ShapeError
 from egraph.symbolic import BoundVar, dims_in
 from egraph.encode import Encoding
-from egraph.direct import Plan
+from egraph.direct import Plan, DROPPED
 from egraph.runner import checkpoint
 from egraph.extract import TICK, INF
 
@@ -102,8 +102,7 @@ def build_call(ids: IdDag, roots: list[int], keys: list[Node], fresh_buffers: se
 
 _DONE = object()
 _VIEW_OPS = frozenset({o.name for o in GroupOp.Movement} | {"SLICE", "MULTI", "BITCAST"})   # BITCAST: a retyped assign target
-_SKIP_OPS = frozenset({"AFTER", "DETACH", "CONTIGUOUS_BACKWARD"})   # what storage_view strips
-DROPPED = frozenset({"DETACH", "CONTIGUOUS_BACKWARD"})   # markers an optimize rule replaces by their source
+_SKIP_OPS = frozenset({"AFTER"}) | DROPPED   # what storage_view strips
 
 def has_bound_dims(enc: Encoding) -> bool:
   """Does any interned arg hold a bound symbolic dimension? (Only then does a CALL body need `bind_dims`.)"""

@@ -86,13 +86,12 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
   seen: dict[Node, int] = {}   # node -> the vertex its consumers read (nodes hash by identity)
   get, add, name = seen.__getitem__, nodes.append, _NAME.__getitem__
   AFTER, CONTIGUOUS, STORE, RESHAPE, COPY = Ops.AFTER, Ops.CONTIGUOUS, Ops.STORE, Ops.RESHAPE, Ops.COPY
-  DETACH, CONTIGUOUS_BACKWARD = Ops.DETACH, Ops.CONTIGUOUS_BACKWARD
   for n in topo:   # `vertex`, inline: one per node (200k of them at the scale this path is for)
     op, dev = n.op, n.device
     if op in _NOT_PLAIN or (dev is not None and (dev.__class__ is tuple or dev.startswith("DISK:"))): return None
     if (op is CONTIGUOUS or op is AFTER) and dev is not None: keys.setdefault(n.id, n)
     if n in seen: continue   # the CONTIGUOUS a realize point is read through, made already
-    if drop and (op is DETACH or op is CONTIGUOUS_BACKWARD):   # priced into the baseline only
+    if drop and op in _MARKERS:   # priced into the baseline only
       p.dropped += model.nodes if plain else model.enode_cost(_NAME[op], n, None, False) or 0
       seen[n] = seen[n.src[0]]; continue
     if op is CONTIGUOUS:
@@ -126,7 +125,9 @@ COVERED = frozenset({"contiguous_to_view", "bitcast_to_view", "copy_of_view", "c
                      "contiguous_of_assign_n", "assign_copy_in_place", "contiguous_idempotent", "drop_detach",
                      "drop_contiguous_backward", "storage_through_reshape", "store_candidate"})
 _FACTS = ("view_row", "copy_into_row", "candidate_row", "precompiled_row", "zero_row")
-_THROUGH = frozenset({"RESHAPE", "DETACH", "CONTIGUOUS_BACKWARD"})
+_MARKERS = GroupOp.ValueMarker
+DROPPED = frozenset(o.name for o in _MARKERS)   # as e-node names (materialized_call(drop=True) reads through them)
+_THROUGH = DROPPED | {"RESHAPE"}
 _REALIZED = frozenset({"CONTIGUOUS", "AFTER"})
 
 def no_decision(enc: Encoding) -> str | None:
@@ -149,8 +150,7 @@ def no_decision(enc: Encoding) -> str | None:
     if op.get(x) in _REALIZED: return None
   return "no optimize rule matches: the all-stored form is the only one"
 
-_MOVEMENT = frozenset(GroupOp.Movement)
-_MARKERS = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD})
+_MOVEMENT = GroupOp.Movement
 
 def settled_on_graph(roots: list[Node], topo: list[Node]) -> bool:
   """`no_decision` read off the graph, before encoding, conservatively (False: encode and ask `no_decision`): no BITCAST

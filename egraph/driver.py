@@ -20,8 +20,8 @@ from egraph.dtype import dtypes
 from egraph.errors import CallsatError, EngineError
 from egraph.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.encode import encode, Encoding
-from egraph.direct import plan, no_decision, settled_on_graph
-from egraph.build import view_over, bind_dims, build_call, has_bound_dims, materialized_call, build_plan, DROPPED
+from egraph.direct import plan, no_decision, settled_on_graph, DROPPED
+from egraph.build import view_over, bind_dims, build_call, has_bound_dims, materialized_call, build_plan
 from egraph.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
                            resolve)
 from egraph.cost import CostModel, COST_PRESETS

@@ -74,7 +74,7 @@ def time_model(enc: Encoding) -> TimeModel | None:
 
 _COMPUTED = frozenset(o.name for o in GroupOp.ALU | {Ops.REDUCE, Ops.CAST})
 _MOVES = frozenset(o.name for o in GroupOp.Movement)
-_MARKERS = ("DETACH", "CONTIGUOUS_BACKWARD")
+_MARKERS = frozenset(o.name for o in GroupOp.ValueMarker)
 
 def _widens(n: Node) -> bool: return n.op is Ops.EXPAND and any(s == 1 and t != 1 for s, t in zip(n.src[0].shape, n.arg))
 

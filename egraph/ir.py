@@ -49,6 +49,7 @@ class GroupOp:
   Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
   Storage = frozenset({Ops.BUFFER, Ops.SLICE, Ops.PARAM})
   Marker = frozenset({Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH})
+  ValueMarker = frozenset({Ops.CONTIGUOUS_BACKWARD, Ops.DETACH})   # no effect on values: an optimize rule drops each
   ReduceOps = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
 
 @dataclass(frozen=True)
