@@ -47,7 +47,8 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
     if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
     if hit.extra is not None: _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
     return rebind(hit, st)
-  try: call, bmap, hints = _decide(big_sink, mode)
+  # the key's walk is the whole toposort unless it stopped at a binding (stripped): the conversion walks it once
+  try: call, bmap, hints = _decide(big_sink, mode, None if st.stripped else st.topo)
   except BridgeRefusal as e:
     cache.put(key, BridgeRefusal(e.reason, e.detail))   # refused by structure alone: refused again without converting
     raise
@@ -55,9 +56,9 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None))
   return call, bmap
 
-def _decide(big_sink: UOp, mode: str):
-  """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints)."""
-  cv, roots = to_callsat(big_sink)
+def _decide(big_sink: UOp, mode: str, topo=None):
+  """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `topo`: its toposort, if walked already."""
+  cv, roots = to_callsat(big_sink, topo)
   hints = _hints(cv, roots) if mode != "rules" else Hints()
   if mode == "cost-store": roots = realize_hints(cv, roots, hints.idents)   # stored by callify, as a program's own CONTIGUOUS
   # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an

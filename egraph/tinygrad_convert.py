@@ -315,10 +315,11 @@ def _written_file_view(x: UOp) -> bool:
       dense = dense and (not cut or all(m.shape[i] == 1 for i in range(cut[0])) and cut[-1] == cut[0])
   return dense
 
-def to_callsat(big_sink: UOp) -> tuple[Conversion, list[Node]]:
-  """The callsat image of big_sink's graph and the roots to callify."""
+def to_callsat(big_sink: UOp, topo=None) -> tuple[Conversion, list[Node]]:
+  """The callsat image of big_sink's graph and the roots to callify (`topo`: big_sink's whole toposort, when the caller
+  has walked it already)."""
   cv = Conversion()
-  topo = big_sink.toposort()
+  if topo is None: topo = big_sink.toposort()
   _check_disk(topo)
   # a file written by a COPY and read (through a view of it, or copied off) is realized as tinygrad's DISK COPY item is
   cv.files = {s for u in topo if u.op in (TOps.RESHAPE, TOps.SHRINK, TOps.COPY) for s in u.src[:1]
