@@ -8,7 +8,7 @@ import argparse, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import Tensor, callify
-from lower import native
+from lower.device import native
 from lower.runtime import run_call
 
 def build(T: int, D: int, seed: int = 0):
@@ -44,8 +44,8 @@ def main():
     T, D = map(int, size.split("x"))
     out, ref = build(T, D)
     res = callify(out.node)
-    from lower.kernelize import kernelize
-    from lower.mem import arg_binding
+    from lower.schedule.kernelize import kernelize
+    from lower.schedule.mem import arg_binding
     kernels = sum(st.kernel is not None for st in kernelize(res.call.src[0], arg_binding(res.call)[0]).steps)
     run_call(res.call)
     np.testing.assert_allclose(out.numpy(), ref(), rtol=2e-3, atol=2e-3)

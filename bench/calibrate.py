@@ -1,6 +1,6 @@
-"""Calibrate egraph/timemodel.py on this machine through callsat's own lowering: small CALLs (callify + run_call on
-device CPU), each kernel timed alone on warm buffers (lower/work.step_seconds: back-to-back runs per sample, medians),
-its KernelWork read off the Program (lower/work.py). Writes the constants to egraph/timemodel.json.
+"""Calibrate egraph/fusion/timemodel.py on this machine through callsat's own lowering: small CALLs (callify + run_call on
+device CPU), each kernel timed alone on warm buffers (lower/schedule/work.step_seconds: back-to-back runs per sample, medians),
+its KernelWork read off the Program (lower/schedule/work.py). Writes the constants to egraph/fusion/timemodel.json.
 
   launch        a 64-element add                                   -> launch_s
   bandwidth     a + b at 12 MB (in L3) and 6x the L3 (DRAM)         -> bw_cache, bw_mem (cache_bytes: the L3)
@@ -11,19 +11,20 @@ its KernelWork read off the Program (lower/work.py). Writes the constants to egr
   matmul        512^3 float32 (the register-tiled form)             -> throughput[matmul]
   threads       the elementwise kernel forced onto one thread       -> par_speedup
   readback      a 16 MB value stored (streamed out), then row-summed: -> bw_readback
-                the row sum timed as the program runs it (lower/work.sequence_seconds), not alone (alone it finds the
+                the row sum timed as the program runs it (lower/schedule/work.sequence_seconds), not alone (alone it finds the
                 value in the cache: 0.13 ms against 0.45-0.5 ms in its program)
 Then "max" vs "sum" is chosen by the log error over every calibration kernel (mixed ones included).
 
-  python bench/calibrate.py [--rounds 5] [--out egraph/timemodel.json]"""
+  python bench/calibrate.py [--rounds 5] [--out egraph/fusion/timemodel.json]"""
 from __future__ import annotations
 import argparse, json, math, os, platform, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import Tensor, callify
-from egraph.timemodel import DATA, TimeModel
-from lower import cache, native
-from lower.work import program_work, sequence_seconds, step_seconds
+from egraph.fusion.timemodel import DATA, TimeModel
+from lower.device import cache
+from lower.device import native
+from lower.schedule.work import program_work, sequence_seconds, step_seconds
 
 def chain(x, n: int):
   for _ in range(n): x = x * 1.0001 + 0.5

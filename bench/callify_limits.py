@@ -10,10 +10,10 @@ import argparse, gc, os, statistics, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from callify_phases import chain, dag
-from egraph.driver import callify, materialized_call, loaded_size, Budget
-from egraph.encode import encode
-from egraph.runner import Limits
-from egraph.ir import toposort
+from egraph.engine.driver import callify, materialized_call, Budget
+from egraph.engine.encode import encode
+from egraph.engine.runner import Limits
+from egraph.ir.ops import toposort
 
 PHASES = ("toposort", "plan", "insert", "load", "materialize", "optimize", "extract", "decode", "direct")
 
@@ -33,9 +33,8 @@ def encode_s(roots, repeat: int) -> float:
   """The median time of encoding the graph (toposort included, the GC off, as callify runs it)."""
   ts = []
   for _ in range(repeat):
-    enc = None
     gc.collect(); gc.disable()
-    t = time.perf_counter(); enc = encode(roots); ts.append(time.perf_counter() - t)
+    t = time.perf_counter(); encode(roots); ts.append(time.perf_counter() - t)
     gc.enable()
   return statistics.median(ts)
 

@@ -3,11 +3,11 @@
   python bench/callify_phases.py [--sizes 1000 10000 50000 100000] [--repeat 3] [--out notes/benchmarks.md]
 """
 from __future__ import annotations
-import argparse, datetime, math, os, random, statistics, sys, time
+import argparse, datetime, math, os, random, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from egraph.driver import callify
-from egraph.ir import Node, Ops, new_buffer, const, toposort
-from egraph.dtype import dtypes
+from egraph.engine.driver import callify
+from egraph.ir.ops import Node, Ops, new_buffer, const, toposort
+from egraph.ir.dtype import dtypes
 
 def chain(n: int) -> list[Node]:
   """x_{i+1} = x_i (+|*) a, with a CONTIGUOUS every 10 steps and a contiguous slice every 25: n IR nodes, depth ~n."""

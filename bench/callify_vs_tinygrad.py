@@ -71,7 +71,7 @@ def measure(impl: str, kind: str, param: int, repeat: int) -> dict:
   else:
     sys.path.insert(0, ROOT)
     from egraph import Tensor, callify
-    from egraph.ir import toposort
+    from egraph.ir.ops import toposort
     for _ in range(repeat):
       outs = PROGRAMS[kind](Tensor, param)
       t0 = time.perf_counter(); res = callify(*outs, cache=False); times.append(time.perf_counter() - t0)

@@ -1,6 +1,6 @@
 """Build the committed tinygrad graph corpus (notes/corpus.md): the programs below, run on tinygrad 0.14's NULL device
-(graphs only, no compute) under egraph.capture, each graph named <program>/<k>; with --tests, also the graphs of
-tinygrad's own NULL-device tests (pytest with -p egraph.capture), named <test id>/<k>, repeats across tests dropped.
+(graphs only, no compute) under egraph.bridge.capture, each graph named <program>/<k>; with --tests, also the graphs of
+tinygrad's own NULL-device tests (pytest with -p egraph.bridge.capture), named <test id>/<k>, repeats across tests dropped.
 
     python bench/capture_corpus.py [--out bench/corpus/tinygrad.jsonl.gz] [--tests ../shared/tinygrad-tests]
         [--test-files test/null/test_schedule.py ...] [--max-test-graphs 400] [--max-nodes 10000] [--only NAME ...]
@@ -15,8 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tinygrad import Tensor, nn, dtypes, Variable   # noqa: E402
 from tinygrad.helpers import Context   # noqa: E402
-from egraph.capture import Capture   # noqa: E402
-from egraph import corpus   # noqa: E402
+from egraph.bridge.capture import Capture   # noqa: E402
+from egraph.ir import corpus   # noqa: E402
 
 def mlp():
   l1, l2 = nn.Linear(64, 128), nn.Linear(128, 10)
@@ -216,7 +216,7 @@ def capture_tests(tests: str, files: list[str], limit: int, max_nodes: int, seen
     with tempfile.TemporaryDirectory() as tmp:
       rec = os.path.join(tmp, "capture.jsonl")
       env = {**os.environ, "DEV": "NULL", "CALLSAT_CAPTURE": rec, "PYTHONPATH": os.pathsep.join([ROOT, tests])}
-      p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "egraph.capture", f],
+      p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "egraph.bridge.capture", f],
                          cwd=tests, env=env, capture_output=True, text=True)
       tail = [l for l in p.stdout.splitlines() if l.startswith("callsat capture") or " passed" in l or " failed" in l]
       print(f"{f}: {'; '.join(tail[-2:])}", file=sys.stderr)

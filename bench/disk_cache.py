@@ -18,11 +18,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 def graphs():
   import numpy as np
   from egraph import callify
-  from egraph.dtype import dtypes
-  from egraph.ir import Node, Ops, new_buffer, const
-  from egraph.storage import Storage
-  from lower.kernelize import kernelize
-  from lower.mem import arg_binding
+  from egraph.ir.dtype import dtypes
+  from egraph.ir.ops import Node, Ops, new_buffer, const
+  from egraph.ir.storage import Storage
+  from lower.schedule.kernelize import kernelize
+  from lower.schedule.mem import arg_binding
   S, rng = Storage(), np.random.default_rng(0)
   def buf(a):
     b = new_buffer(a.size, dtypes.float32, "CPU"); S.set_data(b, a.reshape(-1)); return b
@@ -43,8 +43,9 @@ def ms(f) -> float:
 
 def child(d: str) -> None:
   """One fresh process: the first CACHE.get of each module, with the disk cache at d."""
-  from lower import llvmjit, matmul
-  from lower.cache import CACHE
+  from lower.device import llvmjit
+  from lower.render.llvm import matmul
+  from lower.device.cache import CACHE
   gs = graphs()
   llvmjit.llvm_setup(); matmul.mm_helpers()
   CACHE.disk = d
@@ -52,7 +53,7 @@ def child(d: str) -> None:
 
 def add_object(text: str, data: bytes, names: list[str]):
   """The other loader: an empty module's engine plus the object (add_object_file)."""
-  from lower import llvmjit
+  from lower.device import llvmjit
   llvm, make_tm, _, _, _ = llvmjit.llvm_setup()
   m = llvm.parse_assembly(""); m.triple = llvm.get_process_triple()
   e = llvm.create_mcjit_compiler(m, make_tm())
@@ -67,8 +68,10 @@ def main():
   ap.add_argument("--child", default=None)
   args = ap.parse_args()
   if args.child: return child(args.child)
-  from lower import compiler, llvmjit, matmul
-  from lower.cache import DiskCache
+  from lower.device import compiler
+  from lower.device import llvmjit
+  from lower.render.llvm import matmul
+  from lower.device.cache import DiskCache
   load0 = os.getloadavg()
   gs = graphs()
   llvmjit.llvm_setup(); matmul.mm_helpers()

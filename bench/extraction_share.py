@@ -11,7 +11,7 @@ import argparse, cProfile, hashlib, os, sys, time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT); sys.path.insert(0, os.path.join(ROOT, "bench"))
 from egraph import Tensor, callify
-from egraph.ir import toposort, Ops
+from egraph.ir.ops import toposort, Ops
 from callify_vs_tinygrad import PROGRAMS
 from fusion import GRAPH_SIZES
 

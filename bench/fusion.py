@@ -2,8 +2,8 @@
 fusion="cost", in one process, modes interleaved in each round. Steady-state realize time: each program is callified
 once per mode (compile and callify excluded: the first run_call compiles), then each sample is run_call repeated to
 last at least --min-ms, and the table shows medians over rounds: time, kernels, bytes moved (KernelWork: read + written
-per kernel), peak memory (lower/work.peak_bytes: the temporaries' arena peak plus every buffer the CALL writes) and the
-time model's prediction (egraph/timemodel.py). Values are checked against numpy first. The machine is shared and noisy (bursts of other jobs, and
+per kernel), peak memory (lower/schedule/work.peak_bytes: the temporaries' arena peak plus every buffer the CALL writes) and the
+time model's prediction (egraph/fusion/timemodel.py). Values are checked against numpy first. The machine is shared and noisy (bursts of other jobs, and
 other tenants' memory traffic, last seconds and only ever add time): each round takes --pairs adjacent (rules, cost)
 sample pairs per program, the order alternating, --pairs x --more more for a program whose modes lower to different
 kernels. The rules / cost column is the median of the paired ratios (both samples of a pair see the same load), the
@@ -12,8 +12,8 @@ the paired median: a quiet window is rare and lands in one mode). A program whos
 (names and KernelWork) is marked `=` and counted as 1.00 in the geomean and the worst list: its ratio is 1 by
 construction; its measured spread, the noise floor, is reported beside. On a shared machine a kernel split across
 threads waits for a worker another job has descheduled, once per kernel: `CALLSAT_THREADS=1 python bench/fusion.py ...`
-runs every kernel on one thread (the time model then splits none either: egraph/timemodel.py), which compares the
-partitions with that noise gone. Every kernel is also timed alone (lower/work.step_seconds) against its predicted time: the
+runs every kernel on one thread (the time model then splits none either: egraph/fusion/timemodel.py), which compares the
+partitions with that noise gone. Every kernel is also timed alone (lower/schedule/work.step_seconds) against its predicted time: the
 Spearman rank correlation, and a scatter plot with --plot.
 
   python bench/fusion.py --rounds 5 [--pairs 3] [--more 2] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
@@ -27,12 +27,13 @@ from __future__ import annotations
 import argparse, inspect, math, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
-from egraph import Tensor, callify, fusion
-from egraph.ir import substitute
-from egraph.timemodel import TimeModel
-from lower import native
+from egraph import Tensor, callify
+from egraph.fusion import solve as fusion
+from egraph.ir.ops import substitute
+from egraph.fusion.timemodel import TimeModel
+from lower.device import native
 from lower.runtime import read, run_call
-from lower.work import peak_bytes, program_of, program_work, step_seconds
+from lower.schedule.work import peak_bytes, program_of, program_work, step_seconds
 from fusion_programs import PROGRAMS
 from callify_vs_tinygrad import PROGRAMS as GRAPHS
 
@@ -100,7 +101,7 @@ def plot(points, path: str, rho: float) -> None:
   lo = min(min(p, m) for p, m, _ in points) * 1e6 / 1.5; hi = max(max(p, m) for p, m, _ in points) * 1e6 * 1.5
   ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="predicted = measured")
   ax.set_xscale("log"); ax.set_yscale("log"); ax.set_xlim(lo, hi); ax.set_ylim(lo, hi)
-  ax.set_xlabel("predicted kernel time, us (egraph/timemodel.py)"); ax.set_ylabel("measured kernel time, us (alone, warm)")
+  ax.set_xlabel("predicted kernel time, us (egraph/fusion/timemodel.py)"); ax.set_ylabel("measured kernel time, us (alone, warm)")
   ax.set_title(f"fusion benchmark kernels: Spearman rho = {rho:.3f} ({len(points)} kernels)")
   ax.legend(); fig.tight_layout(); fig.savefig(path, dpi=110)
   print(f"wrote {path}")
@@ -111,7 +112,7 @@ def solver_table(progs, floor: float) -> None:
   """The partition solver on each program and 10k-UOp graph: method, candidates, solver time and budget, gaps."""
   fusion.SOLVER_FLOOR_S = floor
   callify(Tensor(np.ones((4, 4), np.float32)).realize().exp().sum(), fusion="cost", cache=False)   # scipy's import, once
-  print(f"| program | method | candidates | stored | solver ms | budget ms | callify ms | mip gap | model gap | gap |\n|" + "---|" * 10)
+  print("| program | method | candidates | stored | solver ms | budget ms | callify ms | mip gap | model gap | gap |\n|" + "---|" * 10)
   rng = np.random.default_rng(0)
   items = [(p.name, lambda p=p: [r.node for r in p.build(rng)[0]]) for p in progs] + \
           [(f"{k} ({n})", lambda k=k, n=n: [t.node for t in GRAPHS[k](Tensor, n)]) for k, n in GRAPH_SIZES.items()]
@@ -165,7 +166,7 @@ def main():
       for _ in range(args.pairs * (1 if same[p.name] else 1 + args.more)):   # adjacent pairs, the order alternating: both samples of a pair see the same load
         for m in order: cases[(p.name, m)].sample()
         order = order[::-1]
-  points, per_mode = [], {m: [] for m in modes}
+  points = []
   for p in ([] if args.no_kernels else progs):   # every kernel alone, predicted vs measured
     for m in modes:
       c = cases[(p.name, m)]

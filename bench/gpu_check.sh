@@ -3,7 +3,7 @@
 # bench/make_gpu_corpus.py on a machine with egglog) on GPU 0 with numpy + ctypes only, compare every written buffer with
 # the numpy reference, then measure elementwise bandwidth against the card's peak and a tiled matmul's GFLOPS.
 #   --dry-run  no GPU needed: nvcc --ptx and -cubin (ptxas) for sm_90, check every case's files against its plan, and run
-#              the corpus on the CPU emulator (lower/cuda_emu.h, needs g++) through the same plan executor.
+#              the corpus on the CPU emulator (lower/device/cuda_emu.h, needs g++) through the same plan executor.
 # Needs: python3 with numpy, nvcc (PATH or /usr/local/cuda/bin), and for the real run the NVIDIA driver (libcuda.so.1).
 # Stops after 290 s. Exit status 0 only when every case matches.
 set -euo pipefail
@@ -14,7 +14,7 @@ import json, os, sys, time
 import numpy as np
 sys.path.insert(0, os.getcwd())
 from lower import cuda_driver as drv      # numpy + ctypes only: no egglog, no callsat front end
-from egraph.dtype import dtypes            # numpy + ml_dtypes: the fp8 buffers' host types
+from egraph.ir.dtype import dtypes            # numpy + ml_dtypes: the fp8 buffers' host types
 
 dry = "--dry-run" in sys.argv[1:]
 D = os.path.join("bench", "gpu_corpus")

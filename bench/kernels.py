@@ -29,12 +29,14 @@ import argparse, datetime, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import callify, Tensor
-from egraph.dtype import dtypes
-from egraph.ir import Node, Ops, new_buffer, const
-from egraph.storage import Storage
+from egraph.ir.dtype import dtypes
+from egraph.ir.ops import Node, Ops, new_buffer, const
+from egraph.ir.storage import Storage
 from lower.runtime import run_call
-from lower import llvmjit, matmul, native
-from lower.cache import CACHE
+from lower.device import llvmjit
+from lower.render.llvm import matmul
+from lower.device import native
+from lower.device.cache import CACHE
 
 def timeit(f) -> float:
   t0 = time.perf_counter(); f(); return (time.perf_counter() - t0) * 1e3
@@ -135,8 +137,8 @@ def main():
   mm = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M)))
 
   # compile latency: cold (cache cleared), per kernel, each compiled alone; then a cache hit
-  from lower.kernelize import kernelize
-  from lower.mem import arg_binding as _arg_binding
+  from lower.schedule.kernelize import kernelize
+  from lower.schedule.mem import arg_binding as _arg_binding
   llvmjit.llvm_setup()
   cold = {}
   for name, res in [("elementwise", ew), ("row sum", rs), ("matmul (tiled)", mm), ("triad", triad)]:

@@ -1,5 +1,5 @@
 """A long elementwise chain realized natively: y = y*0.5 + c_i / y - 0.125 alternating over L steps on 4096 floats,
-every c_i distinct (no two kernels alike: the kernel cache cannot help). Bounded fusion (lower/kernelize.FUSE_CAP)
+every c_i distinct (no two kernels alike: the kernel cache cannot help). Bounded fusion (lower/schedule/kernelize.FUSE_CAP)
 splits it into kernels; the issue's target is a total compile time under 30 s at L = 100k.
 
   python bench/long_chain.py --length 100000 [--out notes/benchmarks.md]"""
@@ -7,9 +7,9 @@ import argparse, os, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import Tensor
-from lower import compiler
-from lower.cache import CACHE
-from lower.kernelize import FUSE_CAP
+from lower.device import compiler
+from lower.device.cache import CACHE
+from lower.schedule.kernelize import FUSE_CAP
 
 def main():
   ap = argparse.ArgumentParser()

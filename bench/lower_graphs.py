@@ -3,13 +3,13 @@ kernels and their order, no compile), each timed in this process; lowering / cal
 
   python bench/lower_graphs.py [--kinds chain transformer] [--repeat 3]
 
-The dag (8448 nodes) is left out by default: its kernel expressions take minutes to build (lower/builder)."""
+The dag (8448 nodes) is left out by default: its kernel expressions take minutes to build (lower/schedule/builder)."""
 from __future__ import annotations
 import argparse, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 from egraph import Tensor, callify
-from lower.work import program_of
+from lower.schedule.work import program_of
 from callify_vs_tinygrad import PROGRAMS
 from fusion import GRAPH_SIZES
 

@@ -4,18 +4,18 @@
 
 Writes, under --out:
   corpus.cu            one translation unit with every kernel of every case (compiled once on the GPU machine)
-  manifest.json        per case: the launch plan (lower/cuda_driver.py format, without the source), buffer dtypes and
+  manifest.json        per case: the launch plan (lower/device/cuda_driver.py format, without the source), buffer dtypes and
                        tolerances; plus the benchmark cases (sizes only: their inputs are generated on the GPU machine)
   cases/NAME.npz       the case's inputs (every non-temporary buffer before the CALL: in_<buffer>) and the expected
                        values of the buffers it writes (out_<buffer>), from the numpy reference (lower/reference.py);
                        bfloat16 buffers as their uint16 bits
 
-`corpus()` is also the corpus of tests/lower/test_cuda.py: the example models of egraph/cli.py, hand-written Tensor
+`corpus()` is also the corpus of tests/lower/test_cuda.py: the example models of egraph/tools/cli.py, hand-written Tensor
 programs (tiled matmuls with ragged edges, block reductions, softmax, views), every ALU op, cast and bitcast over all 13
-dtypes, THREEFRY, reduces over narrow ints, halves and float64, and random programs from rules/strategies.py's
+dtypes, THREEFRY, reduces over narrow ints, halves and float64, and random programs from rules/testing/strategies.py's
 graphs() and tests/lower/test_llvm_random.py's programs()."""
 from __future__ import annotations
-import argparse, contextlib, json, math, os, sys
+import argparse, contextlib, json, os, sys
 from dataclasses import dataclass
 import numpy as np
 
@@ -26,7 +26,7 @@ if ROOT not in sys.path: sys.path.insert(0, ROOT)
 class Case:
   name: str
   call: object              # the CALL node
-  storage: object           # egraph.storage.Storage holding its inputs
+  storage: object           # egraph.ir.storage.Storage holding its inputs
 
 def _draw_many(strategy, n: int) -> list:
   from hypothesis import given, settings, HealthCheck
@@ -38,7 +38,7 @@ def _draw_many(strategy, n: int) -> list:
   return out[:n]
 
 def _tensor_cases() -> list:
-  """Tensor programs; each returns its output tensors (inputs are realized in egraph.storage.STORAGE)."""
+  """Tensor programs; each returns its output tensors (inputs are realized in egraph.ir.storage.STORAGE)."""
   from egraph import Tensor
   def rnd(*shape, seed): Tensor.manual_seed(seed); return Tensor.randn(*shape).realize()
   def mm_ragged(): return [(rnd(70, 45, seed=1) @ rnd(45, 100, seed=2)).contiguous()]
@@ -65,9 +65,9 @@ def _tensor_cases() -> list:
 def _alu_cases() -> list:
   """Every ALU op, cast and bitcast per dtype (all 13: as tests/lower/test_llvm_ops.py), as raw graphs over CPU buffers;
   then THREEFRY and reduces over the narrow, half and double dtypes."""
-  from egraph.dtype import dtypes
-  from egraph.ir import Node, Ops, new_buffer
-  from egraph.storage import Storage
+  from egraph.ir.dtype import dtypes
+  from egraph.ir.ops import Node, Ops, new_buffer
+  from egraph.ir.storage import Storage
   rng = np.random.default_rng(0)
   def ints(dt):
     v = [0, 1, 2, 3, 5, 7, 9, 100, dt.bits - 1, dt.bits, dt.max, dt.max // 2 + 1]
@@ -117,7 +117,7 @@ def host_rand():
   """Tensor.rand draws from numpy here: the inputs' values do not matter to the kernels under test, and the Threefry
   graph would otherwise have to run natively on the CPU (LLVM) before the CUDA corpus could be built."""
   from egraph import Tensor
-  from egraph.dtype import dtypes
+  from egraph.ir.dtype import dtypes
   saved, gen = Tensor.__dict__["rand"], np.random.default_rng(1234)
   def rand(*shape, dtype=None, device=None):
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
@@ -132,8 +132,8 @@ def corpus(random: int = 24, graphs: int = 16) -> list[Case]:
 
 def _corpus(random: int, graphs: int) -> list[Case]:
   from egraph import callify
-  from egraph.models import MODELS
-  from egraph.storage import STORAGE
+  from egraph.frontend.models import MODELS
+  from egraph.ir.storage import STORAGE
   cases = []
   for name in sorted(MODELS):
     out, _ = MODELS[name]()
@@ -143,7 +143,7 @@ def _corpus(random: int, graphs: int) -> list[Case]:
   for name, roots, S in _alu_cases():
     cases.append(Case(name, callify(*roots).call, S))
   if graphs:
-    from rules.strategies import graphs as G
+    from rules.testing.strategies import graphs as G
     for i, g in enumerate(_draw_many(G(dtype=None), graphs)):
       cases.append(Case(f"graphs_{i}", callify(*g.roots).call, g.storage))
   if random:
@@ -163,9 +163,9 @@ def tolerance(dtype: str) -> tuple[float, float]:
 
 def bench_cases() -> list:
   """CALLs whose inputs the GPU machine generates: elementwise bandwidth and a tiled matmul."""
-  from egraph.dtype import dtypes
-  from egraph.ir import Node, Ops, new_buffer, ParamArg, CallInfo
-  from egraph.ir import const
+  from egraph.ir.dtype import dtypes
+  from egraph.ir.ops import Node, Ops, new_buffer, ParamArg, CallInfo
+  from egraph.ir.ops import const
   def P(slot, shape): return Node(Ops.PARAM, dtypes.float32, (), ParamArg(slot, shape, "CUDA"))
   def call(body, *args): return Node(Ops.CALL, dtypes.void, (body, *args), CallInfo())
   n = 1 << 26
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
   ap.add_argument("--random", type=int, default=24)
   ap.add_argument("--graphs", type=int, default=16)
   args = ap.parse_args(argv)
-  from lower import cuda
+  from lower.render.cuda import render as cuda
   from lower.reference import evaluate
   cases = corpus(args.random, args.graphs)
   benches = bench_cases()

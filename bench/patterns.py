@@ -7,7 +7,7 @@ import argparse, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import Tensor, callify
-from lower import native
+from lower.device import native
 from lower.runtime import run_call
 
 def cases():

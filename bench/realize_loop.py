@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 def child(n: int, rounds: int) -> dict:
   import numpy as np
   from egraph import Tensor, callify
-  from egraph.storage import STORAGE
+  from egraph.ir.storage import STORAGE
   from lower.runtime import run_call
   rng = np.random.default_rng(0)
   a_np, b_np = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)

@@ -107,7 +107,7 @@ def main() -> None:
       detail += [f"| {m} kernels | `{tid}` | stock {ks} | bridged {kb} ({'MORE: bug' if kb > (ks or 0) else 'fewer'}) |" for tid, ks, kb in kern]
     rows.append(row)
     print(f"{f} ({dev}): stock {base}" + "".join(f", {m} {row.get(m, '-')}" for m in a.modes[1:]) +
-          f"; walls " + ", ".join(f"{m} {w:.1f}s" for m, w in row["wall"].items()), flush=True)
+          "; walls " + ", ".join(f"{m} {w:.1f}s" for m, w in row["wall"].items()), flush=True)
   lines = ["| file | DEV | stock passes | strict | fallback | calls bridged (fallback) | top fallback reasons | wall stock / strict / fallback |",
            "|---|---|---|---|---|---|---|---|"]
   for r in rows:

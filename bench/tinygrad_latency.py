@@ -27,6 +27,8 @@ and key / rebind where the bridge has a structural cache) come from timing wrapp
 `egraph.tinygrad.transform_to_call` calls, so the timed function is the bridge's own; a phase the call skipped counts 0."""
 from __future__ import annotations
 import argparse, datetime, gc, json, os, statistics, subprocess, sys, time
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: from tinygrad.uop.ops import UOp   # tinygrad is optional: imported where it runs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---- the programs (tinygrad Tensor API; each returns the Tensors to realize) ---------------------------------------------
@@ -253,7 +255,7 @@ def build(program: str):
 
 class _Caught(Exception): pass
 
-def capture(trigger) -> "UOp":
+def capture(trigger) -> UOp:
   """The sink `trigger()` hands tinygrad's transform_to_call, caught before any pass sees it (the call then stops there)."""
   import tinygrad.tensor as tt
   got, own = [], tt.transform_to_call

@@ -1,19 +1,19 @@
 """callsat's first package: the IR (floor 1), the e-graph engine (floor 3) and the front ends (floor 6).
 
-The package face re-exports lazily (a module `__getattr__`), so `import egraph.ir` loads no egglog and no front end."""
-from egraph.face import lazy_exports
+The package face re-exports lazily (a module `__getattr__`), so `import egraph.ir.ops` loads no egglog and no front end."""
+from egraph.ir.face import lazy_exports
 
 _EXPORTS = {
-  "CallsatError": "egraph.errors", "ShapeError": "egraph.errors", "DTypeError": "egraph.errors",
-  "DeviceError": "egraph.errors", "UnsupportedOpError": "egraph.errors", "LimitError": "egraph.errors",
-  "EngineError": "egraph.errors",
-  "dtypes": "egraph.dtype", "DType": "egraph.dtype",
-  "Node": "egraph.ir", "Ops": "egraph.ir", "GroupOp": "egraph.ir",
-  "Variable": "egraph.symbolic",
-  "Limits": "egraph.runner", "Schedule": "egraph.runner", "StopReason": "egraph.runner",
-  "CostModel": "egraph.cost", "CallifyReport": "egraph.report",
-  "callify": "egraph.driver", "CallifyResult": "egraph.driver",
-  "Tensor": "egraph.tensor", "function": "egraph.tracing",
+  "CallsatError": "egraph.ir.errors", "ShapeError": "egraph.ir.errors", "DTypeError": "egraph.ir.errors",
+  "DeviceError": "egraph.ir.errors", "UnsupportedOpError": "egraph.ir.errors", "LimitError": "egraph.ir.errors",
+  "EngineError": "egraph.ir.errors",
+  "dtypes": "egraph.ir.dtype", "DType": "egraph.ir.dtype",
+  "Node": "egraph.ir.ops", "Ops": "egraph.ir.ops", "GroupOp": "egraph.ir.ops",
+  "Variable": "egraph.ir.symbolic",
+  "Limits": "egraph.engine.runner", "Schedule": "egraph.engine.runner", "StopReason": "egraph.engine.runner",
+  "CostModel": "egraph.engine.cost", "CallifyReport": "egraph.engine.report",
+  "callify": "egraph.engine.driver", "CallifyResult": "egraph.engine.driver",
+  "Tensor": "egraph.frontend.tensor", "function": "egraph.frontend.tracing",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,2 +1,2 @@
-from egraph.cli import main
+from egraph.tools.cli import main
 raise SystemExit(main())

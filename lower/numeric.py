@@ -7,13 +7,13 @@ Shifts by a count outside [0, bits) give 0 (SHL, and SHR of a non-negative value
 Float -> int casts follow tinygrad's CPU device on x86-64: to int32/int64 a NaN or out-of-range value gives the
 dtype's minimum; to uint32/uint64 (and anything negative) its maximum; int8/int16/uint8/uint16 go through int32 and
 keep the low bits. bfloat16 and float16 arithmetic rounds to the dtype after every op (ml_dtypes / numpy). fp8 ops
-compute in float32 and round back after every op, casts into fp8 as tinygrad's float_to_fp8 (egraph.dtype.as_np:
+compute in float32 and round back after every op, casts into fp8 as tinygrad's float_to_fp8 (egraph.ir.dtype.as_np:
 nearest even, saturating): ml_dtypes' own fp8 arithmetic overflows to NaN/inf instead."""
 from __future__ import annotations
 import numpy as np
-from egraph.dtype import DType, dtypes, as_np
-from egraph.errors import DTypeError
-from egraph.ir import Ops, GroupOp
+from egraph.ir.dtype import DType, dtypes, as_np
+from egraph.ir.errors import DTypeError
+from egraph.ir.ops import Ops, GroupOp
 
 def _udt_np(d: np.dtype) -> np.dtype: return np.dtype(f"u{d.itemsize}")
 

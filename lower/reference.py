@@ -11,13 +11,13 @@ device. Bool arithmetic is C's `(bool)(a op b)`: ADD=OR, SUB=XOR, MUL=AND, NEG=i
 from __future__ import annotations
 from typing import Any, TYPE_CHECKING
 import numpy as np
-from egraph.dtype import dtypes, as_np
-from egraph.errors import CallsatError, UnsupportedOpError
-from egraph.ir import Node, Ops, GroupOp, is_shard, toposort, multi_arg, shard_params
-from egraph.view import view_index
-from egraph.storage import STORAGE, UnallocatedBufferError
+from egraph.ir.dtype import dtypes, as_np
+from egraph.ir.errors import CallsatError, UnsupportedOpError
+from egraph.ir.ops import Node, Ops, GroupOp, is_shard, toposort, multi_arg, shard_params
+from egraph.ir.view import view_index
+from egraph.ir.storage import STORAGE, UnallocatedBufferError
 from lower.numeric import wrap_const, alu, cast
-if TYPE_CHECKING: from egraph.storage import Storage
+if TYPE_CHECKING: from egraph.ir.storage import Storage
 
 LATER = frozenset({Ops.BIND})
 # ops a STORE target may go through and still be a view of storage (EXPAND/PAD/compute are not)
@@ -55,7 +55,7 @@ def _slice(n: Node, src: np.ndarray) -> np.ndarray:
 def _shrink(n: Node, x: np.ndarray) -> np.ndarray: return x[tuple(slice(s, e) for s, e in n.arg) + (...,)]
 def _flip(n: Node, x: np.ndarray) -> np.ndarray: return x[tuple(slice(None, None, -1) if f else slice(None) for f in n.arg) + (...,)]
 
-# per-device values (egraph.ir.is_shard) carry a leading device axis: movement ops skip it, MULTI concatenates the shards
+# per-device values (egraph.ir.ops.is_shard) carry a leading device axis: movement ops skip it, MULTI concatenates the shards
 def _lead(idx: tuple) -> tuple: return (slice(None),) + idx
 _SHARD: dict[Ops, Any] = {
   Ops.RESHAPE: lambda n, x: np.reshape(x, (x.shape[0],) + tuple(n.arg)),
@@ -239,6 +239,6 @@ def evaluate(roots: list[Node], storage: Storage, params: list[np.ndarray] | Non
   with np.errstate(all="ignore"): return _run(list(roots), storage, params, {})
 
 def eval_node(node: Node, storage: Storage | None = None) -> np.ndarray | None:
-  """The value of one node as a standalone copy (storage defaults to egraph.storage.STORAGE)."""
+  """The value of one node as a standalone copy (storage defaults to egraph.ir.storage.STORAGE)."""
   v = evaluate([node], STORAGE if storage is None else storage)[0]
   return None if v is None else np.array(v, copy=True)

@@ -1,25 +1,25 @@
 """Runtime: numpy-backed storage for BUFFERs, host buffers, and execution of CALLs.
 
 Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALLs) runs as native code through the LLVM
-backend (lower/native.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/reference.py).
-A CALL on "CUDA" runs on the GPU through lower/cuda.py (DeviceError without a driver/GPU). A sharded CALL on CPU devices
-(("CPU", "CPU:1"), ...) runs natively too, as per-device kernels (lower/kernelize.py).
+backend (lower/device/native.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/reference.py).
+A CALL on "CUDA" runs on the GPU through lower/render/cuda/render.py (DeviceError without a driver/GPU). A sharded CALL on CPU devices
+(("CPU", "CPU:1"), ...) runs natively too, as per-device kernels (lower/schedule/kernelize.py).
 
 Threads: run_call may be called from several Python threads at once. Concurrent: callify's Python, kernelize, storage
 allocation and frees (single dict operations, atomic under the GIL; the buffer pool has its own lock) and the kernels
 themselves (ctypes releases the GIL). Serialized: every llvmlite call (compiling, loading and symbol lookups take
-lower.llvmjit.JIT_LOCK: LLVM's JIT is not thread-safe) and the native worker pool (one split launch at a time; another
+lower.device.llvmjit.JIT_LOCK: LLVM's JIT is not thread-safe) and the native worker pool (one split launch at a time; another
 thread's launch then runs its kernel on its own thread instead of waiting).
 """
 from __future__ import annotations
 import weakref
 import numpy as np
-from egraph.driver import bindings
-from egraph.errors import CallsatError, DeviceError, UnsupportedOpError
-from egraph.ir import GroupOp, Node, Ops, toposort, is_shard
-from egraph.storage import Storage, STORAGE
-from lower.cuda import run_cuda
-from lower.native import run_native
+from egraph.engine.driver import bindings
+from egraph.ir.errors import CallsatError, DeviceError, UnsupportedOpError
+from egraph.ir.ops import GroupOp, Node, Ops, toposort, is_shard
+from egraph.ir.storage import Storage, STORAGE
+from lower.render.cuda.render import run_cuda
+from lower.device.native import run_native
 from lower.reference import evaluate
 
 RUNNABLE = ("CPU", "PYTHON", "NPY", "DISK", "CUDA")

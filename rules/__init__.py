@@ -2,10 +2,10 @@
 soundness check against the numpy reference). The face re-exports lazily, so the engine importing `rules.registry`
 loads no checker."""
 import importlib
-from egraph.face import lazy_exports
+from egraph.ir.face import lazy_exports
 
 _EXPORTS = {"Rule": "rules.registry", "RULES": "rules.registry", "PHASES": "rules.registry", "register": "rules.registry",
-            "rules_in": "rules.registry", "check": "rules.checker", "CheckResult": "rules.checker"}
+            "rules_in": "rules.registry", "check": "rules.testing.checker", "CheckResult": "rules.testing.checker"}
 __all__ = list(_EXPORTS)
 
 def _load_rule_sets(mod: str) -> None:

@@ -2,7 +2,7 @@
 (R op arg x y z), (V op arg list) with list = (Cons x rest) | (Nil). Facts computed once at insertion:
 (fresh c f) f is the fresh storage view minted for c; (view x s) x is one contiguous range of storage, s is that SLICE view;
 (storage x) x has buffer identity; (zero x) x has no elements; (candidate x f) x is an intermediate that may be stored
-into its fresh buffer view f (only fusion="cost" emits it: egraph/fusion.py). Arg 0 on AFTER/STORE means 'derive dtype from sources'."""
+into its fresh buffer view f (only fusion="cost" emits it: egraph/fusion/solve.py). Arg 0 on AFTER/STORE means 'derive dtype from sources'."""
 from rules.registry import Rule, register
 
 register(

@@ -2,7 +2,7 @@
 from __future__ import annotations
 import re
 from dataclasses import dataclass
-from egraph.ir import Ops
+from egraph.ir.ops import Ops
 
 PHASES = ("load", "materialize", "optimize")
 
@@ -20,7 +20,7 @@ class Rule:
 
 RULES: dict[str, Rule] = {}
 
-# the vocabulary of egraph/language.py's program (constructors and fact relations with their arities), and egglog's
+# the vocabulary of egraph/engine/language.py's program (constructors and fact relations with their arities), and egglog's
 # own commands: a rule naming anything else would be an egglog error at best, a rule that silently never fires at worst
 CONSTRUCTORS = {"L": 2, "U": 3, "B": 4, "R": 5, "V": 3, "Cons": 2, "Nil": 0, "N": 1}
 RELATIONS = {"fresh": 2, "view": 2, "storage": 1, "zero": 1, "copy_into": 2, "precompiled": 2, "computed_arg": 1, "candidate": 2}

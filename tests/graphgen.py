@@ -1,9 +1,9 @@
-"""Moved to rules/strategies.py (the package's rule checker uses them); re-exported here for the property tests, with
+"""Moved to rules/testing/strategies.py (the package's rule checker uses them); re-exported here for the property tests, with
 the chain the limit tests time."""
-from rules.strategies import (SHAPES, Graph, graphs, movement, contiguous_movement, rule_graphs, factorizations,  # noqa: F401
+from rules.testing.strategies import (SHAPES, Graph, graphs, movement, contiguous_movement, rule_graphs, factorizations,  # noqa: F401
                               reference_values, executed_values, random_data)
-from egraph.ir import Node, Ops, new_buffer
-from egraph.dtype import dtypes
+from egraph.ir.ops import Node, Ops, new_buffer
+from egraph.ir.dtype import dtypes
 
 def chain(n: int) -> Node:
   """An elementwise chain over one buffer with a CONTIGUOUS every 10 steps and a contiguous slice every 25."""

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
-from egraph.dtype import dtypes
-from egraph.errors import CallsatError, ShapeError, DTypeError, DeviceError
-from egraph.ir import Node, Ops, const
-from egraph.tensor import Tensor
-from egraph.indexing import TensorIndexError
+from egraph.ir.dtype import dtypes
+from egraph.ir.errors import CallsatError, ShapeError, DTypeError, DeviceError
+from egraph.ir.ops import Node, Ops, const
+from egraph.frontend.tensor import Tensor
+from egraph.frontend.indexing import TensorIndexError
 from lower.runtime import read
 
 def pure(n: Node) -> bool: return not any(x.op in (Ops.STORE, Ops.CALL) for x in n.toposort(enter_calls=False))

@@ -1,4 +1,4 @@
-"""The bridge's structural cache (egraph/tinygrad_cache.py): a graph of a structure seen before is rebound, never given
+"""The bridge's structural cache (egraph/bridge/cache.py): a graph of a structure seen before is rebound, never given
 another graph's CALL. Each check compares a cached result with the one decided anew for the same graph (body by
 identity, args and buffer_map up to the numbering of fresh buffers), or realizes values against stock tinygrad."""
 import gc, threading, weakref
@@ -10,9 +10,9 @@ from tinygrad import Tensor, Variable, dtypes, Context, nn   # noqa: E402
 from tinygrad.uop.ops import UOp, Ops as TOps   # noqa: E402
 from tinygrad.dtype import AddrSpace   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
-from egraph.tinygrad_cache import StructureCache, structure, from_env   # noqa: E402
-from egraph.tinygrad_convert import BridgeRefusal   # noqa: E402
-from egraph.errors import CallsatError   # noqa: E402
+from egraph.bridge.cache import StructureCache, structure, from_env   # noqa: E402
+from egraph.bridge.convert import BridgeRefusal   # noqa: E402
+from egraph.ir.errors import CallsatError   # noqa: E402
 
 @pytest.fixture
 def cache():

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor   # noqa: E402
-from egraph.ir import Ops   # noqa: E402
-from egraph.tinygrad_convert import int_move   # noqa: E402
+from egraph.ir.ops import Ops   # noqa: E402
+from egraph.bridge.convert import int_move   # noqa: E402
 
 @st.composite
 def moves(draw):
@@ -50,8 +50,8 @@ def test_int_move_is_what_tinygrad_builds(m):
 def test_every_tinygrad_dtype_maps_to_callsats():
   """Each of tinygrad's storable dtypes (fp8 included) is the callsat dtype named as tinygrad's attribute, same size."""
   from tinygrad import dtypes as tdt
-  from egraph.dtype import dtypes
-  from egraph.tinygrad_convert import to_dtype
+  from egraph.ir.dtype import dtypes
+  from egraph.bridge.convert import to_dtype
   for t in tdt.all:
     d = to_dtype(t)
     assert d in dtypes.all and d.itemsize == t.itemsize and getattr(tdt, d.name) is t
@@ -62,7 +62,7 @@ def test_param_like_is_tinygrads(device, dtype):
   """A buffer argument's PARAM, built from the buffer's own src and arg, is the object tinygrad's param_like builds."""
   from tinygrad import dtypes
   from tinygrad.uop.ops import UOp
-  from egraph.tinygrad_convert import param_like
+  from egraph.bridge.convert import param_like
   for n in (1, 5, 64):
     b = UOp.new_buffer(device, n, getattr(dtypes, dtype))
     for slot in (0, 3):

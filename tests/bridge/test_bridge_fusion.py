@@ -1,4 +1,4 @@
-"""The bridge's cost-mode option (CALLSAT_BRIDGE_FUSION, egraph/tinygrad_fusion.py): with it on, tinygrad programs give
+"""The bridge's cost-mode option (CALLSAT_BRIDGE_FUSION, egraph/bridge/shadow.py): with it on, tinygrad programs give
 stock tinygrad's values (and numpy's) on tinygrad's CPU device while the partition's extra realize points come back as
 CONTIGUOUS in the CALL body (cost) or as STOREs of the CALL (cost-store), and the kernel counts change; with it off
 nothing changes. No timing here (bench/fusion_tinygrad.py measures)."""
@@ -9,10 +9,10 @@ tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor, GlobalCounters, Context, nn   # noqa: E402
 from tinygrad.uop.ops import UOp, Ops as TOps   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
-from egraph.errors import CallsatError   # noqa: E402
-from egraph.ir import Ops   # noqa: E402
-from egraph.tinygrad_convert import to_callsat   # noqa: E402
-from egraph.tinygrad_fusion import Shadow, bridge_fusion, cost_hints   # noqa: E402
+from egraph.ir.errors import CallsatError   # noqa: E402
+from egraph.ir.ops import Ops   # noqa: E402
+from egraph.bridge.convert import to_callsat   # noqa: E402
+from egraph.bridge.shadow import Shadow, bridge_fusion, cost_hints   # noqa: E402
 
 def _compiles() -> bool:
   """Does tinygrad's CPU device compile here (its PYTHON device would take minutes on these sizes)?"""

@@ -17,7 +17,7 @@ tinygrad = pytest.importorskip("tinygrad")
 import tinygrad.tensor as tg_tensor   # noqa: E402
 from tinygrad import Tensor, GlobalCounters, Context, dtypes, nn   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
-from egraph.tinygrad_cache import StructureCache, from_env   # noqa: E402
+from egraph.bridge.cache import StructureCache, from_env   # noqa: E402
 
 @contextlib.contextmanager
 def _calls():

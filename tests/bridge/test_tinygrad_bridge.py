@@ -9,8 +9,8 @@ tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor, Device, GlobalCounters, TinyJit, Context, dtypes, Variable, nn   # noqa: E402
 from tinygrad.function import function   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
-from egraph.tinygrad_convert import BridgeRefusal   # noqa: E402
-from egraph.errors import CallsatError   # noqa: E402
+from egraph.bridge.convert import BridgeRefusal   # noqa: E402
+from egraph.ir.errors import CallsatError   # noqa: E402
 
 def _mlp():
   l1, l2 = nn.Linear(6, 5), nn.Linear(5, 3)
@@ -238,8 +238,8 @@ def test_install_idempotent_and_context_restores():
 def test_opaque_ops_refused_by_callsat_executors():
   """callsat carries tinygrad's arithmetic opaque: its own executors must refuse it by name, never compute it."""
   from tinygrad.uop.ops import UOp
-  from egraph.tinygrad_convert import to_callsat
-  from egraph.driver import callify
+  from egraph.bridge.convert import to_callsat
+  from egraph.engine.driver import callify
   from lower.runtime import run_call
   x = Tensor.rand(3, device="PYTHON")
   cv, roots = to_callsat(UOp.sink(x.uop))

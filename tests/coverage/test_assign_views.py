@@ -4,7 +4,7 @@ UnwritableViewError (a callsat choice: tinygrad drops such assigns, notes/quirks
 import numpy as np
 import pytest
 from egraph import Tensor
-from egraph.encode import UnwritableViewError, writable_chain
+from egraph.engine.encode import UnwritableViewError, writable_chain
 
 def _perm(a, *o): return a.transpose(o) if isinstance(a, np.ndarray) else a.permute(*o)
 def _want(view, n, vals):

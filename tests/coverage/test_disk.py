@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 from egraph import Tensor, callify, DeviceError
-from egraph.ir import Ops
+from egraph.ir.ops import Ops
 
 def test_copy_to_disk_writes_the_file_ex7(tmp_path):
   path = tmp_path / "disk.bin"

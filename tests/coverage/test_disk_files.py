@@ -6,8 +6,8 @@ import os, pickle, pwd, shutil, signal, tempfile
 import numpy as np
 import pytest
 from egraph import Tensor, DeviceError, dtypes
-from egraph.ir import new_buffer
-from egraph.storage import Storage, disk_map
+from egraph.ir.ops import new_buffer
+from egraph.ir.storage import Storage, disk_map
 
 def _state(p) -> tuple: st = os.stat(p); return st.st_size, st.st_mtime_ns, p.read_bytes()
 

@@ -5,9 +5,9 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
-from egraph.dtype import dtypes, least_upper_dtype, sum_acc_dtype
-from egraph.errors import DTypeError
-from egraph.tensor import Tensor
+from egraph.ir.dtype import dtypes, least_upper_dtype, sum_acc_dtype
+from egraph.ir.errors import DTypeError
+from egraph.frontend.tensor import Tensor
 
 DEVICES = ("CPU", "PYTHON")
 INTS = [d for d in dtypes.ints]

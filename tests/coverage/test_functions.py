@@ -3,7 +3,7 @@ CALLs with their own output buffers (spec §4.2.1, EX6), including GETTUPLE rema
 import numpy as np
 import pytest
 from egraph import Tensor, function, callify, CallsatError
-from egraph.ir import Node, Ops, toposort
+from egraph.ir.ops import Ops, toposort
 
 @function
 def axpy(x, y): return x * 2 + y

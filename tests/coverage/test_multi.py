@@ -3,7 +3,7 @@ the PYTHON devices (the same programs on CPU devices, natively: test_multi_nativ
 import numpy as np
 import pytest
 from egraph import Tensor, callify, dtypes, ShapeError, UnsupportedOpError
-from egraph.ir import Ops, toposort
+from egraph.ir.ops import Ops, toposort
 
 DEVS = ("PYTHON", "PYTHON:1")
 X = np.arange(8, dtype=np.float32).reshape(4, 2)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, HealthCheck, strategies as st
 from egraph import Tensor, callify, dtypes, function, CallsatError, UnsupportedOpError
-from egraph.ir import Node, Ops, ParamArg, new_buffer, const
-from lower.cache import CACHE
+from egraph.ir.ops import Node, Ops, ParamArg, new_buffer, const
+from lower.device.cache import CACHE
 from lower.runtime import run_call
-from lower.kernelize import kernelize
-from lower.mem import arg_binding
+from lower.schedule.kernelize import kernelize
+from lower.schedule.mem import arg_binding
 
 def devs(kind, n): return (kind,) + tuple(f"{kind}:{i}" for i in range(1, n))
 
@@ -144,7 +144,7 @@ def test_store_into_a_view_of_a_multi_is_refused_by_name():
 
 def test_cuda_shards_are_refused():
   t = Tensor([1., 2]).shard(devs("CUDA", 2)) + 1
-  from lower.cuda import render
+  from lower.render.cuda.render import render
   with pytest.raises(UnsupportedOpError, match="multi-device"): render(callify(t).call)
   with pytest.raises(UnsupportedOpError, match="CUDA"): t.numpy()
 

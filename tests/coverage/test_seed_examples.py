@@ -1,14 +1,10 @@
 """Spec §4.6 examples added by the seed-coverage work (EX4 bitcast view, EX5 view assign, EX5d copy assign) and the
 §7 invariants 11-14 (coverage, aliasing, fresh buffers, write set) as properties over random graphs."""
-import math
 import numpy as np
 from hypothesis import given, settings, HealthCheck
 from egraph import Tensor, dtypes, callify
-from egraph.ir import Node, Ops, GroupOp, toposort, new_buffer
-from egraph.encode import realize_points
-from egraph.storage import Storage
-from lower.runtime import run_call
-from lower.reference import evaluate
+from egraph.ir.ops import Node, Ops, GroupOp, toposort
+from egraph.engine.encode import realize_points
 from graphgen import graphs
 
 def storage_of(v: Node) -> Node:
@@ -86,7 +82,6 @@ def test_invariants_11_to_14(g):
     assert b in inputs or b in fresh or (b.op is Ops.BUFFER and b.arg.size == 0), (k, v)
   assert len(fresh) <= len(M)
   # 14 write set: written buffers are the targets of top-level AFTERs with a STORE or CALL dependency
-  pos = {id(a): i for i, a in enumerate(args)}
   written = set()
   for n in toposort([body], enter_calls=False):
     if n.op is Ops.AFTER and any(d.op in (Ops.STORE, Ops.CALL) for d in n.src[1:]):

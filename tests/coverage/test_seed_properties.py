@@ -2,12 +2,11 @@
 precompiled and plain functions, sharded and replicated tensors, symbolic shapes, disk copies, view assigns, bitcast
 views. Values are checked on the PYTHON devices (the reference executor) against evaluating the original graph."""
 import numpy as np
-import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import Tensor, dtypes, callify, function, Variable
-from egraph.ir import Node, Ops, GroupOp, toposort, substitute, is_shard
-from egraph.encode import realize_points, assigns_into_computed
-from egraph.storage import STORAGE
+from egraph.ir.ops import Node, Ops, GroupOp, toposort, substitute, is_shard
+from egraph.engine.encode import realize_points, assigns_into_computed
+from egraph.ir.storage import STORAGE
 from lower.runtime import run_call
 from lower.reference import evaluate
 
@@ -70,7 +69,6 @@ def test_invariants_and_values_on_seed_programs(data, tmp_path_factory):
   fresh = {a for a in args if a.op is Ops.BUFFER and a not in inputs}
   for k, v in M.items():                                                                       # 12 aliasing
     if k.op is Ops.AFTER and not assigns_into_computed(k): assert storage_of(v) is storage_of(k.src[0]), (k, v)
-  pos = {id(a): i for i, a in enumerate(args)}
   written = set()
   for n in toposort([body], enter_calls=False):                                               # 14 write set
     if n.op is Ops.AFTER and any(d.op in (Ops.STORE, Ops.CALL) for d in n.src[1:]):

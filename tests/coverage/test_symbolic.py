@@ -3,8 +3,8 @@ values stripped from the body (one cache key for every value), reads at the boun
 import numpy as np
 import pytest
 from egraph import Tensor, Variable, callify, ShapeError
-from egraph.ir import Ops, toposort
-from egraph.symbolic import HostDim
+from egraph.ir.ops import Ops, toposort
+from egraph.ir.symbolic import HostDim
 
 V = Variable("v", 1, 8)
 

@@ -3,13 +3,13 @@ point's storage (the bridge's mode); the default gives it a fresh buffer (spec r
 in 0.14's reading the point's storage then holds what was written (tinygrad's tensor is the assign from then on)."""
 import numpy as np
 import pytest
-from egraph.tensor import Tensor
-from egraph.driver import callify
-from egraph.encode import encode
-from egraph.errors import CallsatError
-from egraph.ir import Ops
+from egraph.frontend.tensor import Tensor
+from egraph.engine.driver import callify
+from egraph.engine.encode import encode
+from egraph.ir.errors import CallsatError
+from egraph.ir.ops import Ops
 from lower.runtime import run_call, read
-from egraph.storage import STORAGE
+from egraph.ir.storage import STORAGE
 
 def _base(v):
   while v.op is not Ops.BUFFER: v = v.src[0]
@@ -52,8 +52,8 @@ def test_pins_follow_the_mode():
 
 def test_contiguous_range_of_a_per_device_buffer_is_a_view():
   """A replicated (tuple-device) BUFFER: a contiguous slice of it is each device's own SLICE, no copy (as tinygrad)."""
-  from egraph.ir import new_buffer
-  from egraph.dtype import dtypes
+  from egraph.ir.ops import new_buffer
+  from egraph.ir.dtype import dtypes
   b = new_buffer(12, dtypes.float32, ("PYTHON", "PYTHON:1"))
   v = b.reshape((4, 3)).shrink(((1, 3), (0, 3))).contiguous()
   res = callify(v, cache=False)
@@ -67,8 +67,8 @@ def test_bitcast_is_a_view_only_where_tinygrad_folds_it():
   """tinygrad 0.14 folds a BITCAST into a retyped view only under a CONTIGUOUS or COPY, as a STORE's target or as a
   realize point; one a kernel reads stays in that kernel (the CALL passes the buffer in its own dtype: a bfloat16 view
   there gave tinygrad a `__bf16*` kernel argument clang cannot compile). The spec's reading (rule 3) views every one."""
-  from egraph.ir import Node, new_buffer
-  from egraph.dtype import dtypes
+  from egraph.ir.ops import Node, new_buffer
+  from egraph.ir.dtype import dtypes
   b = new_buffer(8, dtypes.int16, "CPU")
   read_by_kernel = Node(Ops.CAST, dtypes.float32, (Node(Ops.BITCAST, dtypes.bfloat16, (b,)),))
   realized_itself = Node(Ops.BITCAST, dtypes.int32, (b.shrink(((2, 6),)),))

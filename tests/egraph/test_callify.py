@@ -3,9 +3,9 @@ import json, time, math
 import numpy as np
 import pytest
 from egraph import callify, Limits, Schedule, CostModel, CallsatError, EngineError
-from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, new_buffer, const, toposort, render
-from egraph.dtype import dtypes
-from egraph.storage import Storage
+from egraph.ir.ops import Node, Ops, ParamArg, new_buffer, const, toposort, render
+from egraph.ir.dtype import dtypes
+from egraph.ir.storage import Storage
 from lower.runtime import run_call
 from lower.reference import evaluate
 
@@ -186,9 +186,9 @@ def test_node_and_time_limits_are_reported():
 
 def test_stop_reasons_are_one_enum_from_one_check():
   """Saturation, the ordered mode and explain's stepwise run all stop through Runner.check_limits, with StopReason."""
-  from egraph.runner import StopReason, Runner, SCHEDULE_PRESETS
-  from egraph.explain import explain
-  from egraph.encode import encode
+  from egraph.engine.runner import StopReason, Runner, SCHEDULE_PRESETS
+  from egraph.tools.explain import explain
+  from egraph.engine.encode import encode
   assert [r.value for r in StopReason] == ["saturated", "node_limit", "iteration_limit", "time_limit"]
   for sched in ("saturate", "reference"):
     for lim, want in ((Limits(nodes=1), StopReason.NODE_LIMIT), (Limits(seconds=-1), StopReason.TIME_LIMIT),
@@ -207,7 +207,7 @@ def test_stop_reasons_are_one_enum_from_one_check():
 def test_the_time_budget_covers_extraction(monkeypatch):
   """Saturation may finish inside Limits.seconds while extraction runs past it: the report says time_limit, and the
   CALL is still the extracted, valid one."""
-  import egraph.driver as drv
+  import egraph.engine.driver as drv
   real = drv.extract_call
   def slow(sat, model, deadline=float("inf")):
     out = real(sat, model, deadline)
@@ -236,7 +236,7 @@ def test_bad_presets_and_inputs_raise_callsat_errors():
   with pytest.raises(CallsatError, match="Tensors or Nodes"): callify(3)
 
 def test_egglog_panics_become_engine_errors():
-  from egraph.runner import guarded
+  from egraph.engine.runner import guarded
   def boom(): raise BaseException("rust panic")   # pyo3's PanicException derives from BaseException
   with pytest.raises(EngineError, match="while testing"): guarded("testing", boom)
 
@@ -274,7 +274,7 @@ def test_cache_reuses_saturation_for_new_buffers_and_mints_fresh_outputs():
 
 def test_cache_misses_on_other_structure_and_options():
   a = buf((4,))
-  r1 = callify(Node(Ops.ADD, None, (a, a)))
+  callify(Node(Ops.ADD, None, (a, a)))   # warms the cache with ADD
   assert not callify(Node(Ops.MUL, None, (a, a))).report.cache_hit
   assert not callify(Node(Ops.ADD, None, (a, a)), cost="nodes").report.cache_hit
   assert callify(Node(Ops.ADD, None, (a, a))).report.cache_hit

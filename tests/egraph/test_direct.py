@@ -1,22 +1,22 @@
-"""The all-materialized CALL from the graph without encoding (egraph/direct.py): node for node what the Encoding's
+"""The all-materialized CALL from the graph without encoding (egraph/engine/direct.py): node for node what the Encoding's
 fallback builds (`materialized_call(encode(roots))`), its keys, counts and baseline cost, over its own fresh buffers;
 callify takes it when the toposort's time already says the e-graph cannot fit."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck
 from egraph import Tensor, callify, Limits
-from egraph.ir import Node, Ops, toposort, substitute
-from egraph.dtype import dtypes
-from egraph.encode import encode
-from egraph.extract import baseline_cost
-from egraph.cost import COST_PRESETS, CostModel
-from egraph.errors import CallsatError
-from egraph.runner import StopReason
-from egraph.direct import plan
-from egraph.build import materialized_call, build_plan
-from egraph.driver import Budget
-from rules.soundness import call_violations
-from rules.strategies import PLANTED
+from egraph.ir.ops import Node, Ops, toposort, substitute
+from egraph.ir.dtype import dtypes
+from egraph.engine.encode import encode
+from egraph.engine.extract import baseline_cost
+from egraph.engine.cost import COST_PRESETS, CostModel
+from egraph.ir.errors import CallsatError
+from egraph.engine.runner import StopReason
+from egraph.engine.direct import plan
+from egraph.engine.build import materialized_call, build_plan
+from egraph.engine.driver import Budget
+from rules.testing.soundness import call_violations
+from rules.testing.strategies import PLANTED
 from graphgen import graphs, rule_graphs, chain
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -123,7 +123,7 @@ def test_the_prediction_needs_a_slow_toposort():
 
 def test_the_cache_key_is_made_only_where_it_can_hit_or_is_stored(monkeypatch):
   """The key costs a third of encoding: a fallback needs none, a graph of no cached graph's size only to be stored."""
-  import egraph.driver as drv
+  import egraph.engine.driver as drv
   made = []
   real = drv.graph_key
   monkeypatch.setattr(drv, "graph_key", lambda *a: made.append(1) or real(*a))

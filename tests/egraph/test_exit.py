@@ -6,9 +6,9 @@ CODE = """
 import sys; sys.path[:0] = [".", "bench", "tests"]
 from hypothesis import given, settings, HealthCheck
 from graphgen import graphs
-from egraph.ir import Node, Ops, new_buffer
-from egraph.dtype import dtypes
-from egraph.encode import encode
+from egraph.ir.ops import Node, Ops, new_buffer
+from egraph.ir.dtype import dtypes
+from egraph.engine.encode import encode
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(graphs(dtype=None))
 def t(g): encode(g.roots)

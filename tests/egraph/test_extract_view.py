@@ -1,15 +1,15 @@
 """The extraction's fast paths give the general paths' answers: EGraphView's columns read in numpy equal the plain
 row-by-row reading (raw e-class ids and interned Values alike), the first-appearance numbering equals dict.fromkeys's
 (dense table and sort), and the vectorized forced-Knuth test equals the e-node by e-node one."""
-import collections, heapq, itertools, operator, random
+import collections, heapq, itertools, random
 import numpy as np
 import pytest
 from egraph import Tensor
-from egraph.encode import encode
-from egraph.cost import COST_PRESETS
-from egraph.driver import saturate
-from egraph import extract as ext, fusion
-
+from egraph.engine.encode import encode
+from egraph.engine.cost import COST_PRESETS
+from egraph.engine.driver import saturate
+from egraph.engine import extract as ext
+from egraph.fusion import solve as fusion
 def _graph(kind: str):
   """A saturated e-graph: a small chain (rules mode), or a softmax-and-matmul program with candidates (cost mode)."""
   rng = np.random.default_rng(0)

@@ -1,13 +1,13 @@
-"""The four fp8 dtypes on the host (egraph.dtype): the table against tinygrad 0.14's, decoding all 256 patterns and
+"""The four fp8 dtypes on the host (egraph.ir.dtype): the table against tinygrad 0.14's, decoding all 256 patterns and
 encoding a sweep (ties, subnormals, overflow, inf, NaN, -0) bit for bit against tinygrad's fp8_to_float /
 float_to_fp8, and the numpy reference (lower/numeric.py) computing in float32 and rounding back as tinygrad rounds."""
 import math
 import ml_dtypes
 import numpy as np
 import pytest
-from egraph.dtype import dtypes, to_fp8_bits, as_np, least_upper_dtype, sum_acc_dtype, FP8
-from egraph.errors import DTypeError
-from egraph.ir import Ops
+from egraph.ir.dtype import dtypes, to_fp8_bits, as_np, least_upper_dtype, sum_acc_dtype, FP8
+from egraph.ir.errors import DTypeError
+from egraph.ir.ops import Ops
 from lower import numeric
 from fp8_oracle import sweep, tinygrad_bits, tinygrad_values, tinygrad_dtype
 

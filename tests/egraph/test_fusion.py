@@ -4,15 +4,15 @@ import dataclasses, itertools, math, sys, time
 import numpy as np
 import pytest
 from egraph import Tensor, callify
-from egraph.ir import Node, Ops, GroupOp, toposort
-from egraph.errors import CallsatError
-from egraph.runner import Limits, Schedule
-from egraph.timemodel import TimeModel
-from egraph import fusion
-from egraph.fusion import Partition, solve, mark, fusion_mode
-from egraph.greedy import worth_flipping
-from lower import kernelize as kz
-from lower.mem import arg_binding
+from egraph.ir.ops import Node, Ops, GroupOp, toposort
+from egraph.ir.errors import CallsatError
+from egraph.engine.runner import Limits, Schedule
+from egraph.fusion.timemodel import TimeModel
+from egraph.fusion import solve as fusion
+from egraph.fusion.solve import Partition, solve, mark, fusion_mode
+from egraph.fusion.greedy import worth_flipping
+from lower.schedule import kernelize as kz
+from lower.schedule.mem import arg_binding
 from lower.runtime import run_call, read
 from rules.registry import RULES
 
@@ -270,7 +270,7 @@ def test_lowering_computes_unsplit_reduces():
   """A cost-mode CALL whose partition stores nothing: every reduce (softmax's max and sum under a broadcast, a matmul
   under elementwise ops, a reduce of a reduce) is computed where it is read, and the values stay right."""
   assert kz.COST_SINK == fusion.COST_SINK
-  a, b, w = Tensor(A).realize(), Tensor(B).realize(), Tensor(W).realize()
+  a, w = Tensor(A).realize(), Tensor(W).realize()
   for t, want in [(a.softmax(), None), ((a @ w + 1).relu(), np.maximum(A @ W + 1, 0)), (a.sum(axis=1).max(), A.sum(axis=1).max()),
                   (a - a.mean(axis=0, keepdim=True), A - A.mean(axis=0, keepdims=True))]:
     res = callify(t, fusion="rules", cache=False)
@@ -287,7 +287,7 @@ def test_lowering_computes_unsplit_reduces():
 def test_ordering_kit_covers_the_fusion_rule():
   """`callsat order` with fusion="cost": random orders run store_candidate too; the saturated partition is never
   predicted slower than the reference order's (which has no candidate stores)."""
-  from egraph import ordering
+  from egraph.tools import ordering
   assert "store_candidate" in ordering.orderable_rules()
   r = ordering.run_graph("model:mlp", k=2, fusion="cost")
   assert all(x.predicted_s is not None for x in [r.saturated, r.reference, *r.orders])
@@ -330,10 +330,10 @@ def _rules_like_per_kernel(p: Partition) -> frozenset:
 
 def _extracted(ts):
   """(Partition over the decoded terms, its candidates' classes, and what rules_like_ids reads) of a cost-mode e-graph."""
-  from egraph.encode import encode
-  from egraph.driver import saturate, extract_call
-  from egraph.cost import COST_PRESETS
-  from egraph.extract import reached_classes
+  from egraph.engine.encode import encode
+  from egraph.engine.driver import saturate, extract_call
+  from egraph.engine.cost import COST_PRESETS
+  from egraph.engine.extract import reached_classes
   enc = encode([t.node for t in ts], "fresh")
   cands = fusion.add_candidates(enc)
   sat = saturate(enc)
@@ -395,7 +395,7 @@ def test_graphs_too_big_to_cost_run_the_rules(monkeypatch):
 def test_big_graphs_mint_no_shared_candidates(monkeypatch):
   """Above SHARED_MAX_NODES inserted nodes only reduces and broadcast operands get stored forms (what the rules-like
   answer can store); below, shared values too."""
-  from egraph.encode import encode
+  from egraph.engine.encode import encode
   ts = shared(*(Tensor(z).realize() for z in (A, B, W, V, X)))
   small = fusion.add_candidates(encode([t.node for t in ts], "fresh"))
   monkeypatch.setattr(fusion, "SHARED_MAX_NODES", 1)
@@ -421,10 +421,10 @@ def test_stored_intermediates_are_temporaries(monkeypatch):
   """A stored candidate's buffer holds no tensor: the CALL marks it (CallInfo.temps), lowering binds it to scratch in
   its arena, and no storage is allocated for it (nor by the numpy reference); the checker accepts the CALL and the
   values are the reference's and the rules mode's."""
-  from egraph.storage import STORAGE
-  from lower.native import memory_plan
+  from egraph.ir.storage import STORAGE
+  from lower.device.native import memory_plan
   from lower.reference import evaluate
-  from rules.soundness import call_violations
+  from rules.testing.soundness import call_violations
   monkeypatch.setenv("CALLSAT_FUSION", "cost")
   for prog in (attention, layernorm, shared):
     ts = prog(*(Tensor(z).realize() for z in (A, B, W, V, X)))
@@ -467,9 +467,9 @@ def test_temporaries_of_a_lazy_call_inside_another(monkeypatch):
 
 def test_checker_refuses_bad_temporaries():
   """A temporary is garbage when the CALL starts: reading it before a store, or keeping a tensor in it, is refused."""
-  from egraph.ir import CallInfo, new_buffer, const
-  from egraph.dtype import dtypes
-  from rules.soundness import call_violations
+  from egraph.ir.ops import CallInfo, new_buffer, const
+  from egraph.ir.dtype import dtypes
+  from rules.testing.soundness import call_violations
   x, t, out = (new_buffer(16, dtypes.float32, "CPU") for _ in range(3))
   px, pt, po = x.param(0), t.param(1), out.param(2)
   def c(v, like): return const(v, dtypes.float32, "CPU").reshape((1,)).expand(like.shape)
@@ -486,7 +486,7 @@ def test_checker_refuses_bad_temporaries():
 def test_cache_hits_keep_temporaries_and_mint_outputs(monkeypatch):
   """A cost-mode program realized again hits callify's cache: the outputs are new buffers, the temporaries the same
   BUFFERs (no executor gives them storage), and the values follow the new inputs."""
-  from egraph.storage import STORAGE
+  from egraph.ir.storage import STORAGE
   monkeypatch.setenv("CALLSAT_FUSION", "cost")
   a1, a2 = Tensor(A).realize(), Tensor(B).realize()
   r1, r2 = callify(a1.softmax(axis=1)), callify(a2.softmax(axis=1))

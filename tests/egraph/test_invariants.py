@@ -2,8 +2,8 @@
 import numpy as np
 from hypothesis import given, settings, HealthCheck
 from egraph import callify
-from egraph.ir import Node, Ops, GroupOp, CallInfo, toposort, substitute, new_buffer
-from egraph.dtype import dtypes
+from egraph.ir.ops import Node, Ops, GroupOp, CallInfo, toposort, substitute, new_buffer
+from egraph.ir.dtype import dtypes
 from graphgen import graphs, reference_values, executed_values
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -8,21 +8,21 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck
 from egraph import Tensor, function, callify, Limits, Variable
-from egraph.ir import Node, Ops, CallInfo, new_buffer, toposort
-from egraph.dtype import dtypes
-from egraph.errors import EngineError
-from egraph.encode import encode
-from egraph.cost import COST_PRESETS
-from egraph.runner import StopReason, OutOfBudget, LIMIT_PRESETS
-from egraph.extract import EGraphView
-import egraph.driver as drv
-import egraph.build as bld
-import egraph.extract as ext
-from egraph.driver import materialized_call, saturate, extract_call, storage_view, parameterize, loaded_size, Budget
-from rules.soundness import call_violations
-from egraph.storage import Storage
+from egraph.ir.ops import Node, Ops, CallInfo, new_buffer, toposort
+from egraph.ir.dtype import dtypes
+from egraph.ir.errors import EngineError
+from egraph.engine.encode import encode
+from egraph.engine.cost import COST_PRESETS
+from egraph.engine.runner import StopReason, OutOfBudget, LIMIT_PRESETS
+from egraph.engine.extract import EGraphView
+import egraph.engine.driver as drv
+import egraph.engine.build as bld
+import egraph.engine.extract as ext
+from egraph.engine.driver import materialized_call, saturate, extract_call, storage_view, parameterize, loaded_size, Budget
+from rules.testing.soundness import call_violations
+from egraph.ir.storage import Storage
 from graphgen import Graph, graphs, rule_graphs, reference_values, executed_values, chain
-from rules.strategies import PLANTED
+from rules.testing.strategies import PLANTED
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -61,7 +61,7 @@ def test_materialized_call_is_build_call_over_materialized_ids(g):
 def test_dtypes_are_interned():
   """Equal dtypes are one object however made (hash-cons keys hash them by identity)."""
   import copy, pickle
-  from egraph.dtype import DType
+  from egraph.ir.dtype import DType
   assert DType("float32", 4, 'f', 14) is dtypes.float32 and pickle.loads(pickle.dumps(dtypes.int8)) is dtypes.int8
   assert copy.deepcopy(dtypes.bool) is dtypes.bool and dtypes.float32 == dtypes.float and dtypes.float32 != dtypes.int32
 
@@ -241,7 +241,7 @@ def test_node_limit_between_steps_reports_the_size_reached():
   assert r.stop_nodes == size + 8 == r.e_nodes and f"stop: node_limit at {size + 8} e-nodes" in str(r)
 
 def test_the_runner_records_the_size_at_each_check():
-  from egraph.runner import Runner, SCHEDULE_PRESETS
+  from egraph.engine.runner import Runner, SCHEDULE_PRESETS
   enc = encode([chain(30)])
   run = Runner(SCHEDULE_PRESETS["saturate"])
   run.load(enc.rows, encoding=enc); run.materialize()
@@ -252,7 +252,7 @@ def test_the_runner_records_the_size_at_each_check():
                                    "extracting (Knuth)", "ordering the CALL body", "building the CALL body"])
 def test_out_of_budget_at_any_step_falls_back(where, monkeypatch):
   """Each bounded step checks the budget: running out there gives the materialized CALL, saying where it stopped."""
-  import egraph.runner as run
+  import egraph.engine.runner as run
   real = run.checkpoint
   def at(abort_at, w):
     if w == where and abort_at < float("inf"): raise OutOfBudget(w)   # the fallback itself has no deadline

@@ -1,16 +1,16 @@
-"""Graphs with no decision to make (egraph/direct.py `no_decision`, `settled_on_graph`): no optimize rule can match, so
+"""Graphs with no decision to make (egraph/engine/direct.py `no_decision`, `settled_on_graph`): no optimize rule can match, so
 callify builds the all-stored CALL without the e-graph (`report.settled`), off the graph or off the encoding. It must be node for node the CALL saturation and extraction
 build for the same graph, under every cost model and both assign readings; graphs where a rule may match go through
 the e-graph."""
 import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
-from egraph import driver
-from egraph.driver import callify
-from egraph.ir import Node, Ops, new_buffer, substitute, toposort
-from egraph.dtype import dtypes
-from egraph.direct import COVERED
-from egraph.errors import CallsatError
-from egraph.symbolic import Variable
+from egraph.engine import driver
+from egraph.engine.driver import callify
+from egraph.ir.ops import Node, Ops, new_buffer, substitute, toposort
+from egraph.ir.dtype import dtypes
+from egraph.engine.direct import COVERED
+from egraph.ir.errors import CallsatError
+from egraph.ir.symbolic import Variable
 from rules.registry import RULES
 from graphgen import graphs, rule_graphs
 
@@ -115,3 +115,18 @@ def test_a_graph_a_rule_may_rewrite_goes_through_the_e_graph(make, rule):
   res = callify(r, cache=False, fusion="rules")
   assert not res.report.settled and res.report.iterations > 0
   assert res.report.matches.get(rule, 0) > 0 or rule == "storage_through_reshape"
+
+def test_realize_points_equal_once_markers_drop_share_one_buffer():
+  """CONTIGUOUS(x) beside CONTIGUOUS_BACKWARD(x), and two CONTIGUOUS of one value that differ only by a DETACH: the
+  e-graph merges them once the markers drop (one store); neither shortcut may store them twice (hypothesis found the
+  first: off the encoding it was stored twice)."""
+  a, b = buf(16, dtypes.int32), buf(16, dtypes.int32)
+  x = Node(Ops.ADD, None, (a, a))
+  side = [x.contiguous(), Node(Ops.CONTIGUOUS_BACKWARD, None, (x,))]
+  inner = [Node(Ops.ADD, None, (Node(Ops.DETACH, None, (a,)), b)).contiguous(), Node(Ops.ADD, None, (a, b)).contiguous()]
+  for roots in (side, inner):
+    for assigns in ("fresh", "realized"):
+      check(roots, assigns=assigns)
+    res = callify(*roots, cache=False, fusion="rules")
+    assert not res.report.settled and res.report.stores == 1
+    assert res.buffer_map[roots[0]] is res.buffer_map[roots[1]]

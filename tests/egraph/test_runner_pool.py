@@ -1,11 +1,11 @@
-"""The declared e-graph pool (egraph/runner.py DeclaredPool): a reused e-graph gives what a new one gives, and each
+"""The declared e-graph pool (egraph/engine/runner.py DeclaredPool): a reused e-graph gives what a new one gives, and each
 thread keeps its own (egglog's EGraph lives and dies on the thread that made it)."""
 import threading
 import pytest
 from egraph import callify
-from egraph.ir import Node, Ops, new_buffer
-from egraph.dtype import dtypes
-from egraph.runner import DECLARED
+from egraph.ir.ops import Node, Ops, new_buffer
+from egraph.ir.dtype import dtypes
+from egraph.engine.runner import DECLARED
 
 def _graphs():
   a, b = new_buffer(12, dtypes.float32, "CPU").reshape((3, 4)), new_buffer(12, dtypes.float32, "CPU").reshape((3, 4))
@@ -49,7 +49,7 @@ def test_row_folders_go_with_their_threads(tmp_path, monkeypatch, memory_fs):
   """Each thread loads rows through a folder of its own, kept between callifies and removed when the thread ends: in
   the memory filesystem where there is one, else in the temp dir."""
   import gc, tempfile
-  import egraph.runner as runner
+  import egraph.engine.runner as runner
   monkeypatch.setattr(runner, "_MEMORY_FS", str(tmp_path) if memory_fs else str(tmp_path / "absent"))
   monkeypatch.setattr(tempfile, "tempdir", None if memory_fs else str(tmp_path))
   def work():

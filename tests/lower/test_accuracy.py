@@ -6,12 +6,12 @@ import shutil
 import numpy as np
 import pytest
 from egraph import callify
-from egraph.tensor import Tensor
-from egraph.dtype import dtypes
-from egraph.ir import Node, Ops, new_buffer
-from egraph.storage import Storage
-from lower import cuda, native
-
+from egraph.frontend.tensor import Tensor
+from egraph.ir.dtype import dtypes
+from egraph.ir.ops import Node, Ops, new_buffer
+from egraph.ir.storage import Storage
+from lower.render.cuda import render as cuda
+from lower.device import native
 N = 20_000_000          # big enough that one float32 accumulator drifts (it was 3e-5 off for 0.1), ~0.1 s a sum
 ULP = 2.0 ** -24        # a floor for numpy's error where it happens to be exact
 
@@ -83,7 +83,7 @@ def test_row_and_column_sums(data, shape, kind):
 @pytest.mark.parametrize("threads,pool", [(1, True), (2, True), (2, False), (3, False)])
 def test_same_bits_whatever_the_thread_split(monkeypatch, data, threads, pool):
   """Kernels split over output rows (each output is summed by one thread), a full sum into partial sums first: the
-  same bits with 1-3 threads, on the native pool or on Python workers (lower/threads.py), in many rounds."""
+  same bits with 1-3 threads, on the native pool or on Python workers (lower/device/threads.py), in many rounds."""
   x = data["uniform"][:12_000_000]
   def sums(): return [Tensor(x).sum().numpy(), Tensor(x.reshape(3000, 4000)).sum(axis=1).numpy(),
                       Tensor(x.reshape(4000, 3000)).sum(axis=0).numpy()]

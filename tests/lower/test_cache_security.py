@@ -5,15 +5,15 @@ import hashlib, os, pwd, stat
 from pathlib import Path
 import numpy as np
 import pytest
-import lower.cache
-from lower import cuda_driver as drv
-from lower.cache import DiskCache, KernelCache, looks_like_object
+import lower.device.cache
+from lower.device import cuda_driver as drv
+from lower.device.cache import DiskCache, KernelCache, looks_like_object
 from egraph import Tensor
 
 def _run(monkeypatch, disk, scale: float) -> KernelCache:
   """x * scale + 1 on a fresh KernelCache over `disk` (a fresh process, as far as the cache knows); values checked."""
   c = KernelCache(disk)
-  monkeypatch.setattr(lower.cache, "CACHE", c)
+  monkeypatch.setattr(lower.device.cache, "CACHE", c)
   X = np.random.default_rng(3).standard_normal((37, 41)).astype(np.float32)
   np.testing.assert_allclose((Tensor(X, device="CPU") * scale + 1).numpy(), X * np.float32(scale) + 1, rtol=1e-6)
   return c

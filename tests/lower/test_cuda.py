@@ -1,19 +1,19 @@
-"""The CUDA renderer (lower/cuda.py) without a GPU: every kernel of the corpus compiles with `nvcc --ptx -arch=sm_90`
-(skipped without nvcc), and the same source, compiled as C++ against lower/cuda_emu.h (each CUDA thread a fiber),
+"""The CUDA renderer (lower/render/cuda/render.py) without a GPU: every kernel of the corpus compiles with `nvcc --ptx -arch=sm_90`
+(skipped without nvcc), and the same source, compiled as C++ against lower/device/cuda_emu.h (each CUDA thread a fiber),
 matches the numpy reference on the corpus, under GPU-like and tiny launch shapes, and on hypothesis programs. A
 deliberately removed `__syncthreads` gives a wrong result (the emulation is faithful to barriers). One translation unit
 per module: compiled once."""
-import importlib.util, os, shutil, subprocess, sys
+import importlib.util, os, shutil, sys
 import numpy as np
 import pytest
 from egraph import Tensor, callify
-from egraph.dtype import dtypes
-from egraph.errors import DeviceError
-from egraph.ir import Node, Ops, new_buffer
-from lower import cuda, cuda_driver as drv
+from egraph.ir.dtype import dtypes
+from egraph.ir.errors import DeviceError
+from egraph.ir.ops import Ops
+from lower.render.cuda import render as cuda
+from lower.device import cuda_driver as drv
 from lower.reference import evaluate
-from egraph.storage import Storage, STORAGE
-from lower.runtime import run_call
+from egraph.ir.storage import Storage, STORAGE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 spec = importlib.util.spec_from_file_location("make_gpu_corpus", os.path.join(ROOT, "bench", "make_gpu_corpus.py"))
@@ -95,7 +95,7 @@ def _sync_cases():
 def _two_reduce_plan(source_filter=lambda s: s):
   """A hand-built kernel whose second reduction reads the first one's total in every thread: out[i] = sum_r (x[i, r] -
   max_s x[i, s]) + max_s x[i, s] (the scheduler splits such kernels; the IR allows them)."""
-  from lower.kernel import Kernel, Param, Store, Expr, Idx, Var
+  from lower.schedule.kernel import Kernel, Param, Store, Expr, Idx, Var
   f32 = dtypes.float32
   i, r, s = Var("i0", 4), Var("r0", 1000), Var("r1", 1000)
   ld = lambda v: Expr('load', f32, (), (1, Idx.var(i) * 1000 + Idx.var(v), ()))
@@ -149,7 +149,7 @@ def test_cuda_device_without_a_gpu_raises_device_error():
   with pytest.raises(DeviceError, match="CUDA.*libcuda"): (x * 2).numpy()
 
 def test_cli_cuda_writes_a_translation_unit(tmp_path):
-  from egraph.cli import main
+  from egraph.tools.cli import main
   out = tmp_path / "mlp.cu"
   with M.host_rand(): assert main(["cuda", "--model", "mlp", "--out", str(out)]) == 0
   src = out.read_text()

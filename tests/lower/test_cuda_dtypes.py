@@ -1,4 +1,4 @@
-"""The CUDA renderer over all 17 dtypes, under the CPU emulator (lower/cuda_emu.h), against the numpy reference
+"""The CUDA renderer over all 17 dtypes, under the CPU emulator (lower/device/cuda_emu.h), against the numpy reference
 (lower/reference.py, i.e. lower/numeric.py): every ALU op each dtype accepts on edge values (every pair of them for binary
 ops), every CAST pair, every same-size BITCAST, THREEFRY, and ADD/MUL/MAX reduces in the serial and block forms. Ints,
 bools, casts and bitcasts match bit for bit; float results match exactly too (NaN for NaN, -0 == 0) except the
@@ -7,11 +7,14 @@ compile as one translation unit: one g++ run."""
 import shutil
 import numpy as np
 import pytest
-from egraph.dtype import DType, dtypes, as_np
-from egraph.errors import UnsupportedOpError
-from egraph.ir import Node, Ops, GroupOp, new_buffer, ParamArg, CallInfo
-from egraph.storage import Storage
-from lower import cuda, cuda_ops, numeric, cuda_driver as drv
+from egraph.ir.dtype import DType, dtypes, as_np
+from egraph.ir.errors import UnsupportedOpError
+from egraph.ir.ops import Node, Ops, GroupOp, new_buffer, ParamArg, CallInfo
+from egraph.ir.storage import Storage
+from lower import numeric
+from lower.render.cuda import render as cuda
+from lower.render.cuda import ops as cuda_ops
+from lower.device import cuda_driver as drv
 from lower.reference import evaluate
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
@@ -24,7 +27,7 @@ TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12,   #
        "fp8e4m3": 0.13, "fp8e4m3fnuz": 0.13, "fp8e5m2": 0.26, "fp8e5m2fnuz": 0.26}
 
 def accepts(op, dt: DType) -> bool:
-  """The ops egraph/ir.py builds for dt (bool: the logical ones and IDIV/MOD)."""
+  """The ops egraph/ir/ops.py builds for dt (bool: the logical ones and IDIV/MOD)."""
   if op in GroupOp.FloatOnly: return dt.is_float()
   if op in (Ops.FLOORDIV, Ops.FLOORMOD, Ops.SHL, Ops.SHR): return dt.is_int()
   if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD): return not dt.is_float()

@@ -1,13 +1,14 @@
-"""The on-disk kernel cache (lower.cache.DiskCache): a fresh process loads its modules' objects instead of compiling them,
+"""The on-disk kernel cache (lower.device.cache.DiskCache): a fresh process loads its modules' objects instead of compiling them,
 with the values numpy gives; corrupt entries, another CPU, eviction, concurrent writers, an unwritable directory and the
 environment switches."""
 import json, os, subprocess, sys, threading
 from pathlib import Path
 import numpy as np
 import pytest
-import lower.cache
-from lower import compiler, llvmjit
-from lower.cache import DiskCache, KernelCache, disk_dir
+import lower.device.cache
+from lower.device import compiler
+from lower.device import llvmjit
+from lower.device.cache import DiskCache, KernelCache, disk_dir
 from egraph import Tensor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, os, numpy as np
 from egraph import Tensor
-from lower.cache import CACHE
+from lower.device.cache import CACHE
 if os.environ.get("PRE"):     # another matmul first: the renderer's loop-metadata counter moves on
   (Tensor(np.ones((48, 48), np.float32), device="CPU") @ Tensor(np.ones((48, 48), np.float32), device="CPU")).numpy()
 rng = np.random.default_rng(0)
@@ -62,16 +63,16 @@ def test_fresh_process_loads_from_disk(tmp_path):
   assert r["disk_hits"] == 2 and r["modules"] == r["disk_misses"] >= 1
 
 def test_module_text_independent_of_history(monkeypatch):
-  import itertools, lower.llvm_fn
+  import itertools, lower.render.llvm.function
   rng = np.random.default_rng(2)
   a, b = Tensor(rng.standard_normal((8, 300), dtype=np.float32), device="CPU"), Tensor(rng.standard_normal((300, 40), dtype=np.float32), device="CPU")
   c = KernelCache()
-  monkeypatch.setattr(lower.cache, "CACHE", c)
+  monkeypatch.setattr(lower.device.cache, "CACHE", c)
   np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5, atol=1e-4)
   ks = [(k, f"k{i}") for i, k in enumerate(f.kernel for f in c._fns.values())]
   t0 = compiler.module_text(ks)
   assert "!llvm.loop !" in t0
-  monkeypatch.setattr(lower.llvm_fn, "_LOOP_IDS", itertools.count(99_990, 2))   # ids of other digit counts sort differently
+  monkeypatch.setattr(lower.render.llvm.function, "_LOOP_IDS", itertools.count(99_990, 2))   # ids of other digit counts sort differently
   assert compiler.module_text(ks) == t0 == compiler.module_text(ks)
 
 def test_off_without_env_var(tmp_path):
@@ -83,12 +84,12 @@ def test_off_without_env_var(tmp_path):
   assert disk_dir({"CALLSAT_CACHE": "1"}) == os.path.expanduser("~/.cache/callsat")
 
 # ---------------------------------------------------------------------------------------------------------------------
-# in process: a fresh KernelCache stands for a fresh process (run_native reads lower.cache.CACHE at each call)
+# in process: a fresh KernelCache stands for a fresh process (run_native reads lower.device.cache.CACHE at each call)
 
 def _run(monkeypatch, disk, scale: float) -> tuple[KernelCache, np.ndarray]:
   """(x * scale + 1) @ y on a new KernelCache over `disk`; checks the values against numpy."""
   c = KernelCache(disk)
-  monkeypatch.setattr(lower.cache, "CACHE", c)
+  monkeypatch.setattr(lower.device.cache, "CACHE", c)
   rng = np.random.default_rng(1)
   X, Y = rng.standard_normal((40, 24), dtype=np.float32), rng.standard_normal((24, 48), dtype=np.float32)
   out = ((Tensor(X, device="CPU") * scale + 1) @ Tensor(Y, device="CPU")).numpy()

@@ -1,15 +1,15 @@
-"""lower/kernelize._order, indexed by root, against the pairwise comparison it replaced (the oracle below), on the
+"""lower/schedule/kernelize._order, indexed by root, against the pairwise comparison it replaced (the oracle below), on the
 groups of real CALLs: assigns into views and overlapping slices (reads that must see the state before the CALL's
 writes), shared values, the fusion corpus and random graphs."""
 import os, sys
 import numpy as np
 import pytest
 from egraph import Tensor, callify
-from egraph.dtype import dtypes
-from egraph.ir import Node, Ops
-from egraph.storage import Storage
-from lower import kernelize
-from lower.work import program_of
+from egraph.ir.dtype import dtypes
+from egraph.ir.ops import Node, Ops
+from egraph.ir.storage import Storage
+from lower.schedule import kernelize
+from lower.schedule.work import program_of
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import fusion_programs
@@ -128,7 +128,7 @@ def test_groups_share_what_the_fusion_cap_realizes(monkeypatch):
 
 def test_toposort_stops_at_the_ids_it_is_given():
   """`stop` lists a node without entering it (what earlier groups realized: a group's walk ends there), except a root."""
-  from egraph.ir import toposort, new_buffer
+  from egraph.ir.ops import toposort, new_buffer
   a, b = new_buffer(4, dtypes.float32, "CPU"), new_buffer(4, dtypes.float32, "CPU")
   s = Node(Ops.ADD, None, (a, b))
   t = Node(Ops.MUL, None, (s, a))

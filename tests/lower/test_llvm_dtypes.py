@@ -5,17 +5,17 @@ division by zero, INT_MIN // -1. Ints and casts bit for bit; transcendental floa
 import platform
 import numpy as np
 import pytest
-from egraph.dtype import dtypes, as_np
-from egraph.errors import DTypeError, UnsupportedOpError
-from egraph.ir import Node, Ops, GroupOp, ParamArg, CallInfo, new_buffer
-from egraph.storage import Storage
+from egraph.ir.dtype import dtypes, as_np
+from egraph.ir.errors import DTypeError, UnsupportedOpError
+from egraph.ir.ops import Node, Ops, GroupOp, ParamArg, CallInfo, new_buffer
+from egraph.ir.storage import Storage
 from lower.runtime import run_call
 from lower.reference import evaluate
 from lower import numeric
-from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
-from lower.compiler import compile_kernels, module_text
-from lower.llvm_stream import _vec_ok
-from lower.native import launch
+from lower.schedule.kernel import Kernel, Param, Store, Expr, Idx, Var, const
+from lower.device.compiler import compile_kernels, module_text
+from lower.render.llvm.stream import _vec_ok
+from lower.device.native import launch
 
 RNG = np.random.default_rng(7)
 DTS = list(dtypes.all)

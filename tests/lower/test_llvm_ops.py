@@ -1,20 +1,19 @@
 """The LLVM backend op by op against the numpy reference (device CPU), plus effect order, the kernel cache, checked mode,
 DEBUG output, bounded fusion, matmul tiling and errors."""
-import math, os
 import numpy as np
 import pytest
 from egraph import callify, Tensor
-from egraph.dtype import dtypes
-from egraph.errors import UnsupportedOpError, CallsatError
-from egraph.ir import Node, Ops, ParamArg, CallInfo, new_buffer, const
-from egraph.storage import Storage
+from egraph.ir.dtype import dtypes
+from egraph.ir.errors import UnsupportedOpError
+from egraph.ir.ops import Node, Ops, ParamArg, CallInfo, new_buffer, const
+from egraph.ir.storage import Storage
 from lower.runtime import run_call
 from lower.reference import evaluate
-from lower.cache import CACHE
-from lower import kernelize as sched
-from lower.kernel import Kernel, Param, Store, Expr, Idx, Var
-from lower.compiler import compile_kernels
-from lower.native import BoundsError, launch
+from lower.device.cache import CACHE
+from lower.schedule import kernelize as sched
+from lower.schedule.kernel import Kernel, Param, Store, Expr, Idx, Var
+from lower.device.compiler import compile_kernels
+from lower.device.native import BoundsError, launch
 
 def buf(S, data, dt):
   a = np.asarray(data).astype(dt.np).reshape(-1)
@@ -89,7 +88,7 @@ def test_movement_ops_are_index_arithmetic():
   assert len(ks) == len(views)   # one kernel each: no copies for the views
 
 def _bind(c):
-  from lower.mem import arg_binding as _arg_binding
+  from lower.schedule.mem import arg_binding as _arg_binding
   return _arg_binding(c)[0]
 
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool], ids=lambda d: d.name)

@@ -3,14 +3,15 @@ buffers and odd sizes, axis collapsing, and the packed, K-blocked matmul on ragg
 import numpy as np
 import pytest
 from egraph import Tensor, callify
-from egraph.dtype import dtypes
-from egraph.ir import Node, Ops, new_buffer
-from lower import finalize, kernelize as sched
-from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
-from lower.compiler import compile_kernels, module_text
-from lower.mem import arg_binding as _arg_binding
-from lower.native import launch
-from egraph.storage import Storage, STORAGE as STORAGE_
+from egraph.ir.dtype import dtypes
+from egraph.ir.ops import Node, Ops, new_buffer
+from lower.schedule import finalize
+from lower.schedule import kernelize as sched
+from lower.schedule.kernel import Kernel, Param, Store, Expr, Idx, Var, const
+from lower.device.compiler import compile_kernels, module_text
+from lower.schedule.mem import arg_binding as _arg_binding
+from lower.device.native import launch
+from egraph.ir.storage import Storage, STORAGE as STORAGE_
 from lower.runtime import run_call
 from lower.reference import evaluate
 
@@ -148,7 +149,7 @@ def test_streaming_vector_path_values(case):
 
 def test_matmul_kernels_share_precompiled_helpers():
   # packing and the scalar edge are one process-wide helper module; kernels only call it
-  from lower import matmul as L
+  from lower.render.llvm import matmul as L
   M, K, N = 21, 70, 97
   S = Storage()
   def buf(a):
@@ -186,8 +187,9 @@ def test_matmul_kernels_share_precompiled_helpers():
 def test_column_reduces(shape, axis):
   # reduces along a strided axis with a unit-stride output axis (x.sum(axis=0)): COL_W columns per reduce step, also
   # split across threads at any column
-  from lower import llvm as L, native
-  from egraph.storage import STORAGE
+  from lower.render.llvm import module as L
+  from lower.device import native
+  from egraph.ir.storage import STORAGE
   xn = (RNG.standard_normal(shape) * 3).astype(np.float32)
   x = Tensor(xn).realize()
   ax = axis if isinstance(axis, tuple) else (axis,)
@@ -213,8 +215,9 @@ def test_column_reduces(shape, axis):
                                                 ((40, 3, 50), (2, 1, 0), False), ((64, 32), (1, 0), True), ((20, 64), (1, 0), False)])
 def test_transposes_walk_blocks(shape, perm, blocked):
   # a store along j with a load strided along j: TILE_T x TILE_T blocks, ragged edges, split across threads at any row
-  from lower import llvm as L, native
-  from egraph.storage import STORAGE
+  from lower.render.llvm import module as L
+  from lower.device import native
+  from egraph.ir.storage import STORAGE
   for dt in (np.float32, np.int64, np.uint8):
     xn = (RNG.standard_normal(shape) * 50).astype(dt)
     x = Tensor(xn).realize()
@@ -250,8 +253,8 @@ def test_full_reduces_split_into_partials(shape):
 def test_batched_matmul_is_tiled(B, M, K, N):
   # (B, M, K) @ (B, K, N): one tiled plane per batch index, the batch range split across threads; also a shared
   # (broadcast) right operand, a transposed one, and a @ a.T from one buffer
-  from lower import native
-  from lower.kernel import mm_batched
+  from lower.device import native
+  from lower.schedule.kernel import mm_batched
   an, bn = RNG.standard_normal((B, M, K)).astype(np.float32), RNG.standard_normal((B, K, N)).astype(np.float32)
   wn = RNG.standard_normal((K, N)).astype(np.float32)
   a, b, w = Tensor(an).realize(), Tensor(bn).realize(), Tensor(wn).realize()

@@ -10,12 +10,12 @@ import gc
 import numpy as np
 from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import callify
-from egraph.dtype import dtypes
-from egraph.ir import Node, Ops, new_buffer, const, toposort
-from egraph.storage import Storage
+from egraph.ir.dtype import dtypes
+from egraph.ir.ops import Node, Ops, new_buffer, const
+from egraph.ir.storage import Storage
 from lower.runtime import run_call
 from lower.reference import evaluate
-from rules.strategies import factorizations, movement   # one random movement op (the soundness checker draws the same)
+from rules.testing.strategies import factorizations, movement   # one random movement op (the soundness checker draws the same)
 
 SET = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 SHAPES = [(16,), (4, 4), (2, 8), (2, 2, 4), (1, 4, 4), (8,), (2, 4), (3, 5), (1,), (2, 3, 1)]
@@ -119,7 +119,7 @@ def _graphgen():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from graphgen import graphs
     return graphs()
-  except Exception:   # graphgen moves (rules/strategies.py); fall back to the local strategy
+  except Exception:   # graphgen moves (rules/testing/strategies.py); fall back to the local strategy
     return programs().map(lambda p: type("G", (), {"roots": p[0], "storage": p[1]})())
 
 @settings(SET, max_examples=60)
@@ -132,7 +132,7 @@ def test_graphgen_graphs_match_reference(g):
 def test_random_programs_split_across_threads(p, nt):
   # every kernel split into nt chunks whatever its size (chunk edges inside vectors, streams and tiles), on the native
   # threads where the pool has room and on the Python workers otherwise
-  from lower import native
+  from lower.device import native
   old = native.PARALLEL_WORK, native.THREADS
   native.PARALLEL_WORK, native.THREADS = 0, nt
   try: compare(*p)

@@ -5,12 +5,12 @@ integers, at a size with a masked head, full vectors and a masked tail."""
 import platform
 import numpy as np
 import pytest
-from egraph.dtype import dtypes
-from egraph.ir import Ops, GroupOp
-from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const
-from lower.compiler import compile_kernels, module_text
-from lower.llvm_stream import _vec_ok
-from lower.native import launch
+from egraph.ir.dtype import dtypes
+from egraph.ir.ops import Ops, GroupOp
+from lower.schedule.kernel import Kernel, Param, Store, Expr, Idx, Var, const
+from lower.device.compiler import compile_kernels, module_text
+from lower.render.llvm.stream import _vec_ok
+from lower.device.native import launch
 
 N = 333
 RNG = np.random.default_rng(3)

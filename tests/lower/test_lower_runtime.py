@@ -1,11 +1,11 @@
 """lower.runtime: Storage, host buffers, run_call (validation, devices, outputs) and read."""
 import numpy as np
 import pytest
-from egraph.dtype import dtypes
-from egraph.errors import CallsatError, DeviceError, ShapeError, UnsupportedOpError
-from egraph.ir import Node, Ops, ParamArg, CallInfo, const, new_buffer
-from egraph import storage
-from egraph.storage import Storage, UnallocatedBufferError, host_buffer
+from egraph.ir.dtype import dtypes
+from egraph.ir.errors import CallsatError, DeviceError, ShapeError
+from egraph.ir.ops import Node, Ops, ParamArg, CallInfo, const, new_buffer
+from egraph.ir import storage
+from egraph.ir.storage import Storage, UnallocatedBufferError, host_buffer
 from lower.runtime import run_call, read
 
 @pytest.fixture

@@ -4,13 +4,13 @@ import gc, os
 import numpy as np
 import pytest
 from egraph import Tensor, dtypes
-from egraph.ir import new_buffer
-from egraph.storage import STORAGE, Storage, BufferPool, bucket
-from lower import native
+from egraph.ir.ops import new_buffer
+from egraph.ir.storage import STORAGE, Storage, BufferPool, bucket
+from lower.device import native
 from lower.runtime import read
-from lower.mem import Mem, Step
-from lower.kernelize import Program
-from lower.kernel import Idx, Kernel, Store, Var, Param, Expr
+from lower.schedule.mem import Mem, Step
+from lower.schedule.kernelize import Program
+from lower.schedule.kernel import Idx, Kernel, Store, Var, Param, Expr
 
 def test_loop_storage_stays_flat():
   # 1,000 iterations of the loop on a 4 MB input after 20 warm-up ones: the storage holds what it held before

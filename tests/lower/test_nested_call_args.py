@@ -4,10 +4,10 @@ value or computed data is copied into a temporary first. Values are checked agai
 import numpy as np
 import pytest
 from egraph import Tensor, function, dtypes, Variable, UnsupportedOpError
-from egraph.ir import Node, Ops, ParamArg, CallInfo, new_buffer, const
-from egraph.storage import STORAGE
+from egraph.ir.ops import Node, Ops, ParamArg, CallInfo, new_buffer, const
+from egraph.ir.storage import STORAGE
 from lower.runtime import run_call
-from lower.mem import Mem, view_mem
+from lower.schedule.mem import Mem, view_mem
 
 @function(precompile=True)
 def twice(x): return x * 2

@@ -2,13 +2,13 @@
 import math
 import numpy as np
 import pytest
-from egraph.errors import ShapeError
+from egraph.ir.errors import ShapeError
 from hypothesis import given, settings, strategies as st
-from egraph.dtype import dtypes
-from egraph.errors import CallsatError, DTypeError, UnsupportedOpError
-from egraph.ir import Node, Ops, ParamArg, CallInfo, const, new_buffer
+from egraph.ir.dtype import dtypes
+from egraph.ir.errors import CallsatError, DTypeError, UnsupportedOpError
+from egraph.ir.ops import Node, Ops, ParamArg, CallInfo, const, new_buffer
 from lower.reference import evaluate, eval_node
-from egraph.storage import Storage, UnallocatedBufferError, host_buffer
+from egraph.ir.storage import Storage, UnallocatedBufferError, host_buffer
 
 @pytest.fixture
 def S(): return Storage()
@@ -391,7 +391,6 @@ def test_unallocated_read(S):
 
 def test_unsupported_ops_have_no_partial_effects(S):
   a = host_buffer(np.array([1, 2], dtype=np.float32), storage=S)
-  q = P(0, (2,))
   g = Node(Ops.PARAM, dtypes.int32, (), ParamArg(-1, (), None, "v", (1, 8)))   # a symbolic PARAM: not evaluable
   effect = a.after(a.store(full(9.0, (2,), dtypes.float32)))
   with pytest.raises(UnsupportedOpError, match="later"): evaluate([Node.sink(effect, g)], S)
@@ -439,7 +438,7 @@ def chains(draw, writable: bool):
            "flip": lambda: cur, "expand": lambda: arg, "pad": lambda: tuple(b + s + a for (b, a), s in zip(arg, cur))}[k]()
   return shape, steps
 
-def _apply_node(x, steps): 
+def _apply_node(x, steps):
   for k, arg in steps: x = getattr(x, k)(arg)
   return x
 

@@ -1,16 +1,19 @@
-"""The native kernel threads (lower/pool.py) and the prepared per-CALL plans of run_native: values against numpy on split
+"""The native kernel threads (lower/device/pool.py) and the prepared per-CALL plans of run_native: values against numpy on split
 launches (1-4 chunks), concurrent callers, a forked child, the Python-worker fallback, bounds errors from a worker's
 chunk, and plans that must not outlive the arrays they point into. No timings."""
 import ctypes, gc, os, subprocess, sys, threading, time
 import numpy as np
 import pytest
 from egraph import callify
-from egraph.dtype import dtypes
-from egraph.ir import Node, Ops, new_buffer, const
-from lower import compiler, native, pool, threads
-from lower.cache import CACHE
-from lower.kernel import Kernel, Param, Store, Expr, Idx, Var, const as kconst
-from egraph.storage import Storage
+from egraph.ir.dtype import dtypes
+from egraph.ir.ops import Node, Ops, new_buffer, const
+from lower.device import compiler
+from lower.device import native
+from lower.device import pool
+from lower.device import threads
+from lower.device.cache import CACHE
+from lower.schedule.kernel import Kernel, Param, Store, Expr, Idx, Var, const as kconst
+from egraph.ir.storage import Storage
 from lower.runtime import run_call
 
 RNG = np.random.default_rng(7)
@@ -31,12 +34,12 @@ def test_split_launch_covers_every_element_once(n):
   assert c.thunk
   a = np.arange(n, dtype=np.float32)   # each element says which index it came from
   want = a * np.float32(3)
-  for threads in (1, 2, 3, 4):
+  for nthreads in (1, 2, 3, 4):
     out = np.full(n, np.nan, np.float32)
-    run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=threads)
+    run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=nthreads)
     run(); run()   # a prepared launch runs again on the same pointers
     np.testing.assert_allclose(out, want, rtol=1e-6)
-    cuts = run.cuts(threads)
+    cuts = run.cuts(nthreads)
     if cuts is not None: assert cuts[0] == 0 and cuts[-1] == n and all(x <= y for x, y in zip(cuts, cuts[1:]))
 
 def _matmul(S, M=192):
@@ -93,7 +96,7 @@ def test_forked_child_makes_its_own_threads():
   assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 def test_python_workers_when_native_threads_are_off():
-  code = ("import numpy as np; from lower import pool, threads; from test_pool import _matmul; from lower.runtime import Storage, run_call\n"
+  code = ("import numpy as np; from lower.device import pool, threads; from test_pool import _matmul; from lower.runtime import Storage, run_call\n"
           "S = Storage(); res, want = _matmul(S); run_call(res.call, S)\n"
           "assert pool.pool() is None and threads._WORKERS, 'expected the Python workers'\n"
           "np.testing.assert_allclose(S[res.call.src[1]].reshape(want.shape), want, rtol=1e-3, atol=1e-3); print('ok')")

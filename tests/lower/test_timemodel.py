@@ -1,13 +1,13 @@
-"""The kernel time model (egraph/timemodel.py) and the KernelWork read off lowered kernels (lower/work.py); a few fusion
+"""The kernel time model (egraph/fusion/timemodel.py) and the KernelWork read off lowered kernels (lower/schedule/work.py); a few fusion
 corpus programs against numpy. No timing thresholds: times only have to be positive and finite."""
 import dataclasses, json, math, os, sys
 import numpy as np
 import pytest
 from egraph import Tensor, callify
-from egraph.ir import substitute
-from egraph.timemodel import DATA, KernelWork, NoTimeModel, TimeModel
+from egraph.ir.ops import substitute
+from egraph.fusion.timemodel import DATA, KernelWork, NoTimeModel, TimeModel
 from lower.runtime import read, run_call
-from lower.work import kernel_work, peak_bytes, program_of, program_work, sequence_seconds, step_seconds
+from lower.schedule.work import kernel_work, peak_bytes, program_of, program_work, sequence_seconds, step_seconds
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import fusion_programs

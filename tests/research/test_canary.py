@@ -2,9 +2,9 @@
 since the last clean check, during saturation (Runner), and through callify when enabled."""
 import pytest
 from egraph import Tensor, callify
-from egraph.encode import encode
-from egraph.errors import EngineError
-from egraph.runner import Runner, Schedule, Limits
+from egraph.engine.encode import encode
+from egraph.ir.errors import EngineError
+from egraph.engine.runner import Runner, Schedule, Limits
 from rules import RULES
 from rules.registry import Rule
 

@@ -6,8 +6,9 @@ from pathlib import Path
 from unittest import mock
 import pytest
 from hypothesis.configuration import storage_directory
-from egraph import cli, ordering
-from egraph.errors import CallsatError
+from egraph.tools import cli
+from egraph.tools import ordering
+from egraph.ir.errors import CallsatError
 
 REPO = Path(__file__).resolve().parents[2]
 

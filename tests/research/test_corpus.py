@@ -1,4 +1,4 @@
-"""The graph corpus (egraph/corpus.py): records round-trip to equal Nodes (fresh buffer uids, buffers kept apart and
+"""The graph corpus (egraph/ir/corpus.py): records round-trip to equal Nodes (fresh buffer uids, buffers kept apart and
 together), floats exactly, versions checked; `callsat capture` writes one record per tinygrad graph; `callsat order /
 explain / export --corpus FILE [--graph NAME]` read it with the costs of the built-in path; errors are one line."""
 import csv, gzip, json, struct, subprocess, sys
@@ -7,16 +7,18 @@ from unittest import mock
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck
-from egraph import cli, corpus, ordering
-from egraph.corpus import Graph, CorpusError
-from egraph.dtype import dtypes
-from egraph.errors import EngineError
-from egraph.explain import explain
-from egraph.ir import Node, Ops, BufferArg, OpaqueArg, ParamArg, const, new_buffer, toposort
-from egraph.symbolic import Variable, HostDim
-from egraph.tensor import Tensor
-from egraph.tracing import function
-from rules.strategies import graphs
+from egraph.tools import cli
+from egraph.ir import corpus
+from egraph.tools import ordering
+from egraph.ir.corpus import Graph, CorpusError
+from egraph.ir.dtype import dtypes
+from egraph.ir.errors import EngineError
+from egraph.tools.explain import explain
+from egraph.ir.ops import Node, Ops, BufferArg, OpaqueArg, ParamArg, const, new_buffer, toposort
+from egraph.ir.symbolic import Variable, HostDim
+from egraph.frontend.tensor import Tensor
+from egraph.frontend.tracing import function
+from rules.testing.strategies import graphs
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "bench" / "corpus" / "tinygrad.jsonl.gz"
@@ -119,9 +121,9 @@ def test_same_buffer_stays_one_distinct_stay_two():
   assert add.src[0].arg.uid not in (b1.arg.uid, b2.arg.uid)
 
 def test_reading_a_corpus_loads_no_engine():
-  code = "import egraph.corpus, sys; print(' '.join(sorted(sys.modules)))"
+  code = "import egraph.ir.corpus, sys; print(' '.join(sorted(sys.modules)))"
   mods = set(subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout.split())
-  assert not {"egglog", "rules", "lower", "egraph.driver", "tinygrad"} & mods
+  assert not {"egglog", "rules", "lower", "egraph.engine.driver", "tinygrad"} & mods
 
 def test_files_plain_and_gzip_are_deterministic(tmp_path):
   roots, _ = ordering.generated_graph(3)
@@ -224,7 +226,7 @@ def build(): return (a * 2)[1:].contiguous(), Tensor.arange(4)   # graph 2: what
 
 def test_capture_records_every_graph(tmp_path):
   pytest.importorskip("tinygrad")
-  from egraph.capture import Capture, run_script
+  from egraph.bridge.capture import Capture, run_script
   prog = tmp_path / "prog.py"; prog.write_text(PROGRAM)
   cap = Capture("p")
   run_script(str(prog), cap, device="NULL")
@@ -248,14 +250,14 @@ def test_cli_capture_then_order(tmp_path, capfd):
   assert list(rows) == ["tg/0", "tg/1", "tg/2"] and "[3/3] tg/2: saturated" in capfd.readouterr().err
   for r in rows.values(): assert r["saturated_best"] and r["saturated_cost"] <= r["baseline_cost"]
   assert rows["tg/1"]["saturated_cost"] < rows["tg/1"]["reference_cost"]   # the copy lands in place only under saturation
-  from egraph import capture    # what the child process runs: its errors are one line too
+  from egraph.bridge import capture   # what the child process runs: its errors are one line too
   assert capture.main(["--script", str(prog), "--entry", "nope", "--out", out, "--device", "NULL"]) == 2
   err = capfd.readouterr().err
   assert err.count("\n") == 1 and "defines no function 'nope'" in err
 
 def test_capture_pytest_plugin(tmp_path, monkeypatch):
   pytest.importorskip("tinygrad")
-  from egraph import capture
+  from egraph.bridge import capture
   from tinygrad import Tensor as T
   out = str(tmp_path / "t.jsonl")
   monkeypatch.setenv("CALLSAT_CAPTURE", out)

@@ -4,16 +4,16 @@ import json, re, sys
 import numpy as np
 import pytest
 from egraph import Tensor, callify
-from egraph.ir import Node, Ops, toposort
-from egraph.errors import CallsatError
-from egraph.explain import explain
-from egraph.export import egg_text, replay, constructor_sizes, json_graph, require_graphviz, export, json_choice
-from egraph.driver import saturate
-from egraph.encode import encode
-from egraph.extract import EGraphView, knuth, dag_cost
-from egraph.cost import COST_PRESETS
-from egraph.ordering import build
-from egraph.cli import main
+from egraph.ir.ops import Node, Ops, toposort
+from egraph.ir.errors import CallsatError
+from egraph.tools.explain import explain
+from egraph.tools.export import egg_text, replay, constructor_sizes, json_graph, require_graphviz, export, json_choice
+from egraph.engine.driver import saturate
+from egraph.engine.encode import encode
+from egraph.engine.extract import EGraphView, knuth, dag_cost
+from egraph.engine.cost import COST_PRESETS
+from egraph.tools.ordering import build
+from egraph.tools.cli import main
 
 def _views():
   a = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4)).realize()
@@ -144,7 +144,7 @@ def test_explanation_data_and_lookup():
   with pytest.raises(CallsatError, match="ordered"): explain(out, b, schedule="reference")
   with pytest.raises(CallsatError, match="labels"): explain(out, b, labels=["x"])
   # a schedule without the view rule: the slice is stored
-  from egraph.runner import Schedule
+  from egraph.engine.runner import Schedule
   p = explain(out, b, schedule=Schedule("noview", rules=("drop_detach",))).point(1)
   assert p.kind == "fresh" and "contiguous_to_view" not in p.rules
 
@@ -188,7 +188,6 @@ def test_json_is_egraph_serialize_for_extraction_gym():
   costs = g.local_costs(COST_PRESETS["bytes"])
   best, _ = knuth(g, costs, g.pinned_allowed())
   chosen = json_choice(d)
-  tree: dict[str, float] = {}
   def tree_cost(nid):
     n = nodes[nid]
     return n["cost"] + sum(tree_cost(next(x for x in chosen if nodes[x]["eclass"] == nodes[c]["eclass"])) for c in n["children"])

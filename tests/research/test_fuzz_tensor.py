@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import Tensor
-from egraph.dtype import dtypes
+from egraph.ir.dtype import dtypes
 from lower.runtime import RUNNABLE
 
 DEVICES = [d for d in ("CPU", "PYTHON") if d in RUNNABLE]

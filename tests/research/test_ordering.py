@@ -1,15 +1,14 @@
 """The ordered, destructive mode (phase-ordering model) against saturation: same rules, order-dependent results,
 always executable and correct; saturation is never worse than any order. And `callsat order`."""
-import csv, json, random
+import csv, json
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import Tensor, callify
-from egraph.errors import CallsatError
-from egraph.ir import Node, Ops
-from egraph.runner import Schedule, SCHEDULE_PRESETS, REFERENCE_ORDER, ordered_schedule
-from egraph.ordering import orderable_rules, random_orders, run_graph, generated_graph
-from rules.strategies import graphs, reference_values, executed_values
+from egraph.ir.errors import CallsatError
+from egraph.engine.runner import Schedule, REFERENCE_ORDER, ordered_schedule
+from egraph.tools.ordering import orderable_rules, random_orders, run_graph, generated_graph
+from rules.testing.strategies import graphs, reference_values, executed_values
 
 def _views():
   a = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4)).realize()
@@ -28,8 +27,6 @@ def test_view_folding_before_materialization_matters():
 def test_contiguous_of_a_view_twice_reference_stores_a_copy():
   """CONTIGUOUS(CONTIGUOUS(a[1:])): the reference folds the inner one into a view, then the outer one sees a view
   (not a CONTIGUOUS) and stores a copy; saturation also knows outer = inner and serves both with the view."""
-  from egraph.storage import Storage
-  from rules.strategies import Graph
   roots, storage = generated_graph(1)
   sat = callify(*roots, schedule="saturate", cache=False).report
   ref = callify(*roots, schedule="reference", cache=False).report
@@ -71,7 +68,7 @@ def test_run_graph_reports_order_dependence():
   assert row["orders"] == 4 and row["order_cost_min"] == r.saturated.cost
 
 def test_cli_order(tmp_path, capsys):
-  from egraph.cli import main
+  from egraph.tools.cli import main
   c, j = tmp_path / "o.csv", tmp_path / "o.json"
   assert main(["order", "--graph", "model:views", "--graph", "gen:1", "-k", "3", "--csv", str(c), "--json", str(j)]) == 0
   out = capsys.readouterr().out
@@ -82,13 +79,13 @@ def test_cli_order(tmp_path, capsys):
   assert len(data[1]["runs"]["orders"]) == 3 and data[1]["reference_cost"] > data[1]["saturated_cost"]
 
 def test_cli_order_workers(capsys):
-  from egraph.cli import main
+  from egraph.tools.cli import main
   assert main(["order", "--graph", "gen:0", "--graph", "gen:1", "-k", "2", "--workers", "2"]) == 0
   assert "gen:1" in capsys.readouterr().out
 
 def test_cli_order_plot(tmp_path):
   pytest.importorskip("matplotlib", reason="plotting needs matplotlib: pip install -e '.[plot]'")
-  from egraph.cli import main
+  from egraph.tools.cli import main
   p = tmp_path / "o.png"
   assert main(["order", "--graph", "model:views", "-k", "2", "--plot", str(p)]) == 0
   assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
@@ -97,6 +94,6 @@ def test_plot_without_matplotlib_says_what_to_install(monkeypatch, capsys):
   import builtins
   real = builtins.__import__
   monkeypatch.setattr(builtins, "__import__", lambda n, *a, **k: (_ for _ in ()).throw(ImportError(n)) if n.startswith("matplotlib") else real(n, *a, **k))
-  from egraph.cli import main
+  from egraph.tools.cli import main
   assert main(["order", "--graph", "gen:0", "-k", "1", "--plot", "x.png"]) == 2
   assert "pip install -e '.[plot]'" in capsys.readouterr().err

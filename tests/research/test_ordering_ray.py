@@ -2,8 +2,8 @@
 results, in the same order. Runs against a local Ray instance that this module starts (2 CPUs) and shuts down."""
 import builtins, csv, logging
 import pytest
-from egraph.errors import CallsatError
-from egraph.ordering import sweep, RAY_INSTALL
+from egraph.ir.errors import CallsatError
+from egraph.tools.ordering import sweep, RAY_INSTALL
 
 GRAPHS, K = ["model:views", "gen:1"], 2
 TIMING = {"saturated_ms", "reference_ms", "orders_mean_ms"}
@@ -31,7 +31,7 @@ def test_ray_bad_graph_is_a_callsat_error(ray):
   with pytest.raises(CallsatError, match="expected model:NAME or gen:SEED"): sweep(["nope:1"], k=1, ray="auto")
 
 def test_cli_order_ray_same_output(ray, tmp_path, capsys):
-  from egraph.cli import main
+  from egraph.tools.cli import main
   rows = {}
   for mode, extra in (("local", []), ("ray", ["--ray", "auto"])):
     c = tmp_path / f"{mode}.csv"
@@ -45,7 +45,7 @@ def test_cli_order_ray_same_output(ray, tmp_path, capsys):
 def test_ray_missing_says_what_to_install(monkeypatch, capsys):
   real = builtins.__import__
   monkeypatch.setattr(builtins, "__import__", lambda n, *a, **k: (_ for _ in ()).throw(ImportError(n)) if n == "ray" or n.startswith("ray.") else real(n, *a, **k))
-  from egraph.cli import main
+  from egraph.tools.cli import main
   assert main(["order", "--graph", "gen:0", "-k", "1", "--ray", "local"]) == 2
   err = capsys.readouterr().err
   assert "pip install -e '.[ray]'" in err and err.strip().endswith(RAY_INSTALL)

@@ -1,15 +1,14 @@
 """rules.check on every registered rule (CALLSAT_CHECK_EXAMPLES graphs each, 200 by default), and deliberately unsound
 rules that it must catch: by value, by aliasing (only independent storage contents reveal it) and by the canary."""
-import math
 import numpy as np
 import pytest
-from egraph.ir import Node, Ops, new_buffer
-from egraph.dtype import dtypes
-from egraph.storage import Storage
+from egraph.ir.ops import Node, Ops, new_buffer
+from egraph.ir.dtype import dtypes
+from egraph.ir.storage import Storage
 from rules import RULES
 from rules.registry import Rule
-from rules.checker import check, examples_from_env, planter_for, CheckResult
-from rules.soundness import check_egraph
+from rules.testing.checker import check, examples_from_env, planter_for, CheckResult
+from rules.testing.soundness import check_egraph
 
 N = examples_from_env(200)
 
@@ -66,8 +65,8 @@ def test_canary_catches_a_shape_changing_merge():
 
 def test_missing_hypothesis_says_what_to_install(monkeypatch):
   import builtins
-  from egraph.errors import CallsatError
-  from rules import strategies
+  from egraph.ir.errors import CallsatError
+  from rules.testing import strategies
   real = builtins.__import__
   def fake(name, *a, **k):
     if name.startswith("hypothesis"): raise ImportError("no hypothesis")

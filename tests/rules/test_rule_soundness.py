@@ -4,11 +4,11 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck
-from egraph.ir import Node, Ops, ParamArg, CallInfo, new_buffer, const
-from egraph.dtype import dtypes
-from egraph.storage import Storage
+from egraph.ir.ops import Node, Ops, ParamArg, CallInfo, new_buffer
+from egraph.ir.dtype import dtypes
+from egraph.ir.storage import Storage
 from rules import RULES, rules_in
-from rules.soundness import check_egraph
+from rules.testing.soundness import check_egraph
 from graphgen import graphs
 
 def _buf(storage, shape, seed=0, device="CPU"):

@@ -1,0 +1,201 @@
+"""callsat's callify inside tinygrad 0.14.0: `transform_to_call` with tinygrad's contract, decided by callsat's rules and
+extraction; `install()` swaps it in for tinygrad's own pass (strict: never fall back; otherwise a graph callsat cannot
+take runs tinygrad's pass and is counted with its reason). Also a pytest plugin: `python -m pytest -p egraph.tinygrad`
+installs it for the session (mode from CALLSAT_BRIDGE=strict|fallback) and prints a closing count."""
+from __future__ import annotations
+import contextlib, os, threading
+from collections import Counter
+from importlib.metadata import version, PackageNotFoundError
+from egraph.ir.errors import CallsatError
+
+REQUIRED_TINYGRAD = "0.14.0"
+
+class BridgeVersionError(CallsatError, ImportError):
+  """The installed tinygrad is not the release the bridge keeps the contract of."""
+
+def tinygrad_version() -> str | None:
+  try: return version("tinygrad")
+  except PackageNotFoundError: return None
+
+def check_version() -> None:
+  if (v := tinygrad_version()) != REQUIRED_TINYGRAD:
+    raise BridgeVersionError(f"callsat's tinygrad bridge needs tinygrad=={REQUIRED_TINYGRAD} "
+                             f"({'not installed' if v is None else f'found {v}'}); pip install 'callsat[tinygrad]'")
+
+check_version()
+import tinygrad.tensor as _tg_tensor   # noqa: E402  (only once the version is known to be the right one)
+from tinygrad.uop.ops import UOp   # noqa: E402
+from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
+from egraph.engine.driver import callify   # noqa: E402
+from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints   # noqa: E402
+from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
+
+STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
+
+def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+  """tinygrad 0.14's `transform_to_call` by equality saturation: (CALL, buffer_map) over tinygrad UOps. Raises
+  BridgeRefusal (a CallsatError naming the op, dtype or form) for a graph callsat cannot take. With
+  CALLSAT_BRIDGE_FUSION=cost the values callsat's cost mode stores come back as CONTIGUOUS in the CALL body, with
+  cost-store as STOREs of the CALL (egraph/bridge/shadow.py). A graph whose structure was decided before (other
+  buffers, other bound values) is rebound from the structural cache (egraph/bridge/cache.py; CALLSAT_BRIDGE_CACHE)."""
+  mode = bridge_fusion()
+  cache = _cache()
+  if cache is None: return _decide(big_sink, mode)[:2]
+  st = structure(big_sink)
+  key = (mode, st.key)   # the option changes the CALL: part of the key
+  if (hit := cache.get(key)) is not None:
+    if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
+    if hit.extra is not None: _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
+    return rebind(hit, st)
+  # the key's walk is the whole toposort unless it stopped at a binding (stripped): the conversion walks it once
+  try: call, bmap, hints = _decide(big_sink, mode, None if st.stripped else st.topo)
+  except BridgeRefusal as e:
+    cache.put(key, BridgeRefusal(e.reason, e.detail))   # refused by structure alone: refused again without converting
+    raise
+  # a CALL without the hints that failed is fallback mode's answer for this call: strict must meet the error again
+  if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None))
+  return call, bmap
+
+def _decide(big_sink: UOp, mode: str, topo=None):
+  """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `topo`: its toposort, if walked already."""
+  cv, roots = to_callsat(big_sink, topo)
+  hints = _hints(cv, roots) if mode != "rules" else Hints()
+  if mode == "cost-store": roots = realize_hints(cv, roots, hints.idents)   # stored by callify, as a program's own CONTIGUOUS
+  # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an
+  # assign into a realize point as a write into that point's storage; what gets stored beyond the graph's own realize
+  # points is the bridge option's choice (CALLSAT_BRIDGE_FUSION, above), never CALLSAT_FUSION's
+  res = callify(*roots, cache=False, assigns="realized", fusion="rules")
+  call, bmap = to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
+  return call, bmap, hints
+
+def _hints(cv, roots) -> Hints:
+  """cost_hints, counted. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
+  is counted; strict (and a direct call) raises it."""
+  try: h = cost_hints(cv, roots)
+  except Exception as e:
+    if _STATE["mode"] != "fallback": raise
+    h = Hints(note=f"{type(e).__name__}: {e}", failed=True)
+    with _LOCK: _COUNTS["hint_errors"] += 1
+  _count_hints(h)
+  return h
+
+def _count_hints(h: Hints, seconds: bool = True) -> None:
+  with _LOCK:
+    _COUNTS["hinted" if h.idents else "unhinted"] += 1; _COUNTS["hints"] += len(h.idents)
+    if seconds: _COUNTS["hint_seconds"] += h.seconds
+    _LAST["hints"] = h
+
+def last_hints() -> Hints | None:
+  """The hints of the last bridged call in cost mode (CALLSAT_BRIDGE_FUSION=cost), for reports and tests."""
+  return _LAST.get("hints")
+
+# ---- install, stats ---------------------------------------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_STATE = {"mode": None}   # None: not installed; "strict" | "fallback"
+_COUNTS: Counter = Counter()
+_REASONS: Counter = Counter()
+_LAST: dict = {}
+_CACHE: dict = {}   # "cache": the process's StructureCache (or None: off), made on first use from CALLSAT_BRIDGE_CACHE
+
+def _cache() -> StructureCache | None:
+  if "cache" not in _CACHE:
+    with _LOCK:
+      if "cache" not in _CACHE: _CACHE["cache"] = from_env()
+  return _CACHE["cache"]
+
+def set_cache(cache: StructureCache | None) -> None:
+  """Use this structural cache from now on (None: no cache; every graph is decided anew)."""
+  with _LOCK: _CACHE["cache"] = cache
+
+def cache_stats() -> dict:
+  """The structural cache's counts (entries, nodes, hits, misses, stored, uncacheable, evicted); {} when it is off."""
+  return c.stats() if (c := _cache()) is not None else {}
+
+def _reason(e: BaseException) -> str:
+  if isinstance(e, BridgeRefusal): return e.reason
+  return f"error:{type(e).__name__}" if isinstance(e, CallsatError) else f"bug:{type(e).__name__}"
+
+def _count(kind: str, reason: str | None = None) -> None:
+  with _LOCK:
+    _COUNTS["calls"] += 1; _COUNTS[kind] += 1
+    if reason: _REASONS[reason] += 1
+
+def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+  """What tinygrad calls once installed."""
+  strict = _STATE["mode"] == "strict"
+  bridge_fusion()   # a bad CALLSAT_BRIDGE_FUSION is the user's error in both modes, never a fallback
+  try: out = transform_to_call(big_sink)
+  except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
+    _count("bridged")
+    raise
+  except Exception as e:
+    _count("refused" if strict else "fallback", _reason(e))
+    if strict: raise
+    return STOCK_TRANSFORM(big_sink)
+  _count("bridged")
+  return out
+
+def install(strict: bool = False) -> None:
+  """Make tinygrad's realize, schedule and callify use callsat's pass (idempotent; a second call sets the mode)."""
+  check_version()
+  with _LOCK:
+    _STATE["mode"] = "strict" if strict else "fallback"
+    _tg_tensor.transform_to_call = _bridged_pass
+
+def uninstall() -> None:
+  """Give tinygrad its own pass back (idempotent)."""
+  with _LOCK:
+    _STATE["mode"] = None
+    _tg_tensor.transform_to_call = STOCK_TRANSFORM
+
+def is_installed() -> str | None:
+  """The installed mode ("strict" or "fallback"), or None."""
+  return _STATE["mode"]
+
+@contextlib.contextmanager
+def installed(strict: bool = False):
+  """install() for the `with` block, then the state before it."""
+  before = _STATE["mode"]
+  install(strict)
+  try: yield
+  finally:
+    if before is None: uninstall()
+    else: install(before == "strict")
+
+def stats() -> dict:
+  """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
+  mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
+  hint_seconds (choosing them); cache: the structural cache's counts (cache_stats)."""
+  cache = cache_stats()   # outside _LOCK: making the cache takes it
+  with _LOCK:
+    return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
+            "refused": _COUNTS["refused"], "reasons": dict(_REASONS.most_common()),
+            "hinted": _COUNTS["hinted"], "unhinted": _COUNTS["unhinted"], "hints": _COUNTS["hints"],
+            "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "cache": cache}
+
+def reset_stats() -> None:
+  with _LOCK: _COUNTS.clear(); _REASONS.clear(); _LAST.clear()
+
+def summary(top: int = 5) -> str:
+  s = stats()
+  line = f"callsat bridge: {s['calls']} calls, {s['bridged']} bridged, {s['fallback']} fell back"
+  if s["refused"]: line += f", {s['refused']} refused"
+  if c := s["cache"]: line += f"; structural cache: {c['hits']} hits, {c['misses']} misses, {c['uncacheable']} uncacheable"
+  if s["hinted"] + s["unhinted"]:   # CALLSAT_BRIDGE_FUSION=cost or cost-store ran
+    line += f"; cost mode: {s['hinted']} calls hinted, {s['hints']} realize points, {s['hint_errors']} errors, {s['hint_seconds']:.1f}s"
+  reasons = list(s["reasons"].items())[:top]
+  return line + "".join(f"\n  {n:6d}  {r}" for r, n in reasons)
+
+# ---- the pytest plugin: python -m pytest -p egraph.tinygrad -------------------------------------------------------------
+
+def pytest_configure(config) -> None:
+  mode = os.environ.get("CALLSAT_BRIDGE", "fallback")
+  if mode not in ("strict", "fallback"): raise CallsatError(f"CALLSAT_BRIDGE must be strict or fallback, got {mode!r}")
+  install(strict=mode == "strict")
+
+def pytest_terminal_summary(terminalreporter) -> None:
+  terminalreporter.write_line(summary())
+
+def pytest_unconfigure(config) -> None:
+  uninstall()

@@ -1,0 +1,164 @@
+"""The bridge's cost-mode option (issue 14): callsat's time model chooses extra realize points in a tinygrad graph and
+the bridge hands them to tinygrad. Opt-in: CALLSAT_BRIDGE_FUSION=cost puts a CONTIGUOUS on each in the CALL it returns
+(tinygrad's rangeify never removes one), cost-store has the CALL store each (`realize_hints`: as a program's own
+.contiguous()); the default, rules, gives no hints.
+
+The bridge's own conversion carries tinygrad's arithmetic as OPAQUE, which the time model cannot cost. So the hints
+come from a shadow of the converted graph used only for costing (`Shadow`): OPAQUE ALU ops, REDUCE, MULACC and CONSTs
+rebuilt as callsat ops (tinygrad's implicit broadcasting made explicit, weak constants typed like their consumer,
+REDUCE's leading-axes form as a keepdim REDUCE and a RESHAPE), the device priced as callsat's calibrated CPU. Its
+cost-mode partition (egraph/fusion/solve.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the
+hints. The shadow is never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild
+stays OPAQUE."""
+from __future__ import annotations
+import dataclasses, os, time
+from dataclasses import dataclass, field
+from tinygrad.uop.ops import UOp, Ops as TOps
+from tinygrad.dtype import dtypes as tdt
+from egraph.ir.ops import Node, Ops, BufferArg, toposort, const
+from egraph.ir.errors import CallsatError
+from egraph.engine.encode import encode
+from egraph.engine.cost import COST_PRESETS
+from egraph.engine.report import PartitionReport
+from egraph.fusion.solve import time_model, add_candidates, partition_ids, solver_deadline
+from egraph.engine.driver import saturate, extract_call
+from egraph.bridge.convert import Conversion
+
+MODES = ("rules", "cost", "cost-store")
+ENV = "CALLSAT_BRIDGE_FUSION"
+COST_DEVICE = "CPU"   # the only calibrated device: a tinygrad graph on one device is priced as callsat's CPU
+SOLVER_S = 0.25       # the partition's time at least (callify's floor is 0.05 s): an opt-in pass, better decided than fast
+_ALU = {**{n: Ops[n] for n in ("NEG", "EXP2", "LOG2", "SQRT", "RECIPROCAL", "SIN", "TRUNC", "ADD", "SUB", "MUL", "FDIV", "MAX",
+                                 "CMPLT", "CMPNE", "CMPEQ", "AND", "OR", "XOR", "WHERE", "SHL", "SHR", "POW", "THREEFRY",
+                                 "FLOORDIV", "FLOORMOD")}, "CDIV": Ops.IDIV, "CMOD": Ops.MOD}
+_REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
+_WEAKS = (tdt.weakint, tdt.weakfloat)
+
+def bridge_fusion(value: str | None = None) -> str:
+  """`value`, else env CALLSAT_BRIDGE_FUSION (read when the bridge runs), else "rules"."""
+  m = value if value is not None else (os.environ.get(ENV, "") or "rules")
+  if m not in MODES: raise CallsatError(f"{ENV} must be one of {MODES}, got {m!r}")
+  return m
+
+@dataclass
+class Hints:
+  """What cost mode chose for one tinygrad graph: the OPAQUE idents to realize (CONTIGUOUS in the CALL), their tinygrad
+  UOps, the partition's report, and why there are none when there are none."""
+  idents: frozenset = frozenset()
+  uops: list = field(default_factory=list)
+  candidates: int = 0
+  partition: PartitionReport | None = None
+  note: str = ""
+  seconds: float = 0.0
+  failed: bool = False   # choosing them raised (fallback mode goes on without): this call's answer, never cached
+
+def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
+
+class Shadow:
+  """The converted graph with tinygrad's arithmetic as callsat ops, for costing only; `origin`: shadow Node.id -> the
+  OPAQUE ident it stands for."""
+  def __init__(self, cv: Conversion, device: str):
+    self.cv, self.device, self.memo, self.origin = cv, device, {}, {}
+
+  def dev(self, d): return COST_DEVICE if d == self.device else d
+
+  def build(self, roots: list[Node]) -> list[Node]:
+    for n in toposort(roots, enter_calls=False):
+      body = n.op in (Ops.CALL, Ops.FUNCTION)
+      src = tuple(s if body and i == 0 else self.memo[s.id] for i, s in enumerate(n.src))
+      self.memo[n.id] = self.one(n, src)
+    return [self.memo[r.id] for r in roots]
+
+  def one(self, n: Node, src: tuple) -> Node:
+    if n.op is Ops.BUFFER: return Node(Ops.BUFFER, n.dtype, (), BufferArg(n.arg.uid, n.arg.size, self.dev(n.arg.device)))
+    if n.op is Ops.COPY: return Node(Ops.COPY, n.dtype, src, self.dev(n.arg))
+    if n.op is not Ops.OPAQUE: return n.over(src)
+    try: x = self.arith(n, src)
+    except CallsatError: x = None   # a form the shadow cannot say (symbolic, mixed dtypes): it stays opaque
+    if x is not None: return x
+    return Node(Ops.OPAQUE, n.dtype, src, dataclasses.replace(n.arg, device=self.dev(n.arg.device)))
+
+  def arith(self, n: Node, src: tuple) -> Node | None:
+    """The callsat form of an OPAQUE ALU/REDUCE/CONST/RETYPE (recorded in `origin`), or None."""
+    u, _ = self.cv.opaque[n.arg.ident]
+    if u is None: return src[0].cast(n.dtype)   # a RETYPE: tinygrad converts the stored value itself
+    shape, name = n.arg.shape, u.op.name
+    if not _ints(shape): return None
+    if u.op is TOps.CONST:
+      if not isinstance(u.arg, (int, float, bool)): return None   # Invalid, a shape argument
+      return _to(const(u.arg, n.dtype, self.dev(n.arg.device)), shape)
+    if u.op is TOps.REDUCE:
+      if len(u.src) != 1 or u.arg[0] not in _REDUCE or not isinstance(k := u.arg[1], int) or k < 1: return None
+      r = Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k))))
+      self.origin[r.id] = n.arg.ident
+      return r.reshape(shape)
+    if u.op is TOps.MULACC:
+      a, b, c = _operands(u, src, shape, range(3))
+      m = Node(Ops.MUL, None, (a, b)); r = Node(Ops.ADD, None, (m, c))
+    elif name in _ALU:
+      vals = range(1, len(src)) if u.op is TOps.WHERE else range(len(src))
+      ops = _operands(u, src, shape, vals)
+      r = Node(_ALU[name], None, tuple(ops))
+    else: return None
+    if r.dtype != n.dtype: r = r.cast(n.dtype)
+    self.origin[r.id] = n.arg.ident
+    return r
+
+def _to(x: Node, shape: tuple) -> Node:
+  """x broadcast to `shape` as tinygrad's ALU ops do implicitly (numpy rules): leading size-1 axes, then EXPAND."""
+  if x.shape == shape: return x
+  return x.reshape((1,) * (len(shape) - len(x.shape)) + tuple(x.shape)).expand(shape)
+
+def _operands(u: UOp, src: tuple, shape: tuple, vals) -> list[Node]:
+  """The sources of an ALU op, broadcast to its shape, the value operands of one dtype (a weak constant's consumer's,
+  the first typed operand's), a WHERE condition bool."""
+  typed = [src[i].dtype for i in vals if u.src[i].dtype not in _WEAKS]
+  vd = typed[0] if typed else src[vals[0]].dtype
+  out = []
+  for i, s in enumerate(src):
+    if s.dtype != (want := vd if i in vals else s.dtype):   # a weak constant takes its consumer's dtype, else a CAST
+      c = u.src[i]
+      s = const(c.arg, want, s.device) if c.op is TOps.CONST and isinstance(c.arg, (int, float, bool)) else s.cast(want)
+    out.append(_to(s, shape))
+  return out
+
+def cost_hints(cv: Conversion, roots: list[Node]) -> Hints:
+  """The values of cv's graph that callsat's cost-mode partition stores beyond the program's realize points, as OPAQUE
+  idents of tinygrad ALU/REDUCE values (never weak-typed ones, never a realize point itself). No hints (and a note) for
+  realize points on several devices, sharded or on a DISK, or a graph callsat has no time model for."""
+  t0 = time.perf_counter()
+  devs = {r.device for r in roots if r.device is not None}   # the realize points' (inputs may be copied in from a host)
+  if len(devs) != 1 or not isinstance(d := next(iter(devs)), str) or d.startswith("DISK"):
+    return Hints(note=f"devices {sorted(map(str, devs))}: cost mode prices one device", seconds=time.perf_counter() - t0)
+  sh = Shadow(cv, d)
+  enc = encode(sh.build(roots), "realized")
+  if (tm := time_model(enc)) is None: return Hints(note="no time model", seconds=time.perf_counter() - t0)
+  cands = add_candidates(enc)
+  if not cands: return Hints(note="no candidates", seconds=time.perf_counter() - t0)
+  sat = saturate(enc)
+  ex = extract_call(sat, COST_PRESETS["bytes"])
+  ids, rep = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm,
+                          max(solver_deadline(time.perf_counter() - t0), time.perf_counter() + SOLVER_S))
+  keys, cls = {k.id for k in enc.keys}, sat.graph.class_of_id
+  chosen = [enc.nodes[i] for i in sorted(cands) if cls[i] in ids.stored and enc.nodes[i].id not in keys]
+  idents = {sh.origin[n.id] for n in chosen if n.id in sh.origin}
+  idents = {i for i in idents if (u := cv.opaque[i][0]) is not None and u.dtype not in _WEAKS and u.device is not None}
+  return Hints(frozenset(idents), [cv.opaque[i][0] for i in sorted(idents)], len(cands), rep,
+               "" if idents else "the partition stores nothing beyond the realize points", time.perf_counter() - t0)
+
+def realize_hints(cv: Conversion, roots: list[Node], idents: frozenset) -> list[Node]:
+  """cv's roots with every consumer of a hinted OPAQUE reading CONTIGUOUS(it), as if the program had asked for it:
+  callify stores it like any CONTIGUOUS (one kernel with whatever it fuses, e.g. the reduce under it). Rebuilt nodes
+  inherit their originals' tinygrad UOps (buffer_map keys)."""
+  if not idents: return roots
+  new, plain = {}, {}   # Node.id -> what consumers read, and the rebuilt node itself
+  for n in toposort(roots, enter_calls=False):
+    body = n.op in (Ops.CALL, Ops.FUNCTION)
+    m = plain[n.id] = n.over(tuple(s if body and i == 0 else new[s.id] for i, s in enumerate(n.src)))
+    if m is not n:
+      had = cv.origins.setdefault(m.id, [])
+      had += [u for u in cv.origins.get(n.id, ()) if u not in had]
+      cv.keep.append(m)
+    new[n.id] = m.contiguous() if n.op is Ops.OPAQUE and n.arg.ident in idents else m
+  cv.keep += new.values()
+  return [plain[r.id] for r in roots]

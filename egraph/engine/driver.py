@@ -1,0 +1,383 @@
+"""The callify driver: encode -> saturate -> extract -> build the CALL (PARAMs numbered) and buffer_map -> CallifyResult.
+
+`saturate` (encode -> Runner -> load, materialize, optimize) and `extract_call` (freeze -> EGraphView -> costs ->
+extract; `.terms` decodes) are the pipeline's two halves; explain, export and the soundness checker call them too, so
+every tool sees the e-graph and the extraction callify sees. `build_call` turns the chosen e-classes into the CALL in
+one rebuild (what `parameterize` of the decoded terms gives). Under Limits callify plans its time (`Budget`): when the
+e-graph will not fit, or runs out of time, it builds the all-materialized CALL straight from the encoding
+(`materialized_call`), the form the e-graph would give with no optimize rule; when the toposort's time already rules
+the e-graph out, it builds that CALL from the graph without encoding (`direct.plan`, `build_plan`).
+E-class identity replaces tinygrad's tags: each realize point (an original node) names the e-class of its realized
+form, so after extraction its storage is read straight off the chosen term."""
+from __future__ import annotations
+import dataclasses, gc, time
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable
+from egraph.ir.ops import Node, Ops, GroupOp, CallInfo, toposort, substitute, new_buffer, map_args, const_key, dims_arg, binds_dims
+from egraph.ir.dtype import dtypes
+from egraph.ir.errors import CallsatError, EngineError
+from egraph.ir.symbolic import BoundVar, Variable, dims_in, map_dims
+from egraph.engine.encode import encode, Encoding
+from egraph.engine.direct import plan, no_decision, settled_on_graph, DROPPED
+from egraph.engine.build import view_over, bind_dims, build_call, has_bound_dims, materialized_call, build_plan
+from egraph.engine.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
+                           resolve)
+from egraph.engine.cost import CostModel, COST_PRESETS
+from egraph.engine.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, INF
+from egraph.engine.report import CallifyReport
+from egraph.fusion.solve import fusion_mode, cost_plan, add_candidates, partition_ids, mark, temporaries, solver_deadline
+
+@dataclass
+class CallifyResult:
+  call: Node                      # CALL(SINK(roots...), *args)
+  buffer_map: dict[Node, Node]    # original node -> storage view
+  report: CallifyReport
+
+def storage_view(n: Node) -> Node:
+  """The storage a realized term lives in: AFTERs and value markers (DETACH, CONTIGUOUS_BACKWARD: unoptimized forms
+  keep them) stripped from the view chain, reshapes collapsed."""
+  chain = []
+  while n.op is not Ops.BUFFER and n.op is not Ops.PARAM:
+    if n.op is Ops.AFTER or n.op is Ops.DETACH or n.op is Ops.CONTIGUOUS_BACKWARD: n = n.src[0]; continue
+    if n.op not in GroupOp.Movement and n.op not in (Ops.SLICE, Ops.MULTI, Ops.BITCAST):   # BITCAST: a retyped assign target
+      raise EngineError(f"extraction chose a non-storage form {n.op.name} for a realized value")
+    chain.append((n.op, n.dtype, n.arg)); n = n.src[0]
+  return view_over(n, chain)
+
+def parameterize(body: Node) -> tuple[Node, list[Node]]:
+  """Replace global BUFFERs and whole SLICE(BUFFER)s by PARAM(slot) in first-visit pre-order (spec §4.4), then bound
+  symbolic dimensions by their variables, passing each value as a trailing BIND arg: the body is the cache key."""
+  args, slots, seen, stack = [], {}, set(), [body]
+  while stack:
+    n = stack.pop()
+    if n.id in seen: continue
+    seen.add(n.id)
+    if n.op is Ops.BUFFER or (n.op is Ops.SLICE and n.src[0].op is Ops.BUFFER):
+      slots[n] = n.param(len(args))
+      args.append(n); continue
+    stack.extend(reversed(n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))
+  return bind_dims(substitute([body], slots)[0], args)
+
+def bindings(call: Node) -> tuple[Node, dict]:
+  """(the CALL without its BIND args and with plain sizes for its variables, {variable key: value}): what runs."""
+  for a in call.src[1:]:
+    if a.op is Ops.BIND and not (a.src == () and isinstance(a.arg, tuple) and isinstance(a.arg[0], Variable)):
+      raise CallsatError(f"CALL: a BIND argument must bind a Variable to a value, got {a.arg!r}")
+  binds = {a.arg[0].key: int(a.arg[0].bind(a.arg[1])) for a in call.src[1:] if a.op is Ops.BIND}
+  if not binds: return call, {}
+  body = map_args([call.src[0]], lambda d: binds.get(d.key, d) if isinstance(d, Variable) else d)[0]
+  return Node(Ops.CALL, dtypes.void, (body, *(a for a in call.src[1:] if a.op is not Ops.BIND)), call.arg), binds
+
+def roots_of(xs) -> list[Node]:
+  """The graph roots under Tensors or Nodes (a SINK gives its sources)."""
+  out = []
+  for x in xs:
+    n = getattr(x, "node", x)
+    if not isinstance(n, Node): raise CallsatError(f"callify takes Tensors or Nodes, got {type(x).__name__}")
+    if n.op is Ops.SINK: out.extend(n.src)
+    else: out.append(n)
+  return out
+
+# ---- the result cache: the same graph over other buffers reuses the saturated result ---------------------------------
+
+@dataclass
+class _Entry:
+  """A cached result, with what rebinding it to another graph of the same key needs, found once (a hit is on every
+  realize of a program in a loop)."""
+  topo: list[Node]           # the graph it was computed for, in canonical order
+  result: CallifyResult
+  buffers: list[int]         # positions of the graph's BUFFERs in topo
+  keys: list[int]            # position of each buffer_map key in topo
+  minted: list[Node]         # the BUFFERs callify minted for values (CALL args, storage views): a hit mints new ones
+  symbolic: bool             # does the graph bind symbolic dimensions (then BIND args and views take new values)
+
+  @staticmethod
+  def of(topo: list[Node], res: CallifyResult) -> _Entry:
+    pos = {n.id: i for i, n in enumerate(topo)}
+    # a temporary (CallInfo.temps) keeps its BUFFER: no executor gives it storage
+    temps = {res.call.src[1 + i] for i in getattr(res.call.arg, "temps", ())}
+    minted = {b: None for v in [*res.call.src[1:], *res.buffer_map.values()] for b in toposort([v])
+              if b.op is Ops.BUFFER and b.arg.uid in res.report.fresh_uids and b not in temps}
+    symbolic = binds_dims(topo)
+    return _Entry(topo, res, [i for i, n in enumerate(topo) if n.op is Ops.BUFFER], [pos[k.id] for k in res.buffer_map],
+                  list(minted), symbolic)
+
+_CACHE: OrderedDict = OrderedDict()
+CACHE_SIZE = 32
+
+def graph_key(roots: list[Node], topo: list[Node] | None = None) -> tuple[tuple, list[Node]]:
+  """A key equal for graphs that differ only in which input buffers they read (buffers are named by position);
+  `topo`: toposort(roots, enter_calls=False), if made already."""
+  if topo is None: topo = toposort(roots, enter_calls=False)
+  pos = {n.id: i for i, n in enumerate(topo)}
+  parts = tuple((n.op, n.dtype, (n.arg.size, n.arg.device) if n.op is Ops.BUFFER else
+                 (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else const_key(n.arg) if n.op is Ops.CONST else
+                 map_dims(n.arg, _unbind),
+                 tuple(pos[s.id] for s in (n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))) for n in topo)
+  return (parts, tuple(pos[r.id] for r in roots)), topo
+
+def _unbind(d): return d.var if isinstance(d, BoundVar) else d
+
+def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
+  """The cached result rebound to this graph's buffers and variable values, with freshly minted output buffers."""
+  old, et = e.result, e.topo
+  m = {o: n for i in e.buffers if (o := et[i]) is not (n := topo[i])}
+  for b in e.minted: m[b] = new_buffer(b.arg.size, b.dtype, b.arg.device)
+  args = substitute(list(old.call.src[1:]), m)
+  values = substitute(list(old.buffer_map.values()), m)
+  if e.symbolic:
+    binds: dict = {}
+    for n in topo: dims_in(dims_arg(n), binds)
+    new_value = {d.var.key: d for d in binds if isinstance(d, BoundVar)}
+    args = [Node(Ops.BIND, a.dtype, (), (a.arg[0], int(new_value[a.arg[0].key]))) if a.op is Ops.BIND else a for a in args]
+    values = map_args(values, lambda d: new_value.get(d.var.key, d) if isinstance(d, BoundVar) else d)
+  report = dataclasses.replace(old.report, cache_hit=True, seconds={"cache": time.perf_counter() - t0})
+  return CallifyResult(Node(Ops.CALL, dtypes.void, (old.call.src[0], *args), old.call.arg),
+                       {topo[i]: v for i, v in zip(e.keys, values)}, report)
+
+def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
+            limits: str | Limits | None = None, cache: bool = True, assigns: str = "fresh",
+            fusion: str | None = None) -> CallifyResult:
+  """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed.
+  With `cache`, a graph equal to an earlier one up to its input buffers reuses that result without saturating.
+  `assigns="realized"` reads an assign into a view of a realize point as tinygrad 0.14 does (see encode).
+  `fusion` ("rules" | "cost", default env CALLSAT_FUSION, else "cost"): who decides which intermediates get a buffer,
+  lower/'s heuristics or the time model's partition (egraph/fusion/solve.py)."""
+  t0 = time.perf_counter()
+  model: CostModel = resolve(cost, COST_PRESETS, "cost model")
+  sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
+  lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
+  roots = roots_of(tensors)
+  fus = fusion_mode(fusion)
+  t1 = time.perf_counter()
+  topo = toposort(roots, enter_calls=False)
+  topo_s = time.perf_counter() - t1
+  def cache_key() -> tuple: return (graph_key(roots, topo)[0], model, sched, lim, assigns, fus)
+  key = None
+  # the key costs a third of encoding: only a graph of a cached one's size can hit (a fallback needs no key at all)
+  if cache and any(len(e.topo) == len(topo) for e in _CACHE.values()):
+    if (hit := _CACHE.get(key := cache_key())) is not None:
+      _CACHE.move_to_end(key)
+      return _reuse(hit, topo, t0)
+  was = gc.isenabled()
+  gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
+  try: res = _callify(roots, topo, topo_s, model, sched, lim, t0, assigns, fus)
+  finally:
+    if was: gc.enable()
+  if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
+    _CACHE[key if key is not None else cache_key()] = _Entry.of(topo, res)
+    while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
+  return res
+
+# ---- the pipeline, built once ----------------------------------------------------------------------------------------
+
+@dataclass
+class Saturation:
+  """A saturated e-graph: the encoding, the Runner that holds the e-graph (its stats), and a frozen view of it."""
+  enc: Encoding
+  runner: Runner
+  @cached_property
+  def graph(self) -> EGraphView: return EGraphView(self.runner.freeze(), self.runner.egraph, self.enc, self.runner.abort_at)
+
+def saturate(enc: Encoding, schedule: str | Schedule = "saturate", limits: str | Limits | None = None,
+             hook: StepHook | None = None, abort_at: float = INF, reserve: Callable[[int], float] | None = None,
+             clock: float | None = None) -> Saturation:
+  """Load `enc` into a fresh e-graph and run the load, materialize and optimize phases of `schedule` under `limits`.
+  With a `hook` the rules apply one at a time and the hook sees every step (the same fixpoint). Past `abort_at` a step
+  boundary (and reading the e-graph) raises OutOfBudget; `reserve(e-nodes)` is the time kept for extraction; the time
+  limit counts from `clock` (default: the Runner's creation)."""
+  runner = Runner(resolve(schedule, SCHEDULE_PRESETS, "schedule"), hook, abort_at, reserve, clock)
+  try:
+    runner.load(enc.rows, encoding=enc)
+    runner.materialize()
+    runner.optimize(resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits"))
+  except BaseException as e:   # the e-graph goes back to the pool; an OutOfBudget also carries what the run did
+    if isinstance(e, OutOfBudget): e.stats = runner.stats
+    runner.release(); raise
+  return Saturation(enc, runner)
+
+@dataclass
+class Extraction:
+  """What extraction chose: per e-node local costs, the realize classes, one e-node per class, the DAG cost; `terms`
+  decodes every class reachable from the realize classes (on first use)."""
+  graph: EGraphView
+  costs: list[int | None]
+  root_classes: list[int]
+  choice: list[int]
+  cost: int
+  reached: list[int] | None = None   # the classes the chosen DAG reaches (extract.chosen_dag; None: one has no choice)
+  @cached_property
+  def terms(self) -> Terms: return decode(self.graph, self.choice, self.root_classes, self.reached)   # decoded on first use
+
+def extract_call(sat: Saturation, model: CostModel, deadline: float = INF) -> Extraction:
+  """Extract the CALL form callify uses: pinned (storage-form) extraction with sharing-aware refinement (skipped past
+  `deadline`); past the Runner's `abort_at` it raises OutOfBudget."""
+  g, abort_at = sat.graph, sat.runner.abort_at
+  costs = g.local_costs(model, abort_at)
+  root_classes = [g.class_of_id[sat.enc.key_ids[k.id]] for k in sat.enc.keys]
+  choice, cost, reached = extract(g, costs, root_classes, g.pinned_allowed(), deadline=deadline, abort_at=abort_at)
+  return Extraction(g, costs, root_classes, choice, cost, reached)
+
+# ---- callify under its limits: the e-graph when it fits, else the all-materialized CALL built directly -----------------
+
+@dataclass
+class Budget:
+  """Callify's plan under Limits: its time runs from the end of encoding, and the time each step will take is
+  predicted from how long encoding took per row (the same machine, the same moment), in multiples measured on chain
+  and DAG graphs of 10k-200k nodes (bench/callify_limits.py) with headroom. Saturation, extraction and the CALL must
+  end by `start + seconds`; the promise kept is `start + 1.5 * seconds + 0.3`, so the e-graph path gives up at
+  `abort_at`, when there is just time left to build the all-materialized CALL instead."""
+  start: float
+  seconds: float
+  per_row: float     # seconds encoding took per row
+  rows: int
+  # multiples of the encode time per row (EXTRACT: per e-node) measured 0.6-0.75 to load, 1.7-2.9 to extract and
+  # build the CALL, 0.7-1.2 to build the CALL directly (notes/benchmarks.md); FIXED: a Runner's declarations, temp files
+  LOAD, EXTRACT, FALLBACK, FIXED = 1.0, 3.5, 1.5, 0.02
+  TOPO = 6.0   # encoding (its toposort included) takes 8.9-19x the toposort on chain and DAG graphs of 10k-200k nodes
+
+  @classmethod
+  def plan(cls, enc: Encoding, seconds: float, encode_s: float) -> Budget:
+    rows = sum(len(r) for r in enc.rows.values())
+    return cls(time.perf_counter(), seconds, encode_s / max(rows, 1), rows)
+
+  @classmethod
+  def no_e_graph(cls, lim: Limits, nodes: int, topo_s: float) -> str | None:
+    """Why the e-graph cannot fit, seen before encoding (`nodes` in the graph, its toposort took `topo_s`): encoding
+    takes at least TOPO times the toposort, the e-graph path LOAD + EXTRACT / 2 times encoding at least. None: encode
+    and let the plan decide."""
+    if nodes > lim.nodes: return f"node limit: {nodes} graph nodes > {lim.nodes}"
+    need = cls.FIXED + cls.TOPO * topo_s * (cls.LOAD + cls.EXTRACT / 2)
+    return f"time limit: predicted {need:.2f}s at least to saturate and extract, {lim.seconds:g}s allowed" if need > lim.seconds else None
+
+  def extract_s(self, e_nodes: int) -> float: return self.EXTRACT * self.per_row * e_nodes
+  def fallback_s(self) -> float: return self.FALLBACK * self.per_row * self.rows
+  @property
+  def abort_at(self) -> float: return self.start + 1.5 * self.seconds + 0.3 - self.fallback_s()
+
+  def too_slow(self, e_nodes: int) -> str | None:
+    """Why the e-graph path should not start (predicted past the budget), or None."""
+    need = self.FIXED + self.LOAD * self.per_row * self.rows + self.extract_s(e_nodes)
+    left = self.start + self.seconds - time.perf_counter()
+    return f"predicted {need:.2f}s to saturate and extract, {max(left, 0):.2f}s left" if need > left else None
+
+def loaded_size(enc: Encoding) -> int:
+  """E-nodes the e-graph holds after loading and materializing `enc`: one per term row, an AFTER and a STORE per
+  realize point stored (a little more than egglog counts where rows coincide)."""
+  terms = sum(len(enc.rows.get(r, ())) for r in ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row"))
+  return terms + 2 * len(enc.fresh)
+
+def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits, t0: float,
+             assigns: str, fusion: str) -> CallifyResult:
+  why = Budget.no_e_graph(lim, len(topo), topo_s)
+  if why is not None and (res := _from_graph(roots, topo, topo_s, model, sched, lim, assigns, fusion, why)): return res
+  if fusion != "cost" and SHORTCUT["on"] and settled_on_graph(roots, topo) and \
+     (res := _settled_plan(roots, topo, topo_s, model, sched, assigns)) is not None: return res
+  enc = encode(roots, assigns, topo)
+  tm, why = cost_plan(enc) if fusion == "cost" else (None, "")   # cost mode: candidates get stored forms (egraph/fusion/solve.py)
+  cands = add_candidates(enc) if tm is not None else {}
+  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=enc.graph_nodes, realize_points=len(enc.keys),
+                         fusion="cost" if tm is not None else "rules", fusion_note=why)
+  report.seconds["encode"] = time.perf_counter() - t0
+  if not enc.keys:
+    return CallifyResult(Node(Ops.CALL, dtypes.void, (Node(Ops.SINK, dtypes.void, ()),), CallInfo()), {}, report)
+  budget = Budget.plan(enc, lim.seconds, report.seconds["encode"])
+  report.baseline_cost = baseline_cost(enc, model)
+  report.fresh_uids = set(enc.fresh_buffers)
+  if tm is None and SHORTCUT["on"] and (why := no_decision(enc)) is not None: return _settled(enc, report, model, why)
+  size = loaded_size(enc)
+  if size > lim.nodes:
+    return _direct(enc, report, StopReason.NODE_LIMIT, f"node limit: loading makes ~{size} e-nodes > {lim.nodes}")
+  if (why := budget.too_slow(size)) is not None: return _direct(enc, report, StopReason.TIME_LIMIT, "time limit: " + why)
+  sat = None
+  try:
+    sat = saturate(enc, sched, lim, abort_at=budget.abort_at, reserve=budget.extract_s, clock=budget.start)
+    st = sat.runner.stats
+    report.iterations, report.matches, report.stop_reason = st.iterations, dict(st.matches), st.stop_reason
+    report.stop_nodes = st.size
+    report.seconds.update(st.seconds)
+    t1 = time.perf_counter()
+    report.e_nodes, report.e_classes = sat.graph.n_enodes, sat.graph.n_classes
+    ex = extract_call(sat, model, deadline=budget.start + lim.seconds)
+    report.cost = ex.cost
+    report.seconds["extract"] = time.perf_counter() - t1
+    ids = ChosenIds(sat.graph, ex.choice)
+    if tm is not None:   # the partition gets what is left of the time budget
+      t3 = time.perf_counter()
+      ids, report.partition = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm,
+                                            solver_deadline(t3 - t0, budget.start + lim.seconds))
+      report.seconds["partition"] = time.perf_counter() - t3
+    t2 = time.perf_counter()
+    b = build_call(ids, ex.root_classes, enc.keys, enc.fresh_buffers, has_bound_dims(enc),
+                   budget.abort_at)
+    report.seconds["decode"] = time.perf_counter() - t2
+  except OutOfBudget as e:
+    if (st := e.stats) is not None:   # saturation stopped: what it did is reported
+      report.iterations, report.matches, report.stop_nodes = st.iterations, dict(st.matches), st.size
+      report.seconds.update(st.seconds)
+    return _direct(enc, report, StopReason.TIME_LIMIT, f"time limit: out of time {e.where}")
+  except Unextractable as e:
+    if report.stop_reason is StopReason.SATURATED: raise
+    return _direct(enc, report, report.stop_reason, f"{report.stop_reason}: stopped before every value had a form ({e})")
+  finally:
+    if sat is not None: sat.runner.release()   # nothing below reads the e-graph: it goes back to the pool
+  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
+  if time.perf_counter() - budget.start > lim.seconds and report.stop_reason is StopReason.SATURATED:
+    report.stop_reason = StopReason.TIME_LIMIT   # saturated in time, but extraction and decoding ran past the budget
+  if tm is None: return CallifyResult(b.call, b.buffer_map, report)
+  call = mark(b.call, temporaries(b.call, enc, b.buffer_map))
+  report.temps = len(call.arg.temps)
+  return CallifyResult(call, b.buffer_map, report)
+
+def _from_graph(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits,
+                assigns: str, fusion: str, why: str) -> CallifyResult | None:
+  """The fallback without encoding (`direct.plan`), where the toposort's time says the e-graph will not fit: None where
+  the graph needs encode's path, has no realize point, or loading would fit the node limit after all."""
+  t = time.perf_counter()
+  if (p := plan(roots, topo, model, assigns)) is None or not p.keys: return None
+  if node_limit := why.startswith("node limit"):
+    if p.size <= lim.nodes: return None
+    why = f"node limit: loading makes at least {p.size} e-nodes > {lim.nodes}"
+  reason = StopReason.NODE_LIMIT if node_limit else StopReason.TIME_LIMIT
+  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(topo), realize_points=len(p.keys),
+                         stop_reason=reason, fallback=why + "; not encoded", cost=p.cost, baseline_cost=p.cost,
+                         fresh_uids=p.fresh_uids, fusion=fusion,
+                         fusion_note="no e-graph: no partition" if fusion == "cost" else "")
+  report.seconds.update(toposort=topo_s, plan=time.perf_counter() - t)
+  t = time.perf_counter()
+  return _result(build_plan(p), report, "direct", t)
+
+SHORTCUT = {"on": True}   # tests turn it off to compare with the e-graph's CALL
+
+def _settled(enc: Encoding, report: CallifyReport, model: CostModel, why: str) -> CallifyResult:
+  """A graph with no decision to make (`no_decision`): the CALL the e-graph would give, built without it."""
+  report.settled, report.cost = why, baseline_cost(enc, model, DROPPED)
+  t = time.perf_counter()
+  return _result(materialized_call(enc, drop=True), report, "settled", t)
+
+def _settled_plan(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule,
+                  assigns: str) -> CallifyResult | None:
+  """`_settled` without encoding, for a graph `settled_on_graph` passes: `plan(drop=True)` is `materialized_call(enc,
+  drop=True)` over its own fresh buffers (None: a form only encode takes, or no realize point)."""
+  t = time.perf_counter()
+  if (p := plan(roots, topo, model, assigns, drop=True)) is None or not p.keys: return None
+  report = CallifyReport(cost_model=model.name, schedule=sched.name, graph_nodes=len(topo), realize_points=len(p.keys),
+                         cost=p.cost, baseline_cost=p.cost + p.dropped, fresh_uids=p.fresh_uids,
+                         settled="no optimize rule matches (read off the graph): the all-stored form is the only one")
+  report.seconds.update(toposort=topo_s, plan=time.perf_counter() - t)
+  t = time.perf_counter()
+  return _result(build_plan(p), report, "settled", t)
+
+def _direct(enc: Encoding, report: CallifyReport, reason: StopReason, why: str) -> CallifyResult:
+  """The fallback: the all-materialized CALL built from the Encoding, reported with why."""
+  report.stop_reason, report.fallback, report.cost = reason, why, report.baseline_cost
+  t = time.perf_counter()
+  return _result(materialized_call(enc), report, "direct", t)
+
+def _result(b, report: CallifyReport, phase: str, t: float) -> CallifyResult:
+  """The CALL `b` built since `t`: its counts and the build's time (as `phase`) into `report`."""
+  report.seconds[phase] = time.perf_counter() - t
+  report.stores, report.buffers, report.views = b.stores, b.buffers, b.views
+  return CallifyResult(b.call, b.buffer_map, report)

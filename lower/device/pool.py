@@ -1,0 +1,233 @@
+"""Native kernel threads: a split kernel runs its chunks on pthreads that never touch Python.
+
+Python worker threads (ThreadPoolExecutor) cost 0.1-0.2 ms per split launch, most of it GIL handoffs between the caller
+and the woken worker (measured on a 512^3 matmul: the caller's own chunk started 0.13 ms after the submit, the worker's
+0.07 ms later). Here one ctypes call (the GIL released throughout) posts the chunks to pinned native workers, runs chunk
+0 on the caller's thread and waits; workers spin briefly after a job (back-to-back kernels find them awake), then sleep
+on a futex. Each kernel module carries an `argv` thunk per kernel (lower/device/compiler.py) so a worker can call any signature.
+
+Per-worker block (WORKER_BYTES, cache-line separated fields the caller and the worker write):
+  +0 i32 seq (posted jobs; the worker's futex word)   +8 thunk   +16 argv   +24 start   +32 end   +40 cpu
+  +64 i32 done (finished jobs; the caller's futex word)
+Linux x86-64 only (futex via syscall(2), sched_getcpu, pthread_setaffinity_np); elsewhere available() is False and
+lower/device/native.py uses the Python workers of lower/device/threads.py."""
+from __future__ import annotations
+import ctypes, os, platform, threading
+import numpy as np
+from lower.device.llvmjit import JIT_LOCK, compile_module
+
+WORKER_BYTES = 128
+SPIN_CYCLES = 200_000     # ~0.08 ms at 2.6 GHz: a worker idles this long, spinning, before it sleeps
+
+POOL_IR = r"""
+declare i64 @syscall(i64, ...)
+declare i32 @sched_getcpu()
+declare i64 @llvm.readcyclecounter()
+declare void @llvm.x86.sse2.pause()
+
+; the worker: wait for seq to move (spin SPIN cycles, then futex-wait), run thunk(argv, start, end), publish done
+define ptr @callsat_pool_worker(ptr %w) nounwind {
+entry:
+  %thp = getelementptr i8, ptr %w, i64 8
+  %avp = getelementptr i8, ptr %w, i64 16
+  %sp = getelementptr i8, ptr %w, i64 24
+  %ep = getelementptr i8, ptr %w, i64 32
+  %dp = getelementptr i8, ptr %w, i64 64
+  br label %idle
+idle:                                        ; last: the jobs run so far (seq starts at 0; a worker may start after the first post)
+  %last = phi i32 [0, %entry], [%last, %sleep], [%seq, %run]
+  %t0 = call i64 @llvm.readcyclecounter()
+  br label %spin
+spin:
+  %seq = load atomic i32, ptr %w acquire, align 4
+  %new = icmp ne i32 %seq, %last
+  br i1 %new, label %run, label %check
+check:
+  call void @llvm.x86.sse2.pause()
+  %t = call i64 @llvm.readcyclecounter()
+  %dt = sub i64 %t, %t0
+  %long = icmp ugt i64 %dt, SPIN
+  br i1 %long, label %sleep, label %spin
+sleep:
+  %r = call i64 (i64, ...) @syscall(i64 202, ptr %w, i32 128, i32 %last, ptr null)   ; FUTEX_WAIT_PRIVATE while seq == last
+  br label %idle
+run:
+  %th = load ptr, ptr %thp, align 8
+  %av = load ptr, ptr %avp, align 8
+  %s = load i64, ptr %sp, align 8
+  %e = load i64, ptr %ep, align 8
+  call void %th(ptr %av, i64 %s, i64 %e)
+  store atomic i32 %seq, ptr %dp release, align 4
+  %r2 = call i64 (i64, ...) @syscall(i64 202, ptr %dp, i32 129, i32 1)               ; FUTEX_WAKE_PRIVATE
+  br label %idle
+}
+
+; the caller: chunk t (t >= 1) of cuts[0..nt] to a worker on another CPU than the caller's, chunk 0 (and any chunk no
+; worker took) here, then wait for the workers
+define void @callsat_pool_run(ptr %ws, i64 %nw, ptr %th, ptr %av, ptr %cuts, i64 %nt) nounwind {
+entry:
+  %me32 = call i32 @sched_getcpu()
+  %me = sext i32 %me32 to i64
+  %used = alloca i64, i64 %nw
+  br label %post.cond
+post.cond:
+  %wi = phi i64 [0, %entry], [%wi.next, %post.next]
+  %ci = phi i64 [1, %entry], [%ci.next, %post.next]
+  %more = icmp slt i64 %ci, %nt
+  %wok = icmp slt i64 %wi, %nw
+  %go = and i1 %more, %wok
+  br i1 %go, label %post.body, label %self
+post.body:
+  %wo = mul i64 %wi, 128
+  %w = getelementptr i8, ptr %ws, i64 %wo
+  %cpup = getelementptr i8, ptr %w, i64 40
+  %cpu = load i64, ptr %cpup, align 8
+  %mine = icmp eq i64 %cpu, %me
+  %ci1 = add i64 %ci, 1
+  %usedp = getelementptr i64, ptr %used, i64 %wi
+  br i1 %mine, label %skip, label %post
+skip:
+  store i64 0, ptr %usedp
+  br label %post.next
+post:
+  store i64 1, ptr %usedp
+  %thp = getelementptr i8, ptr %w, i64 8
+  store ptr %th, ptr %thp, align 8
+  %avp = getelementptr i8, ptr %w, i64 16
+  store ptr %av, ptr %avp, align 8
+  %csp = getelementptr i64, ptr %cuts, i64 %ci
+  %cs = load i64, ptr %csp, align 8
+  %cep = getelementptr i64, ptr %cuts, i64 %ci1
+  %ce = load i64, ptr %cep, align 8
+  %sp = getelementptr i8, ptr %w, i64 24
+  store i64 %cs, ptr %sp, align 8
+  %ep = getelementptr i8, ptr %w, i64 32
+  store i64 %ce, ptr %ep, align 8
+  %old = load atomic i32, ptr %w monotonic, align 4
+  %nseq = add i32 %old, 1
+  store atomic i32 %nseq, ptr %w release, align 4
+  %r = call i64 (i64, ...) @syscall(i64 202, ptr %w, i32 129, i32 1)                  ; FUTEX_WAKE_PRIVATE
+  br label %post.next
+post.next:
+  %wi.next = add i64 %wi, 1
+  %ci.next = select i1 %mine, i64 %ci, i64 %ci1
+  br label %post.cond
+self:
+  %rest = phi i64 [%ci, %post.cond]
+  %c0 = load i64, ptr %cuts, align 8
+  %c1p = getelementptr i64, ptr %cuts, i64 1
+  %c1 = load i64, ptr %c1p, align 8
+  call void %th(ptr %av, i64 %c0, i64 %c1)
+  br label %tail.cond
+tail.cond:                                   ; chunks no worker took (fewer workers than chunks)
+  %ti = phi i64 [%rest, %self], [%ti1, %tail.body]
+  %tmore = icmp slt i64 %ti, %nt
+  br i1 %tmore, label %tail.body, label %wait.init
+tail.body:
+  %tsp = getelementptr i64, ptr %cuts, i64 %ti
+  %ts = load i64, ptr %tsp, align 8
+  %ti1 = add i64 %ti, 1
+  %tep = getelementptr i64, ptr %cuts, i64 %ti1
+  %te = load i64, ptr %tep, align 8
+  call void %th(ptr %av, i64 %ts, i64 %te)
+  br label %tail.cond
+wait.init:
+  %wlim = phi i64 [%wi, %tail.cond]
+  br label %wait.cond
+wait.cond:
+  %vi = phi i64 [0, %wait.init], [%vi1, %wait.next]
+  %vmore = icmp slt i64 %vi, %wlim
+  br i1 %vmore, label %wait.w, label %done
+wait.w:
+  %vup = getelementptr i64, ptr %used, i64 %vi
+  %vu = load i64, ptr %vup
+  %isu = icmp ne i64 %vu, 0
+  br i1 %isu, label %wait.start, label %wait.next
+wait.start:
+  %vo = mul i64 %vi, 128
+  %v = getelementptr i8, ptr %ws, i64 %vo
+  %vdp = getelementptr i8, ptr %v, i64 64
+  %want = load atomic i32, ptr %v monotonic, align 4
+  %wt0 = call i64 @llvm.readcyclecounter()
+  br label %wait.spin
+wait.spin:
+  %dn = load atomic i32, ptr %vdp acquire, align 4
+  %fin = icmp eq i32 %dn, %want
+  br i1 %fin, label %wait.next, label %wait.more
+wait.more:
+  call void @llvm.x86.sse2.pause()
+  %wt = call i64 @llvm.readcyclecounter()
+  %wdt = sub i64 %wt, %wt0
+  %wlong = icmp ugt i64 %wdt, SPIN
+  br i1 %wlong, label %wait.sleep, label %wait.spin
+wait.sleep:
+  %r3 = call i64 (i64, ...) @syscall(i64 202, ptr %vdp, i32 128, i32 %dn, ptr null)   ; FUTEX_WAIT_PRIVATE while done == dn
+  br label %wait.spin
+wait.next:
+  %vi1 = add i64 %vi, 1
+  br label %wait.cond
+done:
+  ret void
+}
+"""
+
+def available() -> bool:
+  return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and hasattr(os, "sched_getaffinity")
+
+class Pool:
+  """Native workers pinned one per CPU this process may use (the caller's thread runs chunk 0 and is never pinned)."""
+  def __init__(self, cpus: list[int], disk=None):
+    with JIT_LOCK:   # llvmlite is not thread-safe (lower/device/llvmjit.py)
+      self.engine, _ = compile_module(POOL_IR.replace("SPIN", str(SPIN_CYCLES)), disk, level=2)
+      run, entry = (self.engine.get_function_address(f"callsat_pool_{f}") for f in ("run", "worker"))
+    self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int64)(run)
+    self.pid, self.cpus, self.lock = os.getpid(), list(cpus), threading.Lock()
+    self._mem = np.zeros(len(cpus) * WORKER_BYTES + 64, np.uint8)
+    self.base = self._mem.ctypes.data + (-self._mem.ctypes.data) % 64
+    libc = ctypes.CDLL(None, use_errno=True)
+    create, setaff = libc.pthread_create, libc.pthread_setaffinity_np
+    create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    setaff.argtypes = [ctypes.c_ulong, ctypes.c_size_t, ctypes.c_void_p]
+    self.tids = []
+    for i, cpu in enumerate(cpus):
+      w = self.base + i * WORKER_BYTES
+      ctypes.c_int64.from_address(w + 40).value = cpu
+      tid = ctypes.c_ulong(0)
+      if (rc := create(ctypes.byref(tid), None, entry, w)) != 0: raise OSError(rc, f"pthread_create for kernel worker {i}: {os.strerror(rc)}")
+      mask = (ctypes.c_ulong * 16)()                 # a 1024-bit cpu_set_t
+      mask[cpu // 64] |= 1 << (cpu % 64)
+      setaff(tid.value, ctypes.sizeof(mask), ctypes.addressof(mask))   # best effort: unpinned still runs correctly
+      self.tids.append(tid.value)
+
+  def run(self, thunk: int, argv: int, cuts: list[int]) -> bool:
+    """Chunks [cuts[t], cuts[t+1]) of thunk(argv, start, end) on len(cuts) - 1 threads; False (nothing run) when another
+    thread of this process is inside a split launch right now (the caller then runs the kernel itself)."""
+    if not self.lock.acquire(blocking=False): return False
+    try:
+      c = (ctypes.c_int64 * len(cuts))(*cuts)
+      self._run(self.base, len(self.cpus), thunk, argv, ctypes.addressof(c), len(cuts) - 1)
+    finally: self.lock.release()
+    return True
+
+_POOL: Pool | None = None
+_POOL_FAILED = False
+_MAKING = threading.Lock()
+
+def _after_fork_in_child():
+  global _MAKING
+  _MAKING = threading.Lock()   # a fork while another thread held it would leave the child's copy locked for good
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork_in_child)
+
+def pool(disk=None) -> Pool | None:
+  """The process's pool, made on first use (its module's object from `disk`, a lower.device.cache.DiskCache, when on; made
+  again in a forked child, which inherits no threads); None where native threads are unavailable or could not start
+  (lower/device/native.py then uses Python workers)."""
+  global _POOL, _POOL_FAILED
+  if _POOL is not None and _POOL.pid == os.getpid(): return _POOL
+  if _POOL_FAILED or not available() or os.environ.get("CALLSAT_NATIVE_THREADS", "1") in ("", "0"): return None
+  with _MAKING:   # two threads' first split launches must not start two sets of workers
+    if _POOL is None or _POOL.pid != os.getpid():
+      try: _POOL = Pool(sorted(os.sched_getaffinity(0)), disk)
+      except (OSError, AttributeError): _POOL_FAILED = True; return None
+  return _POOL

@@ -1,0 +1,268 @@
+"""The kernel IR: one small, renderer-independent description of a loop kernel (LLVM now, CUDA later).
+
+A `Kernel` is a loop nest over its `domain` (one `Var` per axis, outermost first; the outermost axis is the parallel one,
+run as `[start, end)` chunks) around ONE `Store(param, index, value)`. Values are `Expr` DAGs:
+
+  const(value)                          a scalar of the Expr's dtype
+  load(param, index, valid)             `valid` is a tuple of bounds `lo <= idx < hi` (from PAD); outside them the load
+                                        is 0 and must not touch memory
+  <Ops.ALU>(srcs) / CAST / BITCAST      elementwise, with lower/reference.py's semantics (C integer wrap, x//0 == 0, ...)
+  valid(bounds)                         bool: every `lo <= idx < hi` holds (a PAD mask over computed values)
+  reduce(op, vars)(body)                an accumulator loop nest over `vars` (Ops.ADD / MUL / MAX), evaluated where it is used
+
+Index expressions (`Idx`) are affine sums of atoms (loop `Var`s, floor `Div`s and `Mod`s of Idx by constants) with a
+constant; they simplify on construction using the vars' ranges, so movement ops (reshape/permute/expand/shrink/pad/flip)
+lower to plain strides whenever they are strides. Tiling is IR too: `Kernel.tile` names a register-tiled form
+(`("matmul", MR, NR)`: C[i, j] = sum_k A[i, k] * B[k, j] over the domain (i, j) and the reduce var k), which a renderer
+may emit instead of the plain nest; `Kernel.matmul` carries the strides it needs. `Kernel.stream` marks a large
+contiguous output written once and never read in the kernel: a renderer may use non-temporal (streaming) stores.
+
+`Param` is the signature: dtype, size (elements), the natural alignment that can be claimed, and whether the buffer is
+provably disjoint from every other param (`noalias`) and only read / only written.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass
+from typing import Any
+from egraph.ir.dtype import DType, dtypes
+
+# ---------------------------------------------------------------------------------------------------------------------
+# index expressions
+
+@dataclass(frozen=True)
+class Var:
+  name: str
+  size: int
+  def __repr__(self): return self.name
+
+@dataclass(frozen=True)
+class Div:
+  x: "Idx"
+  d: int
+  def __repr__(self): return f"({self.x!r})//{self.d}"
+
+@dataclass(frozen=True)
+class Mod:
+  x: "Idx"
+  d: int
+  def __repr__(self): return f"({self.x!r})%{self.d}"
+
+def _amin(a) -> int:
+  if isinstance(a, Var): return 0
+  if isinstance(a, Div): return a.x.vmin // a.d
+  return 0 if a.x.vmin < 0 or a.x.vmax >= a.d else a.x.vmin   # Mod
+
+def _amax(a) -> int:
+  if isinstance(a, Var): return a.size - 1
+  if isinstance(a, Div): return a.x.vmax // a.d
+  return a.d - 1 if a.x.vmin < 0 or a.x.vmax >= a.d else a.x.vmax
+
+@dataclass(frozen=True)
+class Idx:
+  """sum(coef * atom) + c, terms sorted by repr for a canonical form."""
+  terms: tuple = ()
+  c: int = 0
+
+  @staticmethod
+  def var(v: Var) -> "Idx": return Idx(((v, 1),), 0) if v.size > 1 else Idx((), 0)
+  @staticmethod
+  def const(c: int) -> "Idx": return Idx((), int(c))
+  @staticmethod
+  def _make(d: dict, c: int) -> "Idx":
+    return Idx(tuple(sorted(((a, k) for a, k in d.items() if k), key=lambda t: repr(t[0]))), c)
+
+  @property
+  def vmin(self) -> int: return self.c + sum(k * (_amin(a) if k > 0 else _amax(a)) for a, k in self.terms)
+  @property
+  def vmax(self) -> int: return self.c + sum(k * (_amax(a) if k > 0 else _amin(a)) for a, k in self.terms)
+  @property
+  def is_const(self) -> bool: return not self.terms
+
+  def __add__(self, o) -> "Idx":
+    if isinstance(o, int): return Idx(self.terms, self.c + o)
+    d = dict(self.terms)
+    for a, k in o.terms: d[a] = d.get(a, 0) + k
+    return Idx._make(d, self.c + o.c)
+  def __mul__(self, k: int) -> "Idx":
+    return Idx((), 0) if k == 0 else Idx(tuple((a, c * k) for a, c in self.terms), self.c * k)
+  def __neg__(self) -> "Idx": return self * -1
+  def __sub__(self, o) -> "Idx": return self + (-o if isinstance(o, Idx) else -o)
+
+  def __floordiv__(self, d: int) -> "Idx":
+    if d == 1: return self
+    if self.vmin >= 0 and self.vmax < d: return Idx((), 0)
+    q, r = {}, {}
+    for a, k in self.terms: (q if k % d == 0 else r)[a] = (k // d if k % d == 0 else k)
+    rest = Idx._make(r, self.c % d)
+    quo = Idx._make(q, self.c // d)
+    if rest.vmin >= 0 and rest.vmax < d: return quo
+    if not rest.terms: return quo + rest.c // d
+    if rest.vmin < 0:   # keep Div atoms over non-negative values, so truncating division is floor division
+      m = -(rest.vmin // d)
+      r2 = rest + m * d
+      return quo - m if r2.vmax < d else quo - m + Idx(((Div(r2, d), 1),), 0)
+    # peel the largest common factor of the rest: (g*x + c) // d == (x + c//g) // (d//g) when g | d
+    g = math.gcd(d, *(k for _, k in rest.terms))
+    if g > 1 and rest.vmin >= 0:
+      inner = Idx._make({a: k // g for a, k in rest.terms}, rest.c // g)
+      return quo + inner // (d // g)
+    return quo + Idx(((Div(rest, d), 1),), 0)
+
+  def __mod__(self, d: int) -> "Idx":
+    if d == 1: return Idx((), 0)
+    x = Idx._make({a: k for a, k in self.terms if k % d}, self.c % d)
+    if x.vmin >= 0 and x.vmax < d: return x
+    if x.vmin < 0: x = x + (-(x.vmin // d)) * d   # non-negative, so truncating remainder is floor remainder
+    if x.vmin >= 0 and x.vmax < d: return x
+    return Idx(((Mod(x, d), 1),), 0)
+
+  def vars(self) -> set:
+    out = set()
+    for a, _ in self.terms:
+      if isinstance(a, Var): out.add(a)
+      else: out |= a.x.vars()
+    return out
+  def subst(self, m: dict) -> "Idx":
+    """The Idx with each Var in `m` replaced by m[var] (an Idx), inside Div/Mod atoms too (re-simplified)."""
+    out = Idx.const(self.c)
+    for a, k in self.terms:
+      if isinstance(a, Var): x = m.get(a, Idx(((a, 1),), 0))
+      else:
+        inner = a.x.subst(m)
+        x = inner // a.d if isinstance(a, Div) else inner % a.d
+      out = out + x * k
+    return out
+  def coef(self, v: Var) -> int | None:
+    """The coefficient of `v` if the Idx is affine in it (0 if absent); None if v occurs under a Div/Mod."""
+    k = 0
+    for a, c in self.terms:
+      if a == v: k = c
+      elif not isinstance(a, Var) and v in a.x.vars(): return None
+    return k
+
+  def __repr__(self):
+    parts = [(f"{k}*" if k != 1 else "") + repr(a) for a, k in self.terms]
+    if self.c or not parts: parts.append(str(self.c))
+    return "+".join(parts)
+
+def flat_index(idx: tuple, shape: tuple) -> Idx:
+  """C-order flat index of `idx` (one Idx per axis) into `shape`."""
+  out, stride = Idx.const(0), 1
+  for i, s in zip(reversed(idx), reversed(shape)):
+    if s != 1: out = out + i * stride
+    stride *= s
+  return out
+
+def unflatten(flat: Idx, shape: tuple) -> tuple:
+  """Per-axis indices of a C-order flat index into `shape`."""
+  out, stride = [], math.prod(shape)
+  if stride == 0: return tuple(Idx.const(0) for _ in shape)   # no element: the index is never evaluated (a reduce of 0 steps)
+  for s in shape:
+    stride //= s
+    out.append(Idx.const(0) if s == 1 else (flat // stride) % s if stride else Idx.const(0))
+  return tuple(out)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# values
+
+@dataclass(frozen=True)
+class Param:
+  name: str
+  dtype: DType
+  size: int                # elements
+  align: int               # bytes the renderer may claim
+  noalias: bool = False
+  readonly: bool = False
+  writeonly: bool = False
+
+@dataclass(frozen=True)
+class Bound:
+  """lo <= idx < hi"""
+  idx: Idx
+  lo: int
+  hi: int
+
+@dataclass(frozen=True, eq=False)
+class Expr:
+  op: Any                  # an Ops member (ALU, CAST, BITCAST) or 'const' / 'load' / 'reduce'
+  dtype: DType
+  src: tuple = ()
+  arg: Any = None          # const: value; load: (param index, Idx, tuple[Bound]); reduce: (Ops, tuple[Var])
+
+  def walk(self):
+    """Every node of this Expr DAG once, iteratively (chains can be long)."""
+    seen, stack = set(), [self]
+    while stack:
+      e = stack.pop()
+      if id(e) in seen: continue
+      seen.add(id(e))
+      yield e
+      stack.extend(e.src)
+
+  def count(self) -> int:
+    """Number of distinct Expr nodes (the size a renderer emits)."""
+    return sum(1 for _ in self.walk())
+
+def const(v, dt: DType) -> Expr:
+  if dt == dtypes.bool: v = bool(v)
+  elif dt.is_int():
+    bits = 8 * dt.itemsize
+    v = int(v) % (1 << bits)
+    if dt.kind == 'i' and v >= 1 << (bits - 1): v -= 1 << bits
+  else: v = float(v)
+  return Expr('const', dt, (), v)
+
+@dataclass(frozen=True)
+class Store:
+  param: int
+  idx: Idx
+  value: Expr
+
+@dataclass(frozen=True)
+class Kernel:
+  name: str
+  params: tuple            # tuple[Param]
+  domain: tuple            # tuple[Var], outermost first; domain[0] is split across threads
+  store: Store
+  tile: tuple | None = None     # ("matmul", MR, NR) when a renderer may register-tile it
+  matmul: tuple | None = None   # (a param, a Idx, b param, b Idx, k Var) for the tiled form
+  checked: bool = False         # CHECK_BOUNDS: every index is checked, a violation reports (param + 1)
+  stream: bool = False          # the store is contiguous over domain[0] (the only live axis) to a write-only, disjoint
+                                # output that nothing in the kernel reads: a renderer may use non-temporal stores
+
+  def ops(self) -> int: return self.store.value.count()
+  def key(self) -> str:
+    """The cache key: the kernel without its name."""
+    return render(self, with_name=False)
+
+def mm_batched(k: "Kernel") -> bool:
+  """A tiled matmul kernel whose outermost domain var is a batch (each batch index one C[i, j] plane), not its rows."""
+  return k.tile is not None and k.tile[0] == "matmul" and k.domain[0] != k.matmul[4]
+
+# ---------------------------------------------------------------------------------------------------------------------
+# printing (DEBUG=2 and the cache key)
+
+def render(k: Kernel, with_name: bool = True) -> str:
+  names: dict[int, str] = {}
+  lines = []
+  def ex(e: Expr) -> str:
+    if id(e) in names: return names[id(e)]
+    for s in e.src: ex(s)
+    if e.op == 'const': body = f"const {e.arg!r}"
+    elif e.op == 'load':
+      p, i, valid = e.arg
+      body = f"load p{p}[{i!r}]" + (" if " + " & ".join(f"{b.lo}<={b.idx!r}<{b.hi}" for b in valid) if valid else "")
+    elif e.op == 'valid': body = "valid " + " & ".join(f"{b.lo}<={b.idx!r}<{b.hi}" for b in e.arg)
+    elif e.op == 'reduce': body = f"reduce {e.arg[0].name} over {','.join(f'{v.name}<{v.size}' for v in e.arg[1])} of {names[id(e.src[0])]}"
+    else: body = f"{e.op.name} " + ", ".join(names[id(s)] for s in e.src)
+    names[id(e)] = f"v{len(names)}"
+    lines.append(f"  {names[id(e)]}: {e.dtype.name} = {body}")
+    return names[id(e)]
+  ex(k.store.value)
+  head = (f"kernel {k.name}" if with_name else "kernel") + ("(" + ", ".join(
+    f"p{i}: {p.dtype.name}[{p.size}] align {p.align}" + (" noalias" if p.noalias else "") + (" ro" if p.readonly else "") +
+    (" wo" if p.writeonly else "") for i, p in enumerate(k.params)) + ")")
+  loops = " ".join(f"for {v.name}<{v.size}" for v in k.domain)
+  tail = f"  {loops}: p{k.store.param}[{k.store.idx!r}] = {names[id(k.store.value)]}"
+  extra = ([f"  tile {k.tile} matmul {k.matmul!r}"] if k.tile else []) + (["  checked"] if k.checked else []) + (["  stream"] if k.stream else [])
+  return "\n".join([head] + lines + [tail] + extra)
