@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from egraph.ir.ops import Ops
+from rules.vocabulary import ARITY, OP_TERMS
 
 PHASES = ("load", "materialize", "optimize")
 
@@ -20,11 +21,10 @@ class Rule:
 
 RULES: dict[str, Rule] = {}
 
-# the vocabulary of egraph/engine/language.py's program (constructors and fact relations with their arities), and egglog's
-# own commands: a rule naming anything else would be an egglog error at best, a rule that silently never fires at worst
-CONSTRUCTORS = {"L": 2, "U": 3, "B": 4, "R": 5, "V": 3, "Cons": 2, "Nil": 0, "N": 1}
-RELATIONS = {"fresh": 2, "view": 2, "storage": 1, "zero": 1, "copy_into": 2, "precompiled": 2, "computed_arg": 1, "candidate": 2}
+# beside rules/vocabulary.py's constructors and relations, egglog's own commands: a rule naming anything else would be an
+# egglog error at best, a rule that silently never fires at worst
 BUILTINS = {"=", "!=", "union", "subsume", "delete", "set", "let", "panic"}
+_OP_NAMES = {t.name for t in OP_TERMS}
 _ATOM = re.compile(r'"[^"]*"|[()]|[^\s()"]+')
 
 def _calls(text: str):
@@ -48,10 +48,10 @@ def validate(r: Rule) -> None:
     except ValueError as e: raise ValueError(f"rule {r.name}: {e} in {part!r}") from None
     for head, n, first in forms:
       if isinstance(head, list): raise ValueError(f"rule {r.name}: a form with no head in {part!r}")
-      want = CONSTRUCTORS.get(head, RELATIONS.get(head))
+      want = ARITY.get(head)
       if want is None and head not in BUILTINS: raise ValueError(f"rule {r.name}: unknown constructor or relation {head!r}")
       if want is not None and n != want: raise ValueError(f"rule {r.name}: ({head} ...) takes {want} arguments, got {n}")
-      if head in ("L", "U", "B", "R", "V") and isinstance(first, str) and first.startswith('"') and first.strip('"') not in Ops.__members__:
+      if head in _OP_NAMES and isinstance(first, str) and first.startswith('"') and first.strip('"') not in Ops.__members__:
         raise ValueError(f"rule {r.name}: unknown op {first}")
 
 def register(*rules: Rule) -> None:

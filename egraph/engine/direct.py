@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from egraph.ir.ops import Node, Ops, GroupOp, empty_view, binds_dims, const_key
 from egraph.engine.encode import Encoding, realize_points, assigns_into_computed, is_host, ASSIGNS
 from egraph.engine.cost import CostModel
+from rules.vocabulary import RELATIONS, OP_TERMS
 
 _NOT_PLAIN = frozenset({Ops.CALL, Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.SINK, Ops.BIND, Ops.MULTI})
 _PRICED_OPS = frozenset({Ops.CONTIGUOUS, Ops.AFTER, Ops.STORE, Ops.BUFFER, Ops.PARAM, Ops.SLICE})   # as baseline_cost
@@ -124,7 +125,9 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
 COVERED = frozenset({"contiguous_to_view", "bitcast_to_view", "copy_of_view", "contiguous_of_assign",
                      "contiguous_of_assign_n", "assign_copy_in_place", "contiguous_idempotent", "drop_detach",
                      "drop_contiguous_backward", "storage_through_reshape", "store_candidate"})
-_FACTS = ("view_row", "copy_into_row", "candidate_row", "precompiled_row", "zero_row")
+# every fact row but fresh and storage (which every graph has): a relation added later makes a graph undecided here
+_FACTS = tuple(r.row for r in RELATIONS if r.lifted and r.name not in ("fresh", "storage"))
+_OP_ROWS = tuple(t.row for t in OP_TERMS)
 _MARKERS = GroupOp.ValueMarker
 DROPPED = frozenset(o.name for o in _MARKERS)   # as e-node names (materialized_call(drop=True) reads through them)
 _THROUGH = DROPPED | {"RESHAPE"}
@@ -138,7 +141,7 @@ def no_decision(enc: Encoding) -> str | None:
   if any(rows.get(r) for r in _FACTS): return None   # views (3 rules), copy_into, candidates; precompiled, zero: not plain
   if enc.calls or enc.axes or enc.computed_args: return None   # precompiled calls, multi-device, assigns into computed values
   op: dict[int, str] = {}
-  for rel in ("leaf_row", "un_row", "bin_row", "ter_row", "var_row"):
+  for rel in _OP_ROWS:
     for r in rows.get(rel, ()): op[r[0]] = r[1]
   if not DROPPED.isdisjoint(op.values()) and _merges_through_markers(rows): return None
   src = {r[0]: r[3] for r in rows.get("un_row", ())}

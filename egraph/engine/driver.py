@@ -20,6 +20,7 @@ from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError, EngineError
 from egraph.ir.symbolic import BoundVar, Variable, dims_in, map_dims
 from egraph.engine.encode import encode, Encoding
+from rules.vocabulary import TERM_ROWS
 from egraph.engine.direct import plan, no_decision, settled_on_graph, DROPPED
 from egraph.engine.build import view_over, bind_dims, build_call, has_bound_dims, materialized_call, build_plan
 from egraph.engine.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
@@ -266,7 +267,7 @@ class Budget:
 def loaded_size(enc: Encoding) -> int:
   """E-nodes the e-graph holds after loading and materializing `enc`: one per term row, an AFTER and a STORE per
   realize point stored (a little more than egglog counts where rows coincide)."""
-  terms = sum(len(enc.rows.get(r, ())) for r in ("leaf_row", "un_row", "bin_row", "ter_row", "var_row", "cons_row", "nil_row"))
+  terms = sum(len(enc.rows.get(r, ())) for r in TERM_ROWS)
   return terms + 2 * len(enc.fresh)
 
 def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits, t0: float,

@@ -1,60 +1,32 @@
 """The egglog program: one sort T for tensor terms, generic constructors by arity, input relations for bulk loading,
-fact relations, and the rules from the `rules` registry. Args are i64 ids into a Python-side intern table."""
+fact relations (all generated from rules/vocabulary.py's tables), and the rules from the `rules` registry. Args are i64 ids into a Python-side intern table."""
 import rules.callify  # noqa: F401  (registers the callify rules into RULES)
 from rules.registry import RULES, PHASES
+from rules.vocabulary import TERMS, RELATIONS
 
-DECLARATIONS = """
-(sort T)
-(constructor N (i64) T :unextractable)
-(constructor L (String i64) T)
-(constructor U (String i64 T) T)
-(constructor B (String i64 T T) T)
-(constructor R (String i64 T T T) T)
-(constructor V (String i64 T) T)
-(constructor Cons (T T) T)
-(constructor Nil () T)
-(relation leaf_row (i64 String i64))
-(relation un_row (i64 String i64 i64))
-(relation bin_row (i64 String i64 i64 i64))
-(relation ter_row (i64 String i64 i64 i64 i64))
-(relation var_row (i64 String i64 i64))
-(relation cons_row (i64 i64 i64))
-(relation nil_row (i64))
-(relation fresh_row (i64 i64))
-(relation view_row (i64 i64))
-(relation storage_row (i64))
-(relation zero_row (i64))
-(relation copy_into_row (i64 i64))
-(relation precompiled_row (i64 i64))
-(relation computed_arg (i64))
-(relation candidate_row (i64 i64))
-(relation fresh (T T))
-(relation view (T T))
-(relation storage (T))
-(relation zero (T))
-(relation copy_into (T T))
-(relation precompiled (T T))
-(relation candidate (T T))
-"""
+def _sorts(args) -> str: return " ".join(args)
 
-LIFT_RULES = """
-(rule ((leaf_row i op a)) ((union (N i) (L op a))) :ruleset load :name "lift_leaf")
-(rule ((un_row i op a x)) ((union (N i) (U op a (N x)))) :ruleset load :name "lift_unary")
-(rule ((bin_row i op a x y)) ((union (N i) (B op a (N x) (N y)))) :ruleset load :name "lift_binary")
-(rule ((ter_row i op a x y z)) ((union (N i) (R op a (N x) (N y) (N z)))) :ruleset load :name "lift_ternary")
-(rule ((var_row i op a l)) ((union (N i) (V op a (N l)))) :ruleset load :name "lift_variadic")
-(rule ((cons_row i h t)) ((union (N i) (Cons (N h) (N t)))) :ruleset load :name "lift_cons")
-(rule ((nil_row i)) ((union (N i) (Nil))) :ruleset load :name "lift_nil")
-(rule ((fresh_row c f)) ((fresh (N c) (N f))) :ruleset load :name "lift_fresh")
-(rule ((view_row x s)) ((view (N x) (N s))) :ruleset load :name "lift_view")
-(rule ((storage_row x)) ((storage (N x))) :ruleset load :name "lift_storage")
-(rule ((zero_row x)) ((zero (N x))) :ruleset load :name "lift_zero")
-(rule ((copy_into_row u k)) ((copy_into (N u) (N k))) :ruleset load :name "lift_copy_into")
-(rule ((precompiled_row g r)) ((precompiled (N g) (N r))) :ruleset load :name "lift_precompiled")
-(rule ((candidate_row x f)) ((candidate (N x) (N f))) :ruleset load :name "lift_candidate")
-"""
-CONSTRUCTORS = ("L", "U", "B", "R", "V", "Cons", "Nil")
+def _row_decl(name: str, args, keyed: bool) -> str:
+  """The i64 input row that inserts a term (`keyed`: its node id first) or a fact: T children arrive as node ids."""
+  return f"(relation {name} ({_sorts(['i64'] * keyed + ['i64' if a == 'T' else a for a in args])}))"
 
+def _lift(row: str, head: str, args, lhs: str | None, name: str) -> str:
+  """The load rule that turns one input row into a term (`lhs` its id) or a fact."""
+  vs = [f"x{k}" for k in range(len(args))]
+  body = " ".join(f"(N {v})" if a == "T" else v for v, a in zip(vs, args))
+  term = f"({head}{' ' + body if body else ''})"
+  action = f"(union (N {lhs}) {term})" if lhs else term
+  return f'(rule (({row} {" ".join(([lhs] if lhs else []) + vs)})) ({action}) :ruleset load :name "{name}")'
+
+DECLARATIONS = "\n".join([
+  "(sort T)",
+  *(f"(constructor {t.name} ({_sorts(t.args)}) T{'' if t.extractable else ' :unextractable'})" for t in TERMS),
+  *(_row_decl(t.row, t.args, True) for t in TERMS if t.row),
+  *(_row_decl(r.row, r.args, False) for r in RELATIONS if r.lifted),
+  *(f"(relation {r.name} ({_sorts(r.args)}))" for r in RELATIONS)])
+
+LIFT_RULES = "\n".join([*(_lift(t.row, t.name, t.args, "i", t.lift) for t in TERMS if t.row),
+                        *(_lift(r.row, r.name, r.args, None, f"lift_{r.name}") for r in RELATIONS if r.lifted)])
 def program(rules=None) -> str:
   """The whole egglog prelude: declarations, rulesets, lift rules and the selected callify rules."""
   rules = list(RULES.values()) if rules is None else rules

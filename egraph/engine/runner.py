@@ -30,7 +30,9 @@ from enum import Enum
 from typing import Callable, Protocol
 import egglog.bindings as eb
 from egraph.ir.errors import EngineError, CallsatError
-from egraph.engine.language import program, CONSTRUCTORS
+from egraph.engine.language import program
+from rules.vocabulary import EXTRACTABLE as CONSTRUCTORS
+from rules.orders import REFERENCE_ORDER, MATERIALIZE_FIRST
 from rules.registry import RULES
 
 class OutOfBudget(Exception):
@@ -78,19 +80,6 @@ class Schedule:
   ordered: tuple[str, ...] | None = None   # ordered, destructive mode: rule names in application order
   canary: bool = False                     # bad-merge canary after every step (also env CALLSAT_CANARY=1)
 
-# The reference pass's order (spec §4.2): per CONTIGUOUS it tries view folding (rule 3), then the merge with an AFTER
-# into storage (rule 7), then materialization (rule 9, whose zero-size case comes first); assigns into computed
-# values (rule 8) and DETACH/CONTIGUOUS_BACKWARD removal (rule 10) come after. `.contiguous()` of storage is the
-# identity at construction (before any pass), and CONTIGUOUS(CONTIGUOUS(x)) reaches rule 7 in the reference because
-# the inner one is materialized first (post-order), which `contiguous_idempotent` before materialization models.
-REFERENCE_ORDER = ("contiguous_of_storage", "storage_through_reshape", "contiguous_to_view", "contiguous_idempotent",
-                   "contiguous_of_assign", "contiguous_of_assign_n", "materialize_assign", "zero_size",
-                   "materialize_contiguous", "drop_detach", "drop_contiguous_backward")
-# the same with materialization first: every CONTIGUOUS is stored before a view or a merge can match it
-MATERIALIZE_FIRST = ("zero_size", "materialize_contiguous", "materialize_assign", "contiguous_of_storage",
-                     "storage_through_reshape", "contiguous_to_view", "contiguous_idempotent", "contiguous_of_assign",
-                     "contiguous_of_assign_n", "drop_detach", "drop_contiguous_backward")
-
 SCHEDULE_PRESETS = {"saturate": Schedule(), "baseline": Schedule("baseline", rules=()), "once": Schedule("once", max_iterations=1),
                     "reference": Schedule("reference", ordered=REFERENCE_ORDER),
                     "materialize_first": Schedule("materialize_first", ordered=MATERIALIZE_FIRST)}
@@ -120,7 +109,7 @@ class RunStats:
   iterations: int = 0
   matches: dict[str, int] = field(default_factory=dict)
   stop_reason: StopReason = StopReason.SATURATED
-  rounds: dict[str, int] = field(default_factory=dict)   # stepwise mode: rounds per phase until nothing changed
+  rounds: dict[str, int] = field(default_factory=dict)   # rounds per phase the rewrite loop ran (materialize: stepwise only)
   seconds: dict[str, float] = field(default_factory=dict)
   trace: list[tuple[int, str, int]] = field(default_factory=list)   # (step, rule, matches): one entry per rule that fired per step
   canary_checks: int = 0
@@ -226,6 +215,53 @@ class DeclaredPool:
 
 DECLARED = DeclaredPool()
 
+# ---- scheduling policies (egg's RewriteScheduler): what one round of a phase runs; Runner._rounds owns the loop -------
+
+@dataclass(frozen=True)
+class Step:
+  """One egglog command of a round: `what` it does (for errors), the `rule` a stepwise hook is told of, and where a
+  canary check follows it (None: no check)."""
+  command: str
+  what: str
+  rule: str | None = None
+  canary: str | None = None
+
+def _matches(outs, rule: str) -> int:
+  return sum(o.report.num_matches_per_rule.get(rule, 0) for o in outs if isinstance(o, eb.RunScheduleOutput))
+
+class RewriteScheduler:
+  """A phase's rounds: `round(phase, k)` gives round k's steps ([] = nothing to run); `finish` runs once after the
+  loop. `check_each_step`: limits are checked before every step, not only before every round."""
+  check_each_step = False
+  def __init__(self, schedule: Schedule): self.schedule = schedule
+  def round(self, phase: str, k: int) -> list[Step]: raise NotImplementedError
+  def finish(self, runner: "Runner") -> None: pass
+
+class Saturating(RewriteScheduler):
+  """Every optimize rule once per iteration (then the materialize rules again), until nothing changes."""
+  def round(self, phase, k):
+    if self.schedule.rules == (): return []
+    return [Step(f"(run-schedule {OPTIMIZE_STEP})", "running the optimize phase", canary=f"optimize iteration {k}")]
+
+class Ordered(RewriteScheduler):
+  """The pattern-matcher model: each rule of the sequence run destructively to saturation in turn; rounds repeat until
+  one changes nothing. The captured all-materialized fallbacks are added at the end."""
+  check_each_step = True
+  def round(self, phase, k):
+    return [Step(f"(run-schedule (saturate (run {ordered_ruleset(n)})))", f"running rule {n} (ordered mode)",
+                 canary=f"rule {n} in round {k}") for n in self.schedule.ordered]
+  def finish(self, runner):
+    for o in runner.command("(run-schedule (saturate (run fallback)))", "adding the materialized fallbacks"): runner._count(o)
+
+class Stepwise(RewriteScheduler):
+  """Every rule of the phase applied once, each its own step a hook sees (explain); the materialize phase runs the
+  same way, without limits."""
+  def __init__(self, schedule: Schedule):
+    super().__init__(schedule)
+    self.names = dict(stepwise_phases(schedule))
+  def round(self, phase, k):
+    return [Step(f"(run {STEP_PREFIX}{n} 1)", f"running rule {n} (stepwise)", rule=n) for n in self.names[phase]]
+
 class Runner:
   """One egglog e-graph holding an encoded graph; runs the phases under limits (one `check_limits()` decides stops)."""
   def __init__(self, schedule: Schedule, hook: StepHook | None = None, abort_at: float = float("inf"),
@@ -251,6 +287,7 @@ class Runner:
                          "Compare orders with `callsat order` instead")
     if stepwise and schedule.max_iterations is not None:
       raise CallsatError(f"explain runs to saturation; schedule {schedule.name!r} stops after {schedule.max_iterations} iteration(s)")
+    self.scheduler = Stepwise(schedule) if stepwise else Ordered(schedule) if schedule.ordered is not None else Saturating(schedule)
     self._decl = declarations(schedule, stepwise)
     self.egraph = DECLARED.take(self._decl, "declaring the callify language"
                                 + (" (ordered mode)" if self.ordered else " (stepwise)" if stepwise else ""))
@@ -292,7 +329,7 @@ class Runner:
     """The all-stored baseline. In ordered mode the materialize rules run inside the sequence instead; this only
     records each realize point's starting form for the fallback."""
     if self.ordered: self._phase("materialize", "(run-schedule (saturate (run capture)))")
-    elif self.stepwise: self._stepwise("materialize", None)
+    elif self.stepwise: self._rounds("materialize", self.scheduler, None, self.clock)
     else:
       self._phase("materialize", "(run-schedule (saturate (run materialize)))")
       self.check_canary("the materialize phase")
@@ -331,56 +368,33 @@ class Runner:
     return None
 
   def optimize(self, limits: Limits) -> None:
-    """Run the optimize rules one iteration at a time until saturated or a limit is hit. Ordered mode: one round is
-    every rule of the sequence run to saturation in turn; rounds repeat until a round changes nothing. The time limit
+    """Run the optimize phase under `limits` with the schedule's policy (saturate, ordered or stepwise). The time limit
     counts from the Runner's clock (its creation by default): loading and the materialize phase spend the same budget."""
-    t0, start = self.clock, time.perf_counter()
-    if self.ordered: reason = self._optimize_ordered(limits, t0)
-    elif self.stepwise: reason = self._stepwise("optimize", limits, t0)
-    else:
-      reason = StopReason.SATURATED
-      while self.schedule.rules != ():
-        if (hit := self.check_limits(limits, t0, self.stats.iterations)) is not None: reason = hit; break
-        changed = any([self._count(o) for o in self.command(f"(run-schedule {OPTIMIZE_STEP})", "running the optimize phase")])
-        self.stats.iterations += 1
-        self.check_canary(f"optimize iteration {self.stats.iterations}")
-        if not changed: break
-    self.stats.stop_reason, self.stats.size = reason, self.size()
+    start = time.perf_counter()
+    self.stats.stop_reason = self._rounds("optimize", self.scheduler, limits, self.clock)
+    self.stats.size = self.size()
     self.stats.seconds["optimize"] = time.perf_counter() - start
 
-  def _optimize_ordered(self, limits: Limits, t0: float) -> StopReason:
-    reason = None
-    while True:
-      if self.stats.iterations >= self._cap(limits): reason = StopReason.ITERATION_LIMIT; break
-      changed = False
-      for name in self.schedule.ordered:
-        if (reason := self.check_limits(limits, t0, 0)) is not None: break
-        outs = self.command(f"(run-schedule (saturate (run {ordered_ruleset(name)})))", f"running rule {name} (ordered mode)")
-        changed |= any([self._count(o) for o in outs])
-        self.check_canary(f"rule {name} in round {self.stats.iterations + 1}")
-      self.stats.iterations += 1
-      if reason is not None or not changed: break
-    for o in self.command("(run-schedule (saturate (run fallback)))", "adding the materialized fallbacks"): self._count(o)
-    return reason or StopReason.SATURATED
-
-  def _stepwise(self, phase: str, limits: Limits | None, t0: float = 0.0) -> StopReason:
-    """Stepwise mode: rounds of every rule of `phase` applied once, each its own step, until a round changes nothing.
-    Limits apply to the optimize phase only (the materialize phase always finishes, as in the phased run)."""
-    names = dict(stepwise_phases(self.schedule))[phase]
+  def _rounds(self, phase: str, policy: "RewriteScheduler", limits: Limits | None, t0: float) -> StopReason:
+    """The one rewrite loop: rounds of the policy's steps until a round changes nothing or a limit is hit. Limits are
+    checked before every round (and before every step where the policy asks); the canary after every step that names
+    itself; the hook told of every rule step that matched."""
     rnd, reason = 0, StopReason.SATURATED
-    while names:
+    while steps := policy.round(phase, rnd + 1):
       if limits is not None and (hit := self.check_limits(limits, t0, rnd)) is not None: reason = hit; break
-      rnd += 1
       changed = False
-      for name in names:
-        outs = [o for o in self.command(f"(run {STEP_PREFIX}{name} 1)", f"running rule {name} (stepwise)")
-                if isinstance(o, eb.RunScheduleOutput)]
-        n = sum(o.report.num_matches_per_rule.get(STEP_PREFIX + name, 0) for o in outs)
-        for o in outs: changed |= self._count(o)
-        if n: self.hook.step(phase, rnd, name, n)
+      for k, st in enumerate(steps):
+        if k and policy.check_each_step and limits is not None and (hit := self.check_limits(limits, t0, 0)) is not None:
+          reason = hit; break
+        outs = self.command(st.command, st.what)
+        changed |= any([self._count(o) for o in outs])
+        if st.rule is not None and self.hook is not None and (n := _matches(outs, STEP_PREFIX + st.rule)): self.hook.step(phase, rnd + 1, st.rule, n)
+        if st.canary is not None: self.check_canary(st.canary)
+      rnd += 1
       if phase == "optimize": self.stats.iterations = rnd
-      if not changed: break
+      if reason is not StopReason.SATURATED or not changed: break
     self.stats.rounds[phase] = rnd
+    policy.finish(self)
     return reason
 
   # ---- the bad-merge canary ------------------------------------------------------------------------------------------

@@ -19,13 +19,12 @@ from egraph.engine.encode import encode, COMPUTED_TARGET
 from egraph.engine.runner import Runner, Schedule, Limits, SCHEDULE_PRESETS, StopReason, resolve, stepwise_phases
 from egraph.engine.cost import CostModel, COST_PRESETS
 from egraph.engine.extract import EGraphView, knuth, baseline_cost
-from egraph.engine.language import CONSTRUCTORS
+from rules.vocabulary import EXTRACTABLE as CONSTRUCTORS, FACTS
 from egraph.engine.driver import Saturation, Extraction, saturate, extract_call, storage_view, roots_of
 from egraph.fusion.solve import fusion_mode, cost_plan, add_candidates
 from rules.registry import RULES
 
 KINDS = ("view", "fresh", "alias", "shared", "existing")
-_FACTS = ("storage", "view", "fresh", "zero", "copy_into", "precompiled")
 
 @dataclass
 class RuleEvent:
@@ -163,7 +162,7 @@ class _Snapshots:
         kids = r.inputs if name in ("Cons", "Nil") else r.inputs[2:]
         key = ((name, 0) if name in ("Cons", "Nil") else (s(r.inputs[0]), i64(r.inputs[1]))) + (tuple(low.get(k, -1) for k in kids),)
         members[r.output][key] += 1
-    for name in _FACTS:
+    for name in FACTS:
       if name not in fns: continue
       for r in fns[name].rows:
         if r.inputs and r.inputs[0] in want: facts[r.inputs[0]][name] += 1

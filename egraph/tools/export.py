@@ -19,7 +19,7 @@ from egraph.ir.errors import CallsatError
 from egraph.engine.encode import encode, Encoding
 from egraph.engine.runner import Runner, Schedule, Limits, SCHEDULE_PRESETS, resolve, guarded, declarations, ordered_ruleset, OPTIMIZE_STEP
 from egraph.engine.cost import CostModel, COST_PRESETS
-from egraph.engine.language import CONSTRUCTORS
+from rules.vocabulary import EXTRACTABLE as CONSTRUCTORS
 from egraph.engine.driver import callify, roots_of, saturate
 from egraph.tools.explain import arg_text
 import egglog.bindings as eb

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
 from egraph import Tensor, callify
 from egraph.ir.errors import CallsatError
-from egraph.engine.runner import Schedule, REFERENCE_ORDER, ordered_schedule
+from egraph.engine.runner import Schedule, ordered_schedule
+from rules.orders import REFERENCE_ORDER
 from egraph.tools.ordering import orderable_rules, random_orders, run_graph, generated_graph
 from rules.testing.strategies import graphs, reference_values, executed_values
 
