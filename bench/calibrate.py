@@ -48,12 +48,14 @@ def kernels(rng) -> dict:
   A, B, M, N = f(512, 512), f(512, 512), f(192, 192), f(192, 192)
   X = f(2048, 2048)
   return {
-    "launch": s64 + b64, "bw_cache": s1m + b1m, "bw_mem": m1 + m2, "ew": chain(s256k, 64), "exp": exps(s256k, 8), "transpose": X.transpose(1, 0).contiguous(),
+    "launch": s64 + b64, "bw_cache": s1m + b1m, "bw_mem": m1 + m2, "ew": chain(s256k, 64), "exp": exps(s256k, 8),
+    "transpose": X.transpose(1, 0).contiguous(),
     "reduce": (M.reshape(192, 192, 1) + N.reshape(1, 192, 192)).max(axis=1), "matmul": A @ B,
     "mixed: chain 8 at 4M": chain(s4m, 8), "mixed: chain 24 at 4M": chain(s4m, 24), "mixed: row sum 2048^2": X.sum(axis=1),
     "mixed: column sum 2048^2": X.sum(axis=0), "mixed: exp 4 at 256K": exps(s256k, 4),
     "div": (lambda x: x / (x * x + 1).sqrt())(f(1 << 20)), "mixed: exp at 4M": s4m.exp(), "mixed: chain 64 at 4K": chain(f(4096), 64),
-    "mixed: matmul 128^3": f(128, 128) @ f(128, 128), "mixed: max-plus 64^3": (f(64, 64).reshape(64, 64, 1) + f(64, 64).reshape(1, 64, 64)).max(axis=1),
+    "mixed: matmul 128^3": f(128, 128) @ f(128, 128),
+    "mixed: max-plus 64^3": (f(64, 64).reshape(64, 64, 1) + f(64, 64).reshape(1, 64, 64)).max(axis=1),
   }
 
 def readback(rng) -> Tensor:
@@ -102,7 +104,9 @@ def fit(works: dict, t: dict, threads_1: float, rb: tuple | None = None) -> Time
   divs = max(1.0, (ops("div", t) * tp_ew - w["div"].flops) / max(1, w["div"].divisions) + 1)   # compute-bound: its bytes overlap
   bw_cache = w["bw_cache"].nbytes / ops("bw_cache", t)
   base = dict(launch_s=L, bw_cache=bw_cache, bw_mem=w["bw_mem"].nbytes / ops("bw_mem", t),
-              cache_bytes=l3_bytes(), bw_strided=w["transpose"].strided_bytes / max(1e-9, ops("transpose", t) - w["transpose"].bytes_written / bw_cache), throughput=tp, transcendental_ops=trans, division_ops=divs, parallel_work=native.PARALLEL_WORK,
+              cache_bytes=l3_bytes(),
+              bw_strided=w["transpose"].strided_bytes / max(1e-9, ops("transpose", t) - w["transpose"].bytes_written / bw_cache), throughput=tp,
+              transcendental_ops=trans, division_ops=divs, parallel_work=native.PARALLEL_WORK,
               par_speedup=max(1.0, threads_1 / t["ew"]))
   if rb is not None: base["bw_readback"] = rb[0].dram_bytes / max(rb[1] - L, 1e-9)   # (its KernelWork, its time in sequence)
   best = None
@@ -137,7 +141,8 @@ def main():
   print(f"{'kernel':<28} {'kind':<12} {'bytes':>10} {'ops':>11} {'measured us':>12} {'model us':>10}")
   for k in calls:
     print(f"{k:<28} {works[k].kind:<12} {works[k].nbytes:>10} {works[k].flops:>11} {t[k] * 1e6:>12.1f} {m.kernel_seconds(works[k]) * 1e6:>10.1f}")
-  print(f"{'readback (in its program)':<28} {rb[0].kind:<12} {rb[0].nbytes:>10} {rb[0].flops:>11} {rb[1] * 1e6:>12.1f} {m.kernel_seconds(rb[0]) * 1e6:>10.1f}")
+  print(f"{'readback (in its program)':<28} {rb[0].kind:<12} {rb[0].nbytes:>10} {rb[0].flops:>11} "
+        f"{rb[1] * 1e6:>12.1f} {m.kernel_seconds(rb[0]) * 1e6:>10.1f}")
   data = {"devices": {"CPU": m.to_dict()}, "calibration": {
     "command": f"python bench/calibrate.py --rounds {args.rounds} --stat {args.stat}", "date": time.strftime("%Y-%m-%d %H:%M"),
     "machine": f"{platform.machine()} {os.cpu_count()} CPUs, llvm threads={native.THREADS}", "load": round(load, 2),

@@ -96,7 +96,8 @@ def resnet_block():
 def resnet_train():
   """A ResNet basic block with a strided projection shortcut, global pool and a linear head: one SGD step in training
   mode (batch statistics, running statistics assigned)."""
-  c1, c2, cs = nn.Conv2d(4, 8, 3, stride=2, padding=1, bias=False), nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.Conv2d(4, 8, 1, stride=2, bias=False)
+  c1, c2, cs = (nn.Conv2d(4, 8, 3, stride=2, padding=1, bias=False), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                nn.Conv2d(4, 8, 1, stride=2, bias=False))
   b1, b2, bs, fc = nn.BatchNorm2d(8), nn.BatchNorm2d(8), nn.BatchNorm2d(8), nn.Linear(8, 10)
   opt = nn.optim.SGD(nn.state.get_parameters([c1, c2, cs, b1, b2, bs, fc]), lr=0.1, momentum=0.9, nesterov=True)
   x = Tensor.randn(4, 4, 8, 8)

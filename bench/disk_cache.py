@@ -28,7 +28,8 @@ def graphs():
     b = new_buffer(a.size, dtypes.float32, "CPU"); S.set_data(b, a.reshape(-1)); return b
   N, M = 16 * 1024 * 1024, 512
   a, b = buf(rng.standard_normal(N, dtype=np.float32)), buf(rng.standard_normal(N, dtype=np.float32))
-  ew = callify(Node(Ops.SUB, None, (Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)), a)), const(1.0, dtypes.float32, "CPU").reshape((1,)).expand((N,)))))
+  ew = callify(Node(Ops.SUB, None, (Node(Ops.MUL, None, (Node(Ops.ADD, None, (a, b)), a)),
+                                    const(1.0, dtypes.float32, "CPU").reshape((1,)).expand((N,)))))
   A, B = buf(rng.standard_normal(M * M, dtype=np.float32)).reshape((M, M)), buf(rng.standard_normal(M * M, dtype=np.float32)).reshape((M, M))
   prod = Node(Ops.MUL, None, (A.reshape((M, 1, M)).expand((M, M, M)), B.permute((1, 0)).reshape((1, M, M)).expand((M, M, M))))
   mm = callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M)))

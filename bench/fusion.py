@@ -3,7 +3,8 @@ fusion="cost", in one process, modes interleaved in each round. Steady-state rea
 once per mode (compile and callify excluded: the first run_call compiles), then each sample is run_call repeated to
 last at least --min-ms, and the table shows medians over rounds: time, kernels, bytes moved (KernelWork: read + written
 per kernel), peak memory (lower/schedule/work.peak_bytes: the temporaries' arena peak plus every buffer the CALL writes) and the
-time model's prediction (egraph/fusion/timemodel.py). Values are checked against numpy first. The machine is shared and noisy (bursts of other jobs, and
+time model's prediction (egraph/fusion/timemodel.py). Values are checked against numpy first. The machine is shared and noisy
+(bursts of other jobs, and
 other tenants' memory traffic, last seconds and only ever add time): each round takes --pairs adjacent (rules, cost)
 sample pairs per program, the order alternating, --pairs x --more more for a program whose modes lower to different
 kernels. The rules / cost column is the median of the paired ratios (both samples of a pair see the same load), the
@@ -16,7 +17,8 @@ runs every kernel on one thread (the time model then splits none either: egraph/
 partitions with that noise gone. Every kernel is also timed alone (lower/schedule/work.step_seconds) against its predicted time: the
 Spearman rank correlation, and a scatter plot with --plot.
 
-  python bench/fusion.py --rounds 5 [--pairs 3] [--more 2] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md] [--plot notes/fusion_kernels.png]
+  python bench/fusion.py --rounds 5 [--pairs 3] [--more 2] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md]
+      [--plot notes/fusion_kernels.png]
   python bench/fusion.py --solver [--solver-floor 0.05] [--only substr]   # the partition solver alone: method, time, gaps
 
 --solver callifies every corpus program and the ~10k-UOp graphs of bench/callify_vs_tinygrad.py in cost mode and
@@ -163,7 +165,8 @@ def main():
   for r in range(args.rounds):
     for p in progs:
       order = modes if r % 2 == 0 else modes[::-1]
-      for _ in range(args.pairs * (1 if same[p.name] else 1 + args.more)):   # adjacent pairs, the order alternating: both samples of a pair see the same load
+      # adjacent pairs, the order alternating: both samples of a pair see the same load
+      for _ in range(args.pairs * (1 if same[p.name] else 1 + args.more)):
         for m in order: cases[(p.name, m)].sample()
         order = order[::-1]
   points = []
@@ -208,9 +211,11 @@ def main():
                  f"fastest samples {min(x[3] for x in eq):.3f}x .. {max(x[3] for x in eq):.3f}x" if eq else "")]
   cmd = "python bench/fusion.py " + " ".join(sys.argv[1:])
   text = "\n".join([f"`{cmd}` — {len(progs)} programs, modes {', '.join(modes)} interleaved, medians of {args.rounds} rounds x {args.pairs} "
-                    f"adjacent pairs ({args.pairs * (1 + args.more)} where the kernels differ), each sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}"
+                    f"adjacent pairs ({args.pairs * (1 + args.more)} where the kernels differ), "
+                    f"each sample run_call repeated to >= {args.min_ms:g} ms; values checked against numpy; llvm threads={native.THREADS}"
                     f"{' (CALLSAT_THREADS=1: no kernel split, in the model too)' if native.THREADS == 1 else ''}; "
-                    f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}, {time.process_time() - cpu0:.0f} s CPU while sampling. Slashed columns: " + " / ".join(modes) + ".", "", *rows, "",
+                    f"load {load0:.2f} -> {os.getloadavg()[0]:.2f}, {time.process_time() - cpu0:.0f} s CPU while sampling. Slashed columns: "
+                    + " / ".join(modes) + ".", "", *rows, "",
                     *[f"- {s}" for s in notes + summary]])
   print(text)
   if args.plot: plot(points, args.plot, rho)

@@ -151,7 +151,8 @@ def main() -> None:
   gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))
   geo = {m: f"**{gm(v):.2f}x** ({gm(same[m]):.2f}x with `=` as 1.00)" for m, v in ratios.items() if v}
   lines.append("| **geomean** |" + " |" * (2 * len(modes) + 2) + " " + " | ".join(geo.values()) + " |")
-  txt = "\n".join(lines) + "\n\n`=`: the mode's captured kernels are stock's, source for source (its ratio is noise).\n" + f"{len(rows)} programs, {a.rounds} rounds, samples >= {a.min_ms:g} ms, " \
+  txt = "\n".join(lines) + "\n\n`=`: the mode's captured kernels are stock's, source for source (its ratio is noise).\n" \
+        + f"{len(rows)} programs, {a.rounds} rounds, samples >= {a.min_ms:g} ms, " \
         f"{time.time() - t0:.0f} s, load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}\n"
   print(txt)
   if a.out:

@@ -13,7 +13,7 @@ exec timeout 290 python3 - "$@" <<'PY'
 import json, os, sys, time
 import numpy as np
 sys.path.insert(0, os.getcwd())
-from lower import cuda_driver as drv      # numpy + ctypes only: no egglog, no callsat front end
+from lower.device import cuda_driver as drv      # numpy + ctypes only: no egglog, no callsat front end
 from egraph.ir.dtype import dtypes            # numpy + ml_dtypes: the fp8 buffers' host types
 
 dry = "--dry-run" in sys.argv[1:]

@@ -84,7 +84,8 @@ def accuracy() -> str:
     t.sum(axis=axis).numpy()   # compile and warm
     t0 = time.perf_counter(); got = t.sum(axis=axis).numpy(); ms = (time.perf_counter() - t0) * 1e3
     err = lambda v: f"{float(np.max(np.abs(np.asarray(v, np.float64) - exact) / np.abs(exact))):.1e}"
-    rows.append(f"| {name} | {err(got)} | {err(x.sum(axis=axis)) if x is not None else 'not run (np.broadcast_to sums ~1e9 elements/s)'} | {ms:.1f} |")
+    rows.append(f"| {name} | {err(got)} | "
+                f"{err(x.sum(axis=axis)) if x is not None else 'not run (np.broadcast_to sums ~1e9 elements/s)'} | {ms:.1f} |")
   x = np.full(2 * 10 ** 8, 0.1, np.float32)
   row("2e8 x 0.1 (800 MB)", x, Tensor(x).realize(), float(np.float32(0.1)) * x.size)
   del x
@@ -188,7 +189,8 @@ def main():
     "sum llvm": lambda: run_call(fs.call, S), "sum numpy": lambda: a_np.sum(),
     "matmul llvm": lambda: run_call(mm.call, S), "matmul llvm 1t": lambda: one_thread(mm.call), "matmul numpy": blas,
   }
-  tg, tg_note = ({}, "tinygrad column skipped (--no-tinygrad)") if args.no_tinygrad else tinygrad_contenders(a_np, b_np, x_np, A_np, B_np, native.THREADS)
+  tg, tg_note = (({}, "tinygrad column skipped (--no-tinygrad)") if args.no_tinygrad
+                 else tinygrad_contenders(a_np, b_np, x_np, A_np, B_np, native.THREADS))
   contenders.update(tg)
   times = {k: [] for k in contenders}
   for _ in range(args.rounds):
@@ -220,7 +222,8 @@ def main():
            f"process, ms; host CPU `{cpu}`, llvm threads={native.THREADS}; BLAS: {blas_info()}; load average (1/5/15 min) "
            f"before {'/'.join(f'{x:.2f}' for x in load0)}, after {'/'.join(f'{x:.2f}' for x in load1)}.", "",
            "| kernel | llvm | reference | ratio (ref / llvm) | note |", "|---|---|---|---|---|",
-           f"| elementwise (a+b)*a-1, 16M f32 | {med['ew llvm']:.2f} ({ew_bw:.1f} GB/s) | numpy out=: {med['ew numpy out=']:.2f}; expr: {med['ew numpy expr']:.2f} | "
+           f"| elementwise (a+b)*a-1, 16M f32 | {med['ew llvm']:.2f} ({ew_bw:.1f} GB/s) | "
+           f"numpy out=: {med['ew numpy out=']:.2f}; expr: {med['ew numpy expr']:.2f} | "
            f"{med['ew numpy out='] / med['ew llvm']:.2f}x / {med['ew numpy expr'] / med['ew llvm']:.2f}x | 1 thread {med['ew llvm 1t']:.2f}; "
            f"{100 * ew_bw / triad_bw:.0f}% of triad |",
            f"| elementwise (a+b)*a-1, 8M f64 | {med['ew64 llvm']:.2f} ({gbs(24 * N64, med['ew64 llvm']):.1f} GB/s) | numpy out=: "

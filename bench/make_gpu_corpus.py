@@ -59,7 +59,8 @@ def _tensor_cases() -> list:
   def views():
     x = rnd(6, 8, seed=13)
     return [x.flip(0).permute(1, 0).pad(((1, 2), (0, 3))).contiguous(), x[1:5, 2:7].sum(axis=0)]
-  return [("mm_ragged", mm_ragged), ("mm_square", mm_square), ("mm_transposed", mm_transposed), ("mm_b_transposed", mm_b_transposed), ("bmm", bmm), ("row_sum", row_sum),
+  return [("mm_ragged", mm_ragged), ("mm_square", mm_square), ("mm_transposed", mm_transposed), ("mm_b_transposed", mm_b_transposed),
+          ("bmm", bmm), ("row_sum", row_sum),
           ("full_sum", full_sum), ("col_max", col_max), ("softmax", softmax), ("elementwise", elementwise), ("views", views)]
 
 def _alu_cases() -> list:
@@ -210,7 +211,8 @@ def main(argv=None) -> int:
               else a for k, a in arrays.items()}
     np.savez_compressed(os.path.join(args.out, "cases", c.name + ".npz"), **arrays)
     plan = {k: v for k, v in lw.plan.items() if k not in ("source", "kernels")}
-    manifest["cases"].append({"name": c.name, "plan": plan, "tolerance": {n: tolerance(b["dtype"]) for n, b in plan["buffers"].items() if b["kind"] != "tmp"}})
+    manifest["cases"].append({"name": c.name, "plan": plan,
+                              "tolerance": {n: tolerance(b["dtype"]) for n, b in plan["buffers"].items() if b["kind"] != "tmp"}})
   for (name, _, extra), lw in zip(benches, lows[len(cases):]):
     plan = {k: v for k, v in lw.plan.items() if k not in ("source", "kernels")}
     manifest["bench"].append({"name": name, "plan": plan, **extra})

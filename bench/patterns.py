@@ -28,12 +28,14 @@ def cases():
     ("column sums 4096^2", x.sum(axis=0), lambda: xn.sum(0)),
     ("row softmax 4096^2", x.softmax(), lambda: sm(xn)),
     ("transpose copy 4096^2", x.transpose(1, 0).contiguous(), lambda: np.ascontiguousarray(xn.T)),
-    ("batch norm (column mean/var) 4096^2", (x - x.mean(axis=0)) / (x.var(axis=0) + 1e-5).sqrt(), lambda: (xn - xn.mean(0)) / np.sqrt(xn.var(0) + 1e-5)),
+    ("batch norm (column mean/var) 4096^2", (x - x.mean(axis=0)) / (x.var(axis=0) + 1e-5).sqrt(),
+     lambda: (xn - xn.mean(0)) / np.sqrt(xn.var(0) + 1e-5)),
     ("relu(a @ a + 1), 1024^3", (a @ a + 1.0).relu(), lambda: np.maximum(an @ an + 1, 0)),
     ("a.T @ a, 1024^3", a.transpose(1, 0) @ a, lambda: an.T @ an),
     ("softmax(a @ a.T), 1024^3", (a @ a.transpose(1, 0)).softmax(), lambda: sm(an @ an.T)),
     ("attention, 8 heads x 64, T=256 (bmm)", mha, mha_np),
-    ("logsumexp rows 1024^2", (a - a.max(axis=1, keepdim=True)).exp().sum(axis=1).log(), lambda: np.log(np.exp(an - an.max(1, keepdims=True)).sum(1))),
+    ("logsumexp rows 1024^2", (a - a.max(axis=1, keepdim=True)).exp().sum(axis=1).log(),
+     lambda: np.log(np.exp(an - an.max(1, keepdims=True)).sum(1))),
   ]
 
 def main():

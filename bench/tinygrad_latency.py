@@ -9,7 +9,8 @@ Each program is a real tinygrad program's step: the graph measured is the sink i
 (4 to 300 UOps): copy-in (realize of a new `Tensor([1., 2, 3])`), item (`(a + 3).sum().item()`), contig-sum
 (`(b * 2).contiguous().sum(1)`), sgd-assign (`w.assign(w * 0.99 - 0.01 * g)`), kv-write (a decode step's KV-cache
 write into one position, as examples/gpt2.py without JIT), slice-view (`w[2:6].contiguous()` and a slice of a computed
-value), sgd-momentum (nn.optim.SGD's step, one parameter), layernorm (nn.LayerNorm forward), adam (nn.optim.Adam's step, two parameters), attention (a causal attention
+value), sgd-momentum (nn.optim.SGD's step, one parameter), layernorm (nn.LayerNorm forward), adam (nn.optim.Adam's step, two parameters),
+attention (a causal attention
 block with residual), mlp-train (a 2-layer MLP's forward, cross-entropy loss, backward and Adam step); the big ones:
 synth-N (a DAG of elementwise ops, reductions, contiguous points and assigns over realized buffers), GPT-2 small's
 forward and ResNet-18's eval forward. Programs with state (weights, optimizer moments, an assigned w) are set up once,

@@ -100,6 +100,7 @@ _BOOL_VIA_INT = frozenset({Ops.NEG, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD
 def alu(op: Ops, dt: DType, *xs: np.ndarray) -> np.ndarray:
   """One ALU op; `dt` is the dtype of its (last) operand."""
   if op is Ops.WHERE: return np.where(*xs)
+  if op is Ops.MULACC: return alu(Ops.ADD, dt, alu(Ops.MUL, dt, xs[0], xs[1]), xs[2])   # two roundings, fp8 too
   if dt in dtypes.fp8s:   # in float32 (exact for fp8 operands), then rounded back as tinygrad's float_to_fp8
     r = alu(op, dtypes.float32, *(x.astype(np.float32) for x in xs))
     return r if r.dtype == np.bool_ else as_np(r, dt)

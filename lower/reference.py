@@ -5,7 +5,7 @@ of the storage arrays. Effects are ordered only by AFTER: a read through AFTER(x
 storage that does not go through an AFTER sees the state before the graph's effects (tinygrad's write-after-read order), so
 the order of roots never matters.
 The elementwise semantics of every op, cast and dtype live in lower/numeric.py: ints wrap in the node dtype, IDIV/MOD truncate,
-FLOORDIV/FLOORMOD floor, division by zero is defined (`x // 0 == 0`, `x % 0 == x`), float -> int casts follow tinygrad's CPU
+floor division floors, division by zero is defined (`x // 0 == 0`, `x % 0 == x`), float -> int casts follow tinygrad's CPU
 device. Bool arithmetic is C's `(bool)(a op b)`: ADD=OR, SUB=XOR, MUL=AND, NEG=identity.
 """
 from __future__ import annotations

@@ -420,7 +420,8 @@ class _Back:
     if op is Ops.AFTER: return s[0].after(*s[1:])
     if op is Ops.SINK: return UOp.sink(*s)
     if op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD):
-      return UOp({Ops.CONTIGUOUS: TOps.CONTIGUOUS, Ops.DETACH: TOps.DETACH, Ops.CONTIGUOUS_BACKWARD: TOps.CONTIGUOUS_BACKWARD}[op], s[0].dtype, (s[0],))
+      return UOp({Ops.CONTIGUOUS: TOps.CONTIGUOUS, Ops.DETACH: TOps.DETACH, Ops.CONTIGUOUS_BACKWARD: TOps.CONTIGUOUS_BACKWARD}[op],
+                 s[0].dtype, (s[0],))
     raise BridgeRefusal(f"op:{op.name}", "callify produced an op the bridge cannot give back to tinygrad")
 
 def to_tinygrad(cv: Conversion, call: Node, buffer_map: dict, contiguous: frozenset = frozenset()) -> tuple[UOp, dict]:

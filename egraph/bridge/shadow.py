@@ -4,7 +4,7 @@ the bridge hands them to tinygrad. Opt-in: CALLSAT_BRIDGE_FUSION=cost puts a CON
 .contiguous()); the default, rules, gives no hints.
 
 The bridge's own conversion carries tinygrad's arithmetic as OPAQUE, which the time model cannot cost. So the hints
-come from a shadow of the converted graph used only for costing (`Shadow`): OPAQUE ALU ops, REDUCE, MULACC and CONSTs
+come from a shadow of the converted graph used only for costing (`Shadow`): OPAQUE ALU ops (MULACC included), REDUCE and CONSTs
 rebuilt as callsat ops (tinygrad's implicit broadcasting made explicit, weak constants typed like their consumer,
 REDUCE's leading-axes form as a keepdim REDUCE and a RESHAPE), the device priced as callsat's calibrated CPU. Its
 cost-mode partition (egraph/fusion/solve.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the
@@ -15,7 +15,7 @@ import dataclasses, os, time
 from dataclasses import dataclass, field
 from tinygrad.uop.ops import UOp, Ops as TOps
 from tinygrad.dtype import dtypes as tdt
-from egraph.ir.ops import Node, Ops, BufferArg, toposort, const
+from egraph.ir.ops import Node, Ops, ALU_OPS, BufferArg, toposort, const
 from egraph.ir.errors import CallsatError
 from egraph.engine.encode import encode
 from egraph.engine.cost import COST_PRESETS
@@ -28,9 +28,7 @@ MODES = ("rules", "cost", "cost-store")
 ENV = "CALLSAT_BRIDGE_FUSION"
 COST_DEVICE = "CPU"   # the only calibrated device: a tinygrad graph on one device is priced as callsat's CPU
 SOLVER_S = 0.25       # the partition's time at least (callify's floor is 0.05 s): an opt-in pass, better decided than fast
-_ALU = {**{n: Ops[n] for n in ("NEG", "EXP2", "LOG2", "SQRT", "RECIPROCAL", "SIN", "TRUNC", "ADD", "SUB", "MUL", "FDIV", "MAX",
-                                 "CMPLT", "CMPNE", "CMPEQ", "AND", "OR", "XOR", "WHERE", "SHL", "SHR", "POW", "THREEFRY",
-                                 "FLOORDIV", "FLOORMOD")}, "CDIV": Ops.IDIV, "CMOD": Ops.MOD}
+_ALU = {i.tinygrad or o.name: o for o, i in ALU_OPS.items()}   # tinygrad's ALU op name -> callsat's (the op table)
 _REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
 _WEAKS = (tdt.weakint, tdt.weakfloat)
 
@@ -92,10 +90,7 @@ class Shadow:
       r = Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k))))
       self.origin[r.id] = n.arg.ident
       return r.reshape(shape)
-    if u.op is TOps.MULACC:
-      a, b, c = _operands(u, src, shape, range(3))
-      m = Node(Ops.MUL, None, (a, b)); r = Node(Ops.ADD, None, (m, c))
-    elif name in _ALU:
+    if name in _ALU:
       vals = range(1, len(src)) if u.op is TOps.WHERE else range(len(src))
       ops = _operands(u, src, shape, vals)
       r = Node(_ALU[name], None, tuple(ops))

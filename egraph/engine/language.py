@@ -1,5 +1,6 @@
 """The egglog program: one sort T for tensor terms, generic constructors by arity, input relations for bulk loading,
-fact relations (all generated from rules/vocabulary.py's tables), and the rules from the `rules` registry. Args are i64 ids into a Python-side intern table."""
+fact relations (all generated from rules/vocabulary.py's tables), and the rules from the `rules`
+registry. Args are i64 ids into a Python-side intern table."""
 import rules.callify  # noqa: F401  (registers the callify rules into RULES)
 from rules.registry import RULES, PHASES
 from rules.vocabulary import TERMS, RELATIONS

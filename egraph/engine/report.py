@@ -30,7 +30,8 @@ class PartitionReport:
     rules = f"rules-like {self.rules_s * 1e6:.1f}us, " if self.rules_s is not None else ""
     milp = f", mip gap {self.mip_gap:.1%}, model gap {self.model_gap:+.1%}" if self.mip_gap is not None and self.model_gap is not None else ""
     return (f"{self.method}: {self.stored}/{self.candidates} stored, predicted {self.predicted_s * 1e6:.1f}us "
-            f"({rules}all fused {'-' if self.fused_s is None else f'{self.fused_s * 1e6:.1f}us'}, bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}{milp}), "
+            f"({rules}all fused {'-' if self.fused_s is None else f'{self.fused_s * 1e6:.1f}us'}, "
+            f"bound {self.bound_s * 1e6:.1f}us, gap {self.gap:.1%}{milp}), "
             f"{self.evaluations} kernels costed in {self.seconds * 1e3:.1f}ms{budget}" + (f"; {self.note}" if self.note else ""))
 
 @dataclass

@@ -320,6 +320,11 @@ class Tensor:
     return (yn, xn) if reverse else (xn, yn)
 
   def _binary(self, op: Ops, y, reverse=False) -> Tensor: return Tensor(Node(op, None, self._operands(y, op.name, reverse)))
+  def mulacc(self, y, z) -> Tensor:
+    """self * y + z as one op (tinygrad's MULACC), rounded after the multiply as after the add; y, z tensors or scalars."""
+    a, b = self._operands(y, "MULACC")
+    a, c = Tensor(a)._operands(z, "MULACC")
+    return Tensor(Node(Ops.MULACC, None, (a, _broadcast_to(b.cast(a.dtype), a.shape), c)))
 
   # --- elementwise
   def add(self, y, reverse=False) -> Tensor: return self._binary(Ops.ADD, y, reverse)

@@ -37,8 +37,10 @@ LOCAL_RESERVE = 0.3       # of the solver's remaining time, at most 0.5 ms per c
 MIP_GAP = 0.01            # HiGHS stops within 1 % of its bound: the model is not that accurate (MARGIN), the search is costly
 MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
 COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
-SOLVER_SHARE, SOLVER_FLOOR_S = 0.1, 0.05   # the solver's time: this share of what callify spent before it (extraction must stay under 20 % of callify: a 25 % share could not), at least the floor
-COST_S_PER_CLASS = 1e-5   # per class reached, a floor under decoding, toposort, rules_like and one costing: 10 us on the 10k transformer, 540 on the 10k dag (overlapping kernels)
+SOLVER_SHARE, SOLVER_FLOOR_S = 0.1, 0.05   # the solver's time: this share of what callify spent before it (extraction must stay under
+                                           # 20 % of callify: a 25 % share could not), at least the floor
+COST_S_PER_CLASS = 1e-5   # per class reached, a floor under decoding, toposort, rules_like and one costing: 10 us on the 10k transformer,
+                          # 540 on the 10k dag (overlapping kernels)
 SHARED_MAX_NODES = int(SOLVER_FLOOR_S / COST_S_PER_CLASS)   # 5000: above, the solver's budget (10 % of ~40 us per node) never covers a costing
 MARGIN = 0.10             # a partition other than the rules-like one must be predicted this much faster (the model's error)
 
@@ -286,7 +288,8 @@ class Partition:
       if time.perf_counter() > deadline: raise Late()
       evals, order, _ = self.k.walk(v, allc)
       for n in order:
-        if n.op in _LOADS: r = _storage_root(n); inputs[r.id] = max(inputs.get(r.id, 0), min(min(evals.get(n.id, 0), n.numel) * n.dtype.itemsize, r.nbytes))
+        if n.op in _LOADS:
+          r = _storage_root(n); inputs[r.id] = max(inputs.get(r.id, 0), min(min(evals.get(n.id, 0), n.numel) * n.dtype.itemsize, r.nbytes))
     tb = (sum(inputs.values()) + sum(w for _, w in self.stores)) / m.bw_cache
     tc = sum(m.ops(w) for w in works) / max(m.throughput.values())
     return m.launch_s + (max(tb, tc) if m.combine == "max" else tb + tc)
@@ -337,7 +340,8 @@ class Ilp:
     self.lb, self.ub, self.integ, self.rows = [], [], [], []   # rows: ([(var, coef)], lo): sum >= lo
     self.one = self.var(1, 1)
     self.s = {c: self.var(0, 1, True) for c in self.cs}
-    self.kern = []   # per kernel: root, written, root var, [(var, bytes)], [(var, ops)], hi ops, mm, mem, big, tb, T, t, the read vars of read-backs (at bw_readback)
+    self.kern = []   # per kernel: root, written, root var, [(var, bytes)], [(var, ops)], hi ops, mm, mem, big, tb, T, t,
+                     # the read vars of read-backs (at bw_readback)
     for v, w, rv in [(v, w, self.one) for v, w in p.stores] + [(p.cands[c], p.cands[c].nbytes, self.s[c]) for c in self.cs]:
       if time.perf_counter() > deadline: raise Late()
       self.kern.append(self._kernel(v, w, rv))
@@ -423,7 +427,8 @@ class Ilp:
 
   def objective(self, S: frozenset) -> tuple[list, list]:
     """(objective, the kernel-time rows) with each kernel's rate per op from its kernel under partition S. Per kernel:
-    tb >= bytes / bw_cache, tb >= bytes / bw_mem - Mb (1 - mem) (read-backs at bw_readback in both); T >= combine(tb, tc); t >= T, t >= par_speedup T -
+    tb >= bytes / bw_cache, tb >= bytes / bw_mem - Mb (1 - mem) (read-backs at bw_readback in both);
+    T >= combine(tb, tc); t >= T, t >= par_speedup T -
     Mt big (big-M with M the most T can be: every variable 1)."""
     p, m, K = self.p, self.p.model, self.SCALE
     c, rows, tp, P = [0.0] * len(self.lb), [], m.throughput, m.par_speedup
@@ -524,7 +529,8 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   bestS, best = st.S, math.fsum(st.t.values())
   if found is not None:
     method = "milp" + (" (time limit)" if found[5] else "")
-    if bestS != found[1]: notes.append(f"{'local search' if best < found[0] - 1e-15 else 'a start'} beat the ILP's answer by {1 - best / found[0]:.1%}")
+    if bestS != found[1]:
+      notes.append(f"{'local search' if best < found[0] - 1e-15 else 'a start'} beat the ILP's answer by {1 - best / found[0]:.1%}")
     bound, mip_gap = min(found[3], best, rules_t or INF), found[4]
     model_gap = None if found[5] or found[0] <= 0 else (found[0] - found[2]) / found[0]   # a cut incumbent's slack is no error
   elif not cs: method, bound, mip_gap, model_gap = "none (no candidates)", best, None, None
@@ -532,7 +538,8 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
     method, mip_gap, model_gap = "greedy" + ("" if done else " (stopped at the deadline)"), None, None
     try: bound = min(p.lower_bound(deadline), best)
     except Late: bound = min(p.model.launch_s, best)
-  if rules_t is not None and R is not None and bestS != R and best > rules_t * (1 - margin): bestS, best, method = R, rules_t, method + ", rules-like kept"
+  if rules_t is not None and R is not None and bestS != R and best > rules_t * (1 - margin):
+    bestS, best, method = R, rules_t, method + ", rules-like kept"
   rep = PartitionReport(method, len(cs), len(bestS), best, fused, bound, (best - bound) / best if best > 0 else 0.0, budget,
                         time.perf_counter() - t0, p.evaluations, rules_t, mip_gap, model_gap, "; ".join(notes))
   return bestS, rep

@@ -24,10 +24,11 @@ from __future__ import annotations
 import dataclasses, json, os
 from dataclasses import dataclass
 from egraph.ir.errors import CallsatError
-from egraph.ir.ops import Ops
+from egraph.ir.ops import ALU_OPS
 
-TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN})
-DIVISION = frozenset({Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD})
+# the op table's cost classes (egraph/ir/ops.py ALU_OPS)
+TRANSCENDENTAL = frozenset(o for o, i in ALU_OPS.items() if i.cost == "transcendental")
+DIVISION = frozenset(o for o, i in ALU_OPS.items() if i.cost == "division")
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timemodel.json")
 KINDS = ("elementwise", "reduce", "matmul", "copy")
@@ -99,7 +100,8 @@ class TimeModel:
                float(d.get("bw_readback", d["bw_mem"])))
 
   def to_dict(self) -> dict:
-    return {"launch_s": self.launch_s, "bw_cache": self.bw_cache, "bw_mem": self.bw_mem, "bw_strided": self.bw_strided, "cache_bytes": self.cache_bytes,
+    return {"launch_s": self.launch_s, "bw_cache": self.bw_cache, "bw_mem": self.bw_mem, "bw_strided": self.bw_strided,
+            "cache_bytes": self.cache_bytes,
             "throughput": dict(self.throughput), "transcendental_ops": self.transcendental_ops, "combine": self.combine,
             "parallel_work": self.parallel_work, "par_speedup": self.par_speedup, "division_ops": self.division_ops,
             "bw_readback": self.readback}

@@ -26,7 +26,7 @@ class Ops(Enum):
   ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto()
   CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto()
   WHERE = auto()
-  SHL = auto(); SHR = auto(); FLOORDIV = auto(); FLOORMOD = auto(); POW = auto(); THREEFRY = auto()
+  SHL = auto(); SHR = auto(); FLOORDIV = auto(); FLOORMOD = auto(); POW = auto(); THREEFRY = auto(); MULACC = auto()
   # reduce and movement
   REDUCE = auto(); RESHAPE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); PERMUTE = auto(); FLIP = auto()
   # a host framework's op that callify carries without its arithmetic (executors refuse it by name)
@@ -35,17 +35,44 @@ class Ops(Enum):
   def __repr__(self): return f"Ops.{self.name}"
   __hash__ = object.__hash__   # members are singletons equal only to themselves; Enum's hash of the name is a Python call
 
+@dataclass(frozen=True)
+class OpInfo:
+  """One ALU op, written once: how many sources, which dtypes it takes (`takes`: any | float | int | intbool | number |
+  uint64; WHERE's condition is bool and its values any), what it gives (`result`: same | bool), what the time model
+  charges (`cost`: alu | division | transcendental), and tinygrad's name where it differs (the bridge's shadow)."""
+  arity: int
+  takes: str = "any"
+  result: str = "same"
+  cost: str = "alu"
+  tinygrad: str | None = None
+  def accepts(self, dt: DType) -> bool:
+    """Whether the op takes operands (values, for WHERE) of dtype `dt`."""
+    return self.takes == "any" or _TAKES[self.takes][0](dt)
+
+ALU_OPS: dict[Ops, OpInfo] = {
+  Ops.NEG: OpInfo(1), Ops.TRUNC: OpInfo(1),
+  Ops.EXP2: OpInfo(1, "float", cost="transcendental"), Ops.LOG2: OpInfo(1, "float", cost="transcendental"),
+  Ops.SIN: OpInfo(1, "float", cost="transcendental"),
+  Ops.SQRT: OpInfo(1, "float", cost="division"), Ops.RECIPROCAL: OpInfo(1, "float", cost="division"),
+  Ops.ADD: OpInfo(2), Ops.SUB: OpInfo(2), Ops.MUL: OpInfo(2), Ops.MAX: OpInfo(2),
+  Ops.FDIV: OpInfo(2, "float", cost="division"),
+  Ops.IDIV: OpInfo(2, "intbool", cost="division", tinygrad="CDIV"), Ops.MOD: OpInfo(2, "intbool", cost="division", tinygrad="CMOD"),
+  Ops.FLOORDIV: OpInfo(2, "int", cost="division"), Ops.FLOORMOD: OpInfo(2, "int", cost="division"),
+  Ops.CMPLT: OpInfo(2, result="bool"), Ops.CMPNE: OpInfo(2, result="bool"), Ops.CMPEQ: OpInfo(2, result="bool"),
+  Ops.AND: OpInfo(2, "intbool"), Ops.OR: OpInfo(2, "intbool"), Ops.XOR: OpInfo(2, "intbool"),
+  Ops.SHL: OpInfo(2, "int"), Ops.SHR: OpInfo(2, "int"),
+  Ops.POW: OpInfo(2, "number", cost="transcendental"), Ops.THREEFRY: OpInfo(2, "uint64"),
+  Ops.WHERE: OpInfo(3),
+  Ops.MULACC: OpInfo(3, "number"),   # a * b + c, rounded after the multiply as after the add (tinygrad's MULACC)
+}
+
 class GroupOp:
-  Unary = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC})
-  Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
-                      Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.FLOORDIV, Ops.FLOORMOD, Ops.POW, Ops.THREEFRY})
-  Ternary = frozenset({Ops.WHERE})
-  ALU = Unary | Binary | Ternary
-  Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
-  FloatOnly = frozenset({Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIPROCAL, Ops.FDIV})
-  IntOnly = frozenset({Ops.IDIV, Ops.MOD, Ops.FLOORDIV, Ops.FLOORMOD, Ops.SHL, Ops.SHR})   # ints (IDIV, MOD also bool)
-  Bitwise = frozenset({Ops.AND, Ops.OR, Ops.XOR})   # ints and bool
-  Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+  Unary = frozenset(o for o, i in ALU_OPS.items() if i.arity == 1)
+  Binary = frozenset(o for o, i in ALU_OPS.items() if i.arity == 2)
+  Ternary = frozenset(o for o, i in ALU_OPS.items() if i.arity == 3)
+  ALU = frozenset(ALU_OPS)
+  Comparison = frozenset(o for o, i in ALU_OPS.items() if i.result == "bool")
+  FloatOnly = frozenset(o for o, i in ALU_OPS.items() if i.takes == "float")
   Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
   Storage = frozenset({Ops.BUFFER, Ops.SLICE, Ops.PARAM})
   Marker = frozenset({Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH})
@@ -406,15 +433,15 @@ def _bitcast_shape(x: Node, dtype: DType) -> tuple[int, ...]:
   if nbytes % dtype.itemsize: raise ShapeError(f"BITCAST: last dim {x.shape[-1]} x {x.dtype.name} does not divide into {dtype.name}")
   return x.shape[:-1] + (nbytes // dtype.itemsize,)
 
-_ARITY = {**{o: 1 for o in GroupOp.Unary}, **{o: 2 for o in GroupOp.Binary}, **{o: 3 for o in GroupOp.Ternary}}
-_NOT_FLOAT = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD})
-_INT = frozenset({Ops.FLOORDIV, Ops.FLOORMOD, Ops.SHL, Ops.SHR})
-_TYPED = GroupOp.FloatOnly | _NOT_FLOAT | _INT | {Ops.WHERE, Ops.POW, Ops.THREEFRY}   # ops with a dtype rule
+# what each `takes` rule accepts (WHERE's values: any; its condition is checked apart), and how a refusal says it
+_TAKES = {"float": (lambda d: d.is_float(), "a float dtype"), "int": (lambda d: d.is_int(), "an int dtype"),
+          "intbool": (lambda d: not d.is_float(), "an int or bool dtype"), "number": (lambda d: d.kind in "iuf", "an int or float dtype"),
+          "uint64": (lambda d: d.name == "uint64", "uint64")}
 
 def _alu_shape(op: Ops, src: tuple[Node, ...]) -> tuple[int, ...]:
   x = src[0]
-  arity = _ARITY[op]
-  if len(src) != arity: raise ShapeError(f"{op.name}: takes {arity} sources, got {len(src)}")
+  info = ALU_OPS[op]
+  if len(src) != info.arity: raise ShapeError(f"{op.name}: takes {info.arity} sources, got {len(src)}")
   shape = x.shape
   for s in src:
     if s.shape != shape: raise ShapeError(f"{op.name}: shape mismatch {_fmt(src)}")
@@ -422,13 +449,8 @@ def _alu_shape(op: Ops, src: tuple[Node, ...]) -> tuple[int, ...]:
   d = vals[0].dtype
   for s in vals:
     if s.dtype is not d and s.dtype != d: raise DTypeError(f"{op.name}: dtype mismatch {', '.join(s.dtype.name for s in vals)}")
-  if op in _TYPED:
-    if op is Ops.WHERE and x.dtype != dtypes.bool: raise DTypeError(f"WHERE: condition must be bool, got {x.dtype.name}")
-    if op in GroupOp.FloatOnly and not x.dtype.is_float(): raise DTypeError(f"{op.name}: needs a float dtype, got {x.dtype.name}")
-    if op in _NOT_FLOAT and x.dtype.is_float(): raise DTypeError(f"{op.name}: needs an int or bool dtype, got {x.dtype.name}")
-    if op in _INT and not x.dtype.is_int(): raise DTypeError(f"{op.name}: needs an int dtype, got {x.dtype.name}")
-    if op is Ops.POW and x.dtype.kind not in "iuf": raise DTypeError(f"POW: needs an int or float dtype, got {x.dtype.name}")
-    if op is Ops.THREEFRY and x.dtype.name != "uint64": raise DTypeError(f"THREEFRY: needs uint64, got {x.dtype.name}")
+  if op is Ops.WHERE and x.dtype != dtypes.bool: raise DTypeError(f"WHERE: condition must be bool, got {x.dtype.name}")
+  if not info.accepts(d): raise DTypeError(f"{op.name}: needs {_TAKES[info.takes][1]}, got {d.name}")
   dev = x.device
   for s in src:
     if s.device != dev:   # some source differs from the first: more than one device unless it is None

@@ -31,7 +31,8 @@ class BoundVar(int):
     b.var = var
     return b
   def __hash__(self): return hash(("bound", self.var.key, int(self)))
-  def __eq__(self, o): return int(self) == o if not isinstance(o, (Variable, BoundVar)) else (type(o) is BoundVar and self.var.key == o.var.key and int(self) == int(o))
+  def __eq__(self, o):
+    return int(self) == o if not isinstance(o, (Variable, BoundVar)) else (type(o) is BoundVar and self.var.key == o.var.key and int(self) == int(o))
   def __ne__(self, o): return not self.__eq__(o)
   def __repr__(self): return f"{self.var.name}={int(self)}"
   def __reduce__(self): return (BoundVar, (self.var, int(self)))

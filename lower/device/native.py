@@ -129,7 +129,8 @@ class Plan:
   reference) pairs, checked by identity on each run: a freed or replaced buffer sends the CALL down the full path) and
   its temporaries' arena (kept: the pointers point into it; back to the storage pool when the plan dies with its CALL)."""
   __slots__ = ("checked", "arrays", "steps", "temps", "pool")
-  def __init__(self, checked, arrays, steps, temps, pool): self.checked, self.arrays, self.steps, self.temps, self.pool = checked, arrays, steps, temps, pool
+  def __init__(self, checked, arrays, steps, temps, pool):
+    self.checked, self.arrays, self.steps, self.temps, self.pool = checked, arrays, steps, temps, pool
   def __del__(self):
     if self.temps is not None and self.pool is not None: self.pool.give(self.temps)
 

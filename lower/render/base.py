@@ -39,6 +39,7 @@ class Renderer:
   SUM_BLOCK = 4096         # elements a float32 sum accumulates before its partial goes into a float64 total (LLVM: in
                            # 16 x 4 vector lanes on AVX-512, 8 x 4 on AVX2: 64-128 adds each)
   code_for_idx: dict       # 'div' 'mod' 'mul' 'add' (i64) and 'ge' 'lt' (compare) 'and' (bool) -> (a, b) -> text
+  code_for_op: frozenset   # the ALU ops the backend spells (lower/schedule/decomp.py expands the others for all)
 
   def __init__(self, k: Kernel):
     self.k, self.lines, self.n, self.depth = k, [], 0, 1

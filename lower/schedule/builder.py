@@ -9,6 +9,7 @@ from egraph.ir.errors import CallsatError, UnsupportedOpError
 from egraph.ir.ops import Node, Ops, GroupOp, is_shard
 from lower.schedule.kernel import Idx, Var, Bound, Expr, const, flat_index, unflatten
 from lower.schedule.mem import Ctx, Mem, Spec, storage_mem
+from lower.schedule import decomp
 
 UNSUPPORTED = {Ops.FUNCTION: "FUNCTION", Ops.TUPLE: "TUPLE", Ops.GETTUPLE: "GETTUPLE", Ops.BIND: "BIND"}
 HALF = (dtypes.float16, dtypes.bfloat16)
@@ -190,7 +191,7 @@ class _Builder:
     if op in GroupOp.ALU:
       srcs = []
       for s in n.src: srcs.append(self.value(s, idx, valid, after, bcast))
-      return Expr(op, n.dtype, tuple(srcs))
+      return decomp.alu(op, n.dtype, tuple(srcs))
     if op is Ops.REDUCE:
       if bcast and not top and g.split_broadcast_reduces: return self.temp(n, idx, valid, after, dev)
       if (split := _split_full_reduce(n)) is not None:   # a big reduce to one value: partial sums first, in parallel

@@ -166,7 +166,8 @@ def _call_group(call: Node, bind: dict, ctx: Ctx) -> _GroupPlan:
   prog = kernelize(shard_params(call.src[0], sharded), inner, ctx)
   for i, a in copied.items():
     if inner[i].root in prog.written:
-      raise UnsupportedOpError(f"LLVM backend: a nested CALL writes its argument {i}, which is {a.op.name} {a.shape}, not a contiguous view of storage")
+      raise UnsupportedOpError(f"LLVM backend: a nested CALL writes its argument {i}, which is {a.op.name} {a.shape}, "
+                               "not a contiguous view of storage")
   steps = [st for s in g.specs for st in finalize(s, {}, ctx)] + prog.steps
   reads = [m for s in steps for m in (s.mems[:1] if s.kernel is None else s.mems)]
   writes = [m for s in steps if s.kernel is not None for m in s.mems[s.kernel.store.param:s.kernel.store.param + 1]]
@@ -198,7 +199,8 @@ def _store_group(eff: Node, bind: dict, ctx: Ctx, cost: bool = False) -> _GroupP
 def _apart(specs: list, ctx: Ctx) -> list:
   """The per-device kernels of one STORE run one after another: when one reads what another writes, each computes
   into a temporary first and the copies back come after all of them."""
-  hit = any(k[0].overlaps(o.mem) for i, s in enumerate(specs) for k in (x.arg[0] for x in s.value.walk() if x.op == 'load') for j, o in enumerate(specs) if i != j)
+  hit = any(k[0].overlaps(o.mem) for i, s in enumerate(specs) for k in (x.arg[0] for x in s.value.walk() if x.op == 'load')
+            for j, o in enumerate(specs) if i != j)
   if not hit: return specs
   pairs = [via_temp(s, ctx) for s in specs]
   return [p[0] for p in pairs] + [p[1] for p in pairs]

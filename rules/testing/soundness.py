@@ -176,7 +176,8 @@ def call_violations(roots: list[Node], call: Node, bmap: dict[Node, Node]) -> li
   out += _temp_violations(top, args, info.temps if isinstance(info, CallInfo) else (), bmap)
   if len({a.id for a in args}) != len(args): out.append("duplicate CALL args")
   for a in args:
-    if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER) or a.op is Ops.BIND): out.append(f"CALL arg {a.op.name} is not storage")
+    if not (a.op is Ops.BUFFER or (a.op is Ops.SLICE and a.src[0].op is Ops.BUFFER) or a.op is Ops.BIND):
+      out.append(f"CALL arg {a.op.name} is not storage")
   if any(n.op is Ops.BUFFER or (n.op is Ops.SLICE and n.src[0].op is Ops.BUFFER) for n in top): out.append("a BUFFER in the body")   # 6
   params = {n.arg.slot: n for n in top if n.op is Ops.PARAM and n.arg.slot >= 0}                                    # 7
   if sorted(params) != list(range(len(args))): out.append(f"PARAM slots {sorted(params)} do not number {len(args)} args")
@@ -188,7 +189,8 @@ def call_violations(roots: list[Node], call: Node, bmap: dict[Node, Node]) -> li
   for n in top:
     if n.op is Ops.STORE and not _storage_target(n.src[0]): out.append(f"a STORE target is not storage: {render([n.src[0]])}")
   for n in toposort([body, *args, *bmap.values()], enter_calls=False):
-    if n.op is Ops.SLICE and n.src[0].op in (Ops.BUFFER, Ops.PARAM) and not _slice_inside(n): out.append(f"SLICE {n.arg} outside its {n.src[0].nbytes}-byte buffer")
+    if n.op is Ops.SLICE and n.src[0].op in (Ops.BUFFER, Ops.PARAM) and not _slice_inside(n):
+      out.append(f"SLICE {n.arg} outside its {n.src[0].nbytes}-byte buffer")
   return out
 
 def fact_violations(sat: Saturation) -> list[str]:
@@ -202,7 +204,8 @@ def fact_violations(sat: Saturation) -> list[str]:
     changed = False
     for e in range(g.n_enodes):
       k, op = g.cls[e], g.op[e]
-      if k not in store and (op in ("BUFFER", "SLICE", "PARAM") or (op in ("RESHAPE", "MULTI") and g.kids[e][0] in store)): store.add(k); changed = True
+      if k not in store and (op in ("BUFFER", "SLICE", "PARAM") or (op in ("RESHAPE", "MULTI") and g.kids[e][0] in store)):
+        store.add(k); changed = True
   out = []
   for name, ok in (("storage", lambda k: k in store), ("zero", lambda k: g.info[k] is None or g.info[k].shape is None or 0 in g.info[k].shape)):
     for r in fns[name].rows if name in fns else ():
@@ -223,7 +226,8 @@ def structural_violations(roots: list[Node], sat: Saturation, rule: str | None =
   registered rule on (the candidate `rule` among them), extracts."""
   if out := fact_violations(sat): return out
   others = tuple(n for n, r in RULES.items() if r.phase == "optimize" and n != rule)
-  full = saturate(_encode(roots), Schedule("check-all", rules=others + ((rule,) if rule and RULES[rule].phase == "optimize" else ())), Limits(iterations=50))
+  full = saturate(_encode(roots), Schedule("check-all", rules=others + ((rule,) if rule and RULES[rule].phase == "optimize" else ())),
+                  Limits(iterations=50))
   if out := fact_violations(full): return out
   try: call, bmap = _extracted_call(full)
   except CallsatError as e:

@@ -229,7 +229,8 @@ def rule_graphs(name: str, max_steps: int = 6, device: str = "CPU", dtype=None):
     return Graph(list(dict.fromkeys(roots)), g.storage, g.inputs)
   return _rule_graphs()
 
-PLANTED = ("bitcast_to_view", "assign_copy_in_place", "materialize_contiguous", "materialize_assign", "zero_size", "contiguous_to_view", "contiguous_of_storage",
+PLANTED = ("bitcast_to_view", "assign_copy_in_place", "materialize_contiguous", "materialize_assign", "zero_size", "contiguous_to_view",
+           "contiguous_of_storage",
            "contiguous_of_assign", "contiguous_of_assign_n", "contiguous_idempotent", "drop_detach",
            "drop_contiguous_backward", "storage_through_reshape")
 

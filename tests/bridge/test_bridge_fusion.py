@@ -127,7 +127,8 @@ def test_contiguous_where_the_partition_stores(name, monkeypatch):
   body, h = _body(name, "cost", monkeypatch)
   cs = [u for u in body.toposort() if u.op is TOps.CONTIGUOUS]
   assert len(cs) == len(h.idents) > 0 and h.partition is not None and h.partition.stored >= len(cs)
-  assert {u.src[0].op for u in cs} <= {TOps.REDUCE, *(getattr(TOps, n) for n in ("ADD", "MUL", "EXP2", "RECIPROCAL", "SQRT", "MAX", "SUB", "WHERE", "CAST", "NEG"))}
+  assert {u.src[0].op for u in cs} <= {TOps.REDUCE, *(getattr(TOps, n) for n in ("ADD", "MUL", "EXP2", "RECIPROCAL", "SQRT", "MAX", "SUB",
+                                                                                 "WHERE", "CAST", "NEG"))}
   assert HINTED[name] <= {u.src[0].op.name for u in cs}
   assert {u.op for u in h.uops} == {u.src[0].op for u in cs}
   assert all(u.src[0].dtype not in (tinygrad.dtypes.weakint, tinygrad.dtypes.weakfloat) for u in cs)

@@ -10,6 +10,7 @@ from egraph.engine.runner import Limits, Schedule
 from egraph.fusion.timemodel import TimeModel
 from egraph.fusion import solve as fusion
 from egraph.fusion.solve import Partition, solve, mark, fusion_mode
+from egraph.fusion import greedy
 from egraph.fusion.greedy import worth_flipping
 from lower.schedule import kernelize as kz
 from lower.schedule.mem import arg_binding
@@ -87,7 +88,8 @@ def _shared_partition():
   ts = shared(*(Tensor(z).realize() for z in (A, B, W, V, X)))
   rres = callify(*ts, fusion="rules", cache=False)
   stores = [(s.src[1], s.src[1].nbytes) for s in _stores(rres)]
-  cands = {n.id: n for s, _ in stores for n in toposort([s], enter_calls=False) if n.op in (Ops.REDUCE, Ops.EXP2, Ops.MUL) and n.shape == (64, 64) or n.op is Ops.REDUCE}
+  cands = {n.id: n for s, _ in stores for n in toposort([s], enter_calls=False)
+           if n.op in (Ops.REDUCE, Ops.EXP2, Ops.MUL) and n.shape == (64, 64) or n.op is Ops.REDUCE}
   return ts, Partition(TimeModel.load("CPU"), stores, cands)
 
 def test_worth_flipping_keeps_what_the_optimum_stores():
@@ -297,7 +299,7 @@ def test_ordering_kit_covers_the_fusion_rule():
 def _rules_like_per_kernel(p: Partition) -> frozenset:
   """The oracle: lower/'s rules-mode splits walked kernel by kernel (each STORE's region on its own, the old
   fusion.rules_like), against greedy.rules_realized's one walk over the union of the regions."""
-  out, W = set(), fusion.NESTED_REDUCE_WORK
+  out, W = set(), greedy.NESTED_REDUCE_WORK
   def unview(n):
     while n.op in GroupOp.Movement or n.op in (Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY): n = n.src[0]
     return n
@@ -318,7 +320,8 @@ def _rules_like_per_kernel(p: Partition) -> frozenset:
       if n.op in GroupOp.ALU: nested.update(c.id for c in map(unview, n.src) if big(c))
       if n.id not in under or n.shape is None: continue
       if big(n): nested.add(n.id)
-      elif n.op is Ops.EXPAND and math.prod(n.shape) >= W and ((c := unview(n.src[0])).op in GroupOp.ALU or c.op is Ops.REDUCE) and math.prod(c.shape) > 1: nested.add(c.id)
+      elif (n.op is Ops.EXPAND and math.prod(n.shape) >= W and ((c := unview(n.src[0])).op in GroupOp.ALU or c.op is Ops.REDUCE)
+            and math.prod(c.shape) > 1): nested.add(c.id)
     walked, stack = set(), [(v, False, True)]
     while stack:
       n, b, top = stack.pop()

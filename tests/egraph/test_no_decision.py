@@ -1,5 +1,6 @@
 """Graphs with no decision to make (egraph/engine/direct.py `no_decision`, `settled_on_graph`): no optimize rule can match, so
-callify builds the all-stored CALL without the e-graph (`report.settled`), off the graph or off the encoding. It must be node for node the CALL saturation and extraction
+callify builds the all-stored CALL without the e-graph (`report.settled`), off the graph or off the encoding.
+It must be node for node the CALL saturation and extraction
 build for the same graph, under every cost model and both assign readings; graphs where a rule may match go through
 the e-graph."""
 import pytest

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from egraph.ir.dtype import DType, dtypes, as_np
 from egraph.ir.errors import UnsupportedOpError
-from egraph.ir.ops import Node, Ops, GroupOp, new_buffer, ParamArg, CallInfo
+from egraph.ir.ops import Node, Ops, ALU_OPS, new_buffer, ParamArg, CallInfo
 from egraph.ir.storage import Storage
 from lower import numeric
 from lower.render.cuda import render as cuda
@@ -26,13 +26,7 @@ APPROX = {Ops.EXP2: 1, Ops.LOG2: 1, Ops.SIN: 1, Ops.POW: 1}     # libm-dependent
 TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12,   # fp8: a libm ulp may move one fp8 ulp
        "fp8e4m3": 0.13, "fp8e4m3fnuz": 0.13, "fp8e5m2": 0.26, "fp8e5m2fnuz": 0.26}
 
-def accepts(op, dt: DType) -> bool:
-  """The ops egraph/ir/ops.py builds for dt (bool: the logical ones and IDIV/MOD)."""
-  if op in GroupOp.FloatOnly: return dt.is_float()
-  if op in (Ops.FLOORDIV, Ops.FLOORMOD, Ops.SHL, Ops.SHR): return dt.is_int()
-  if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD): return not dt.is_float()
-  if op is Ops.POW: return dt != dtypes.bool
-  return True
+def accepts(op, dt: DType) -> bool: return ALU_OPS[op].accepts(dt)   # the op table's dtype rule
 
 def edges(dt: DType) -> np.ndarray:
   if dt == dtypes.bool: return np.array([False, True])
@@ -53,7 +47,8 @@ def cast_values(dt: DType) -> np.ndarray:
     return np.concatenate([edges(dt)] + [numeric.wrap_const(v, dt).reshape(1) for v in ties])
   if not dt.is_float(): return edges(dt)
   b = [2.0 ** 31, 2.0 ** 31 - 1, -2.0 ** 31, -2.0 ** 31 - 1, 2.0 ** 32, 2.0 ** 32 - 1, 2.0 ** 63, -2.0 ** 63, 2.0 ** 64 - 4096,
-       -2.0 ** 64, 1 + 2.0 ** -8 + 2.0 ** -40, 1 + 2.0 ** -11 + 2.0 ** -40, -(1 + 2.0 ** -8 + 2.0 ** -40), 65535.9, 65536.0, -32769.0, 128.5, -129.5, 255.5, 256.0, -0.5, -0.9999, 0.9999, 1e30, -1e30]
+       -2.0 ** 64, 1 + 2.0 ** -8 + 2.0 ** -40, 1 + 2.0 ** -11 + 2.0 ** -40, -(1 + 2.0 ** -8 + 2.0 ** -40), 65535.9, 65536.0, -32769.0,
+       128.5, -129.5, 255.5, 256.0, -0.5, -0.9999, 0.9999, 1e30, -1e30]
   with np.errstate(over="ignore"): v = np.concatenate([edges(dt), as_np(np.array(b, np.float64), dt)])
   return v[v.astype(np.float64) != 2.0 ** 64]   # 2**64 - 4096 rounds to it in float32 and bfloat16
 
@@ -87,6 +82,7 @@ def op_prog(dt: DType) -> Prog:
   for op in BINARY:
     if accepts(op, dt): P.out(Node(op, None, (a, b)), f"{op.name} {dt.name}", ftol if op in APPROX else 0.0)
   P.out(Node(Ops.WHERE, None, (Node(Ops.CMPLT, None, (a, b)), a, b)), f"WHERE {dt.name}")
+  if accepts(Ops.MULACC, dt): P.out(Node(Ops.MULACC, None, (a, b, P.input(np.roll(np.tile(e, e.size), 1), dt))), f"MULACC {dt.name}")
   return P
 
 def cast_prog(dt: DType) -> Prog:

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from egraph.ir.dtype import dtypes, as_np
 from egraph.ir.errors import DTypeError, UnsupportedOpError
-from egraph.ir.ops import Node, Ops, GroupOp, ParamArg, CallInfo, new_buffer
+from egraph.ir.ops import Node, Ops, GroupOp, ALU_OPS, ParamArg, CallInfo, new_buffer
 from egraph.ir.storage import Storage
 from lower.runtime import run_call
 from lower.reference import evaluate
 from lower import numeric
 from lower.schedule.kernel import Kernel, Param, Store, Expr, Idx, Var, const
+from lower.schedule import decomp
 from lower.device.compiler import compile_kernels, module_text
 from lower.render.llvm.stream import _vec_ok
 from lower.device.native import launch
@@ -72,11 +73,13 @@ def same(nat, ref, msg, rtol=None):
     np.testing.assert_array_equal(np.signbit(n[ok]), np.signbit(r[ok]), err_msg=msg + " (sign of zero)")
   else: np.testing.assert_array_equal(nat, ref, err_msg=msg)
 
+def _srcs(op, ps): return tuple(ps[k % len(ps)] for k in range(ALU_OPS[op].arity))   # MULACC: (a, b, a)
+
 def ops_for(dt, srcs):
   """(op, node) for every ALU op that accepts dt."""
   out = []
   for op in sorted(GroupOp.ALU - {Ops.WHERE}, key=lambda o: o.value):
-    try: out.append((op, Node(op, None, srcs[:1] if op in GroupOp.Unary else srcs[:2])))
+    try: out.append((op, Node(op, None, _srcs(op, srcs))))
     except DTypeError: pass
   return out
 
@@ -87,7 +90,7 @@ def test_every_alu_op(dt):
     b[:8] = wrap([0, -1, dt.bits, dt.bits - 1, dt.bits + 1, 1, 0, -1], dt)
     a[6:8] = wrap([dt.min] * 2, dt)
   probe = ops_for(dt, (P(0, (N,), dt), P(1, (N,), dt)))
-  outs = [(nd.dtype, (N,), lambda ps, op=op: Node(op, None, tuple(ps[:1] if op in GroupOp.Unary else ps[:2]))) for op, nd in probe]
+  outs = [(nd.dtype, (N,), lambda ps, op=op: Node(op, None, _srcs(op, ps))) for op, nd in probe]
   outs.append((dt, (N,), lambda ps: Node(Ops.WHERE, None, (Node(Ops.CMPLT, None, (ps[0], ps[1])), ps[0], ps[1]))))
   res = run([a, b], outs)
   assert len(res) >= (4 if dt == dtypes.bool else 12)
@@ -179,7 +182,7 @@ def _vec_value(dt, a, b):
       return np.where(x < y, w, numeric.cast(numeric.cast(al(Ops.TRUNC, x), dt, f32), f32, dt))
     return v, ref
   c = lambda v: const(v, dt)
-  v = E(Ops.ADD, dt, E(Ops.FLOORDIV, dt, a, b), E(Ops.FLOORMOD, dt, b, a))
+  v = E(Ops.ADD, dt, decomp.alu(Ops.FLOORDIV, dt, (a, b)), decomp.alu(Ops.FLOORMOD, dt, (b, a)))   # as the builder makes them
   v = E(Ops.XOR, dt, v, E(Ops.SHL, dt, a, E(Ops.AND, dt, b, c(dt.bits * 2 - 1))))
   v = E(Ops.SUB, dt, v, E(Ops.SHR, dt, b, E(Ops.AND, dt, a, c(dt.bits * 2 - 1))))
   v = E(Ops.MUL, dt, v, E(Ops.POW, dt, a, E(Ops.AND, dt, b, c(7))))

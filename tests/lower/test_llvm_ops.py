@@ -60,7 +60,8 @@ def test_every_alu_op(dt):
   roots = []
   for op in sorted(Ops.__members__.values(), key=lambda o: o.value):
     if op in (Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC) and _ok(op, dt): roots.append(Node(op, None, (a,)))
-    elif op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR) and _ok(op, dt):
+    elif op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR,
+                Ops.XOR) and _ok(op, dt):
       roots.append(Node(op, None, (a, b)))
   roots.append(Node(Ops.WHERE, None, (Node(Ops.CMPLT, None, (a, b)), a, b)))
   graph(*[r.contiguous() for r in roots], S=S)

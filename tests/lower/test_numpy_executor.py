@@ -243,7 +243,8 @@ def test_slice_retypes_bytes(S):
 
 def test_contiguous_copy_and_markers(S):
   b = host_buffer(np.arange(4, dtype=np.float32), storage=S)
-  c, d, cb, cp = evaluate([b.contiguous(), Node(Ops.DETACH, None, (b,)), Node(Ops.CONTIGUOUS_BACKWARD, None, (b,)), Node(Ops.COPY, None, (b,), "CPU")], S)
+  c, d, cb, cp = evaluate([b.contiguous(), Node(Ops.DETACH, None, (b,)), Node(Ops.CONTIGUOUS_BACKWARD, None, (b,)),
+                           Node(Ops.COPY, None, (b,), "CPU")], S)
   assert not np.shares_memory(c, S[b]) and not np.shares_memory(cp, S[b]) and np.shares_memory(d, S[b]) and np.shares_memory(cb, S[b])
   S.set_data(b, np.zeros(4))
   np.testing.assert_array_equal(c, [0, 1, 2, 3]); np.testing.assert_array_equal(cp, [0, 1, 2, 3]); np.testing.assert_array_equal(d, 0)

@@ -16,7 +16,8 @@ def _program(t: int, i: int):
   if k == 0: return lambda: ((Tensor(x) @ Tensor(y)) + i).sum(0).numpy(), (x @ y + i).sum(0)
   if k == 1: return lambda: ((Tensor(x) * (0.1 * t)).exp() - Tensor(x).max(0)).numpy(), np.exp(x * np.float32(0.1 * t)) - x.max(0)
   if k == 2: return lambda: (Tensor(x).relu() + Tensor(y).T * i).sum(1).numpy(), (np.maximum(x, 0) + y.T * i).sum(1)
-  if k == 3: return lambda: Tensor(x).softmax(1).numpy(), np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)
+  if k == 3:
+    return lambda: Tensor(x).softmax(1).numpy(), np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)
   return lambda: (Tensor(x)[1:, ::2] * Tensor(x)[:-1, ::2] + t).mean(0).numpy(), (x[1:, ::2] * x[:-1, ::2] + t).mean(0)
 
 @pytest.mark.parametrize("threads", [None, 1])

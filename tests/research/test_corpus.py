@@ -110,7 +110,8 @@ def test_host_dims_and_opaque_args():
   assert gx.arg.shape[0].key != h1.key and g.roots[3] is p
   line = corpus.dumps(Graph("h", [x, y]))
   assert '{"opaque":["RESHAPE",[4,{"host":[0,8,"ADD"]}],["CPU","CPU:1"],1]}' in line   # the default axis is left out
-  with pytest.raises(CorpusError, match="cannot write an arg of type"): corpus.dumps(Graph("bad", [Node(Ops.OPAQUE, dtypes.float32, (), OpaqueArg("X", (np.float32(2),), None, 0))]))
+  with pytest.raises(CorpusError, match="cannot write an arg of type"):
+    corpus.dumps(Graph("bad", [Node(Ops.OPAQUE, dtypes.float32, (), OpaqueArg("X", (np.float32(2),), None, 0))]))
 
 def test_same_buffer_stays_one_distinct_stay_two():
   b1, b2 = new_buffer(8, dtypes.float32, "CPU"), new_buffer(8, dtypes.float32, "CPU")

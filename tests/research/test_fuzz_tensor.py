@@ -116,7 +116,8 @@ def run(program, device):
         buf = Tensor(d, device=device).realize()
         flat = np.arange(d.size)[off::step][:n]
         v, idx = buf[off::step][:n].reshape(s), flat.reshape(s)
-        if len(s) >= 2 and k % 3 == 0: v, idx, xr2, x2 = v.permute(1, 0, *range(2, len(s))), idx.swapaxes(0, 1), xr.swapaxes(0, 1), x.permute(1, 0, *range(2, len(s)))
+        if len(s) >= 2 and k % 3 == 0:
+          v, idx, xr2, x2 = v.permute(1, 0, *range(2, len(s))), idx.swapaxes(0, 1), xr.swapaxes(0, 1), x.permute(1, 0, *range(2, len(s)))
         else: xr2, x2 = xr, x
         want = d.copy(); want[idx] = xr2
         v.assign(x2)             # lazy: buf now reads after the write, realized with the outputs

@@ -94,7 +94,8 @@ def test_cli_order_plot(tmp_path):
 def test_plot_without_matplotlib_says_what_to_install(monkeypatch, capsys):
   import builtins
   real = builtins.__import__
-  monkeypatch.setattr(builtins, "__import__", lambda n, *a, **k: (_ for _ in ()).throw(ImportError(n)) if n.startswith("matplotlib") else real(n, *a, **k))
+  monkeypatch.setattr(builtins, "__import__",
+                      lambda n, *a, **k: (_ for _ in ()).throw(ImportError(n)) if n.startswith("matplotlib") else real(n, *a, **k))
   from egraph.tools.cli import main
   assert main(["order", "--graph", "gen:0", "-k", "1", "--plot", "x.png"]) == 2
   assert "pip install -e '.[plot]'" in capsys.readouterr().err

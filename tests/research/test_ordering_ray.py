@@ -44,7 +44,8 @@ def test_cli_order_ray_same_output(ray, tmp_path, capsys):
 
 def test_ray_missing_says_what_to_install(monkeypatch, capsys):
   real = builtins.__import__
-  monkeypatch.setattr(builtins, "__import__", lambda n, *a, **k: (_ for _ in ()).throw(ImportError(n)) if n == "ray" or n.startswith("ray.") else real(n, *a, **k))
+  monkeypatch.setattr(builtins, "__import__",
+                      lambda n, *a, **k: (_ for _ in ()).throw(ImportError(n)) if n == "ray" or n.startswith("ray.") else real(n, *a, **k))
   from egraph.tools.cli import main
   assert main(["order", "--graph", "gen:0", "-k", "1", "--ray", "local"]) == 2
   err = capsys.readouterr().err

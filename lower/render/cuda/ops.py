@@ -2,7 +2,7 @@
 casts and bitcasts over all 13 dtypes, reduce accumulators, and the prelude of __device__ helpers they call.
 
 Semantics are lower/numeric.py's (the oracle): ints wrap (computed in an unsigned type of at least 32 bits, then
-truncated back); IDIV/MOD truncate with x/0 = 0, x%0 = x; FLOORDIV/FLOORMOD are tinygrad's decomposition of the C ops;
+truncated back); IDIV/MOD truncate with x/0 = 0, x%0 = x (floor division is decomposed into them before rendering);
 shifts by a count outside [0, bits) give 0 (-1 for SHR of a negative value); float -> int casts follow tinygrad's CPU
 device (an explicit helper each: GPUs saturate natively). float16 and bfloat16 live in memory as 16-bit patterns and are
 computed in float, rounded to the dtype after every op and cast (bfloat16: round to nearest even, NaN stays NaN); a
@@ -91,19 +91,22 @@ static __device__ __forceinline__ float cs_d2fo(double d) {
 static __device__ __forceinline__ double cs_u2do(unsigned long long u) {
   return u < (1ull << 53) ? (double)u : (double)((u >> 11) | (unsigned long long)((u & 0x7ffull) != 0)) * 2048.0;
 }
-static __device__ __forceinline__ double cs_i2do(long long x) { return x < 0 ? -cs_u2do(0ull - (unsigned long long)x) : cs_u2do((unsigned long long)x); }
+static __device__ __forceinline__ double cs_i2do(long long x) {""" \
+r""" return x < 0 ? -cs_u2do(0ull - (unsigned long long)x) : cs_u2do((unsigned long long)x); }
 // float -> int as tinygrad's CPU device (x86-64): NaN / out of range -> min (signed) or max (unsigned, and negatives)
-static __device__ __forceinline__ int cs_f2i32(double x) { const double t = trunc(x); return t != t || t < -2147483648.0 || t > 2147483647.0 ? (-2147483647 - 1) : (int)t; }
-static __device__ __forceinline__ long long cs_f2i64(double x) { const double t = trunc(x); return t != t || t < -9223372036854775808.0 || t >= 9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)t; }
-static __device__ __forceinline__ unsigned cs_f2u32(double x) { const double t = trunc(x); return t != t || t < 0.0 || t > 4294967295.0 ? 4294967295u : (unsigned)t; }
-static __device__ __forceinline__ unsigned long long cs_f2u64(double x) { const double t = trunc(x); return t != t || t < 0.0 || t >= 18446744073709551616.0 ? 18446744073709551615ull : (unsigned long long)t; }
+static __device__ __forceinline__ int cs_f2i32(double x) { const double t = trunc(x);""" \
+r""" return t != t || t < -2147483648.0 || t > 2147483647.0 ? (-2147483647 - 1) : (int)t; }
+static __device__ __forceinline__ long long cs_f2i64(double x) { const double t = trunc(x);""" \
+r""" return t != t || t < -9223372036854775808.0 || t >= 9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)t; }
+static __device__ __forceinline__ unsigned cs_f2u32(double x) { const double t = trunc(x);""" \
+r""" return t != t || t < 0.0 || t > 4294967295.0 ? 4294967295u : (unsigned)t; }
+static __device__ __forceinline__ unsigned long long cs_f2u64(double x) { const double t = trunc(x);""" \
+r""" return t != t || t < 0.0 || t >= 18446744073709551616.0 ? 18446744073709551615ull : (unsigned long long)t; }
 template <class T> static __device__ __forceinline__ T cs_fmax(T a, T b) { return a != a ? a : b != b ? b : a > b ? a : b; }
 // integer ops over any width; results wrap through unsigned long long (T)-1 < (T)0 tells signed types
-template <class T> static __device__ __forceinline__ T cs_idiv(T a, T b) { return b == 0 ? (T)0 : ((T)-1 < (T)0 && b == (T)-1) ? (T)(0ull - (unsigned long long)a) : (T)(a / b); }
+template <class T> static __device__ __forceinline__ T cs_idiv(T a, T b) {""" \
+r""" return b == 0 ? (T)0 : ((T)-1 < (T)0 && b == (T)-1) ? (T)(0ull - (unsigned long long)a) : (T)(a / b); }
 template <class T> static __device__ __forceinline__ T cs_mod(T a, T b) { return b == 0 ? a : ((T)-1 < (T)0 && b == (T)-1) ? (T)0 : (T)(a % b); }
-template <class T> static __device__ __forceinline__ bool cs_ffix(T a, T b) { return cs_mod<T>(a, b) != 0 && ((a < (T)0) != (b < (T)0)); }
-template <class T> static __device__ __forceinline__ T cs_floordiv(T a, T b) { return (T)((unsigned long long)cs_idiv<T>(a, b) - (unsigned long long)cs_ffix<T>(a, b)); }
-template <class T> static __device__ __forceinline__ T cs_floormod(T a, T b) { return (T)((unsigned long long)cs_mod<T>(a, b) + (cs_ffix<T>(a, b) ? (unsigned long long)b : 0ull)); }
 template <class T> static __device__ __forceinline__ bool cs_shout(T c) { return c < (T)0 || c >= (T)(8 * sizeof(T)); }
 template <class T> static __device__ __forceinline__ T cs_shl(T a, T c) { return cs_shout<T>(c) ? (T)0 : (T)((unsigned long long)a << (int)c); }
 template <class T> static __device__ __forceinline__ T cs_shr(T a, T c) { return cs_shout<T>(c) ? (a < (T)0 ? (T)-1 : (T)0) : (T)(a >> (int)c); }
@@ -147,8 +150,10 @@ static __device__ __forceinline__ unsigned char cs_f_fp8(float x, unsigned mant,
   return (unsigned char)(r | (fnuz && r == 0u ? 0u : (b >> 24) & 0x80u));
 }
 """ + "".join(
-  f"static __device__ __forceinline__ float cs_{n}_f(unsigned char b) {{ return cs_fp8_f(b, {f.mant}, {f.bias}, {f.inf_bits}u, {f.nan_bits}u, {str(f.fnuz).lower()}); }}\n"
-  f"static __device__ __forceinline__ unsigned char cs_f_{n}(float x) {{ return cs_f_fp8(x, {f.mant}, {f.bias}, {f.max_bits}u, {f.inf_bits}u, {f.nan_bits}u, {str(f.fnuz).lower()}); }}\n"
+  f"static __device__ __forceinline__ float cs_{n}_f(unsigned char b) {{ "
+  f"return cs_fp8_f(b, {f.mant}, {f.bias}, {f.inf_bits}u, {f.nan_bits}u, {str(f.fnuz).lower()}); }}\n"
+  f"static __device__ __forceinline__ unsigned char cs_f_{n}(float x) {{ "
+  f"return cs_f_fp8(x, {f.mant}, {f.bias}, {f.max_bits}u, {f.inf_bits}u, {f.nan_bits}u, {str(f.fnuz).lower()}); }}\n"
   for n, f in FP8.items())
 
 def cconst(v, dt: DType) -> str:
@@ -197,14 +202,20 @@ def red_result(dt: DType, acc: str) -> str: return f"{ROUND[dt.name]}({acc})" if
 BIN = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
 CMP = {Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "=="}
 BOOL = {Ops.ADD: "||", Ops.SUB: "!=", Ops.MUL: "&&", Ops.MAX: "||", Ops.AND: "&&", Ops.OR: "||", Ops.XOR: "!=", Ops.IDIV: "&&"}
-INT_FN = {Ops.IDIV: "cs_idiv", Ops.MOD: "cs_mod", Ops.FLOORDIV: "cs_floordiv", Ops.FLOORMOD: "cs_floormod",
+INT_FN = {Ops.IDIV: "cs_idiv", Ops.MOD: "cs_mod",
           Ops.SHL: "cs_shl", Ops.SHR: "cs_shr", Ops.POW: "cs_ipow"}
 FLOAT_FN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc", Ops.POW: "pow"}
+
+# the ALU ops spelled here; the others are expanded into these by lower/schedule/decomp.py before rendering
+CODE_FOR_OP = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC, Ops.ADD, Ops.SUB, Ops.MUL,
+                         Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR,
+                         Ops.WHERE, Ops.SHL, Ops.SHR, Ops.POW, Ops.THREEFRY})
 
 def unsupported(what: str, dt: DType): raise UnsupportedOpError(f"CUDA backend: cannot render {what} on {dt.name}")
 
 def alu(op, dt: DType, sdts: tuple, a: list) -> str:
   """One ALU op (not CAST/BITCAST) on operand texts `a`; dt is the result dtype, sdts the operands'."""
+  if op not in CODE_FOR_OP: raise UnsupportedOpError(f"CUDA backend: {op.name} is not rendered (lower/schedule/decomp.py expands it)")
   sdt = sdts[-1] if op is not Ops.WHERE else dt
   if op is Ops.WHERE: return f"({a[0]} ? {a[1]} : {a[2]})"
   if sdt in dtypes.fp8s or dt in dtypes.fp8s:   # in float, encoded back (WHERE above selects the bytes)

@@ -57,6 +57,7 @@ class CUDARenderer(Renderer):
   """One CUDA function body: named consts, nested C blocks (open/close), grid- and block-strided loops."""
   VT, tmp = VT, "v"
   SUM_BLOCK = 64   # a thread adds float32 values one by one: 64 per block, then the block into a double
+  code_for_op = ops.CODE_FOR_OP
   code_for_idx = {"div": lambda a, b: f"({a} / {b})", "mod": lambda a, b: f"({a} % {b})", "mul": lambda a, b: f"{a} * {b}",
                   "add": lambda a, b: f"{a} + {b}", "ge": lambda a, b: f"{a} >= {b}", "lt": lambda a, b: f"{a} < {b}",
                   "and": lambda a, b: f"{a} && {b}"}

@@ -55,6 +55,10 @@ class Isel:
   spellings: ty(dt) the value type, mty(dt) the memory type, sfx(dt) an intrinsic's type suffix, cst(v, dt) a constant
   operand, zero(dt) a zero operand."""
   what = "render"
+  # the ALU ops spelled here; the others are expanded into these by lower/schedule/decomp.py before rendering
+  code_for_op = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.RECIPROCAL, Ops.SIN, Ops.TRUNC, Ops.ADD, Ops.SUB, Ops.MUL,
+                         Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR,
+                         Ops.WHERE, Ops.SHL, Ops.SHR, Ops.POW, Ops.THREEFRY})
   def alu(self, op, dt: DType, sdts: tuple, a: list, fflags: str = "") -> str:
     """`op` on the SSA values `a` (of dtypes `sdts`) giving a `dt`; `fflags` go on float add/mul (reduce combines)."""
     sdt = sdts[-1] if op is not Ops.WHERE else dt
@@ -69,6 +73,7 @@ class Isel:
     return self.bf16_round(r) if dt == dtypes.bfloat16 and op not in _EXACT else r
 
   def _alu(self, op, dt: DType, sdt: DType, a: list, fflags: str) -> str:
+    if op not in self.code_for_op: raise UnsupportedOpError(f"LLVM backend: {op.name} is not rendered (lower/schedule/decomp.py expands it)")
     ty, sty, bt, r, E = self.ty(dt), self.ty(sdt), self.ty(dtypes.bool), self.t(), self.emit
     if op is Ops.WHERE: E(f"{r} = select {bt} {a[0]}, {ty} {a[1]}, {ty} {a[2]}"); return r
     if op in _CMP:
@@ -96,15 +101,9 @@ class Isel:
     if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR):
       E(f"{r} = {op.name.lower()} {ty} {a[0]}, {a[1]}"); return r
     if op is Ops.MAX: return self._call("smax" if signed else "umax", dt, a[0], a[1])
-    if op in (Ops.IDIV, Ops.MOD, Ops.FLOORDIV, Ops.FLOORMOD):
+    if op in (Ops.IDIV, Ops.MOD):
       q, m = self.divmod(dt, a[0], a[1])
-      if signed and op in (Ops.FLOORDIV, Ops.FLOORMOD):   # tinygrad's decomposition: fix where r != 0 and the signs differ
-        x, y = a
-        d = self._ins("xor", bt, self._ins("icmp slt", ty, x, zero), self._ins("icmp slt", ty, y, zero))
-        fix = self._ins("and", bt, self._ins("icmp ne", ty, m, zero), d)
-        if op is Ops.FLOORDIV: return self._sel(fix, ty, self._ins("sub", ty, q, self.cst(1, dt)), q)
-        return self._sel(fix, ty, self._ins("add", ty, m, y), m)
-      return q if op in (Ops.IDIV, Ops.FLOORDIV) else m
+      return q if op is Ops.IDIV else m
     if op in (Ops.SHL, Ops.SHR): return self.shift(op, dt, a[0], a[1])
     if op is Ops.POW: return self.ipow(dt, a[0], a[1])
     if op is Ops.THREEFRY and dt == dtypes.uint64: return self.threefry(a[0], a[1])

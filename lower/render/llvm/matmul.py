@@ -47,7 +47,8 @@ declare float @llvm.fma.f32(float, float, float)
    "  %dp = getelementptr inbounds float, ptr %dst, i64 %d", "  store float %v, ptr %dp, align 4"], (13, 15)) + r"""
 
 ; pack 8 rows of A (row r at src + r*ai, column k at + k*ak) k-major into dst: dst[8k + r]
-define void @callsat_mm_pack_a(ptr noalias nocapture readonly %src, ptr noalias nocapture writeonly align 64 %dst, i64 %kc, i64 %ai, i64 %ak) nounwind {
+define void @callsat_mm_pack_a(ptr noalias nocapture readonly %src, ptr noalias nocapture writeonly align 64 %dst,""" \
+r""" i64 %kc, i64 %ai, i64 %ak) nounwind {
 entry:
   br label %k.cond
 k.cond:
@@ -98,7 +99,8 @@ done:
 
 ; the ragged edges, scalar: C[i*ci + j] = sum_k A[i*ai + k*ak] * B[k*bk + j] for rows [start, end) x columns
 ; [j0(i), n), where j0 = jfull for rows below iend (the full tiles covered the columns before it) and 0 after
-define void @callsat_mm_edge(ptr nocapture readonly %a, ptr nocapture readonly %b, ptr nocapture %c, i64 %ai, i64 %ak, i64 %bk, i64 %bj, i64 %ci, i64 %kk, i64 %n, i64 %start, i64 %iend, i64 %end, i64 %jfull) nounwind {
+define void @callsat_mm_edge(ptr nocapture readonly %a, ptr nocapture readonly %b, ptr nocapture %c, i64 %ai, i64 %ak, i64 %bk, i64 %bj,""" \
+r""" i64 %ci, i64 %kk, i64 %n, i64 %start, i64 %iend, i64 %end, i64 %jfull) nounwind {
 entry:
   br label %i.cond
 i.cond:

@@ -13,7 +13,8 @@ element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", 
 column reduce (one reduce whose loads run along the innermost output var with unit stride and along the reduce with a
 stride) accumulates COL_W columns per reduce step (_col_reduce; a float32 sum adds COL_SUM_BLOCK steps at a time into
 float64 totals); a transposing kernel walks TILE_T x TILE_T blocks (_transposing). A long float32 sum in the plain nest
-is blocked by the renderer base (lower/render/base.py sum_blocks). Kernels marked `stream` get aligned non-temporal vector stores: straight from explicit vector IR of the value when it
+is blocked by the renderer base (lower/render/base.py sum_blocks). Kernels marked `stream` get aligned non-temporal vector stores:
+straight from explicit vector IR of the value when it
 vectorizes that way (VecRenderer: no auto-vectorizer, ~half the compile time), else through a stack
 block. Loops that hold hand-written vector code or scalar edges carry metadata that keeps the
 vectorizer and unroller off them (compile time).

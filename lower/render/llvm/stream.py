@@ -123,7 +123,7 @@ def _stage_out(f: LLVMRenderer, p, lanes: int, c: int, sh: int):
   E("%tl.r = sub i64 %n, %vend")
   masked("tl", "%vend", "%tl.r")
 
-_DIVS = frozenset({Ops.IDIV, Ops.MOD, Ops.FLOORDIV, Ops.FLOORMOD})
+_DIVS = frozenset({Ops.IDIV, Ops.MOD})
 
 def _vec_ok(k: Kernel) -> bool:
   """A stream kernel whose value VecRenderer can emit as explicit vector IR: loads unit-stride in the (only) loop var or
