@@ -13,7 +13,7 @@ from typing import Any, TYPE_CHECKING
 import numpy as np
 from egraph.ir.dtype import dtypes, as_np
 from egraph.ir.errors import CallsatError, UnsupportedOpError
-from egraph.ir.ops import Node, Ops, GroupOp, is_shard, toposort, multi_arg, shard_params
+from egraph.ir.ops import Node, Ops, GroupOp, is_shard, effect_order, multi_arg, shard_params
 from egraph.ir.view import view_index
 from egraph.ir.storage import STORAGE, UnallocatedBufferError
 from lower.numeric import wrap_const, alu, cast
@@ -86,10 +86,6 @@ _PURE: dict[Ops, Any] = {
 
 # ---------------------------------------------------------------------------------------------------------------------
 # storage and effects
-
-def effect_order(roots: list[Node]) -> list[Node]:
-  """Children first, CALL bodies not entered, an AFTER's deps before its `x`: a computed `x` then sees their writes."""
-  return toposort(roots, enter_calls=False, deps_first=True)
 
 def _target_base(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in WRITABLE or n.op is Ops.MULTI: n = n.src[0]

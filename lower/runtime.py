@@ -2,7 +2,9 @@
 
 Every device is backed by host numpy arrays. A CALL on "CPU" (and host-only CALLs) runs as native code through the LLVM
 backend (lower/device/native.py); a CALL that touches device "PYTHON" runs through the numpy reference executor (lower/reference.py).
-A CALL on "CUDA" runs on the GPU through lower/render/cuda/render.py (DeviceError without a driver/GPU). A sharded CALL on CPU devices
+A CALL on "CUDA" runs on the GPU through lower/device/cuda.py (DeviceError without a driver/GPU). Each backend is a
+lower/device/backend.py Backend registered once below; a CALL goes to the highest-ranked backend of the devices it
+touches. A sharded CALL on CPU devices
 (("CPU", "CPU:1"), ...) runs natively too, as per-device kernels (lower/schedule/kernelize.py).
 
 Threads: run_call may be called from several Python threads at once. Concurrent: callify's Python, kernelize, storage
@@ -14,15 +16,21 @@ thread's launch then runs its kernel on its own thread instead of waiting).
 from __future__ import annotations
 import weakref
 import numpy as np
-from egraph.engine.driver import bindings
 from egraph.ir.errors import CallsatError, DeviceError, UnsupportedOpError
-from egraph.ir.ops import GroupOp, Node, Ops, toposort, is_shard
+from egraph.ir.ops import GroupOp, Node, Ops, toposort, is_shard, bindings
 from egraph.ir.storage import Storage, STORAGE
-from lower.render.cuda.render import run_cuda
-from lower.device.native import run_native
+from lower.device.backend import Backend, register, backend_for, runnable
+from lower.device.cuda import CudaBackend
+from lower.device.native import NativeBackend
 from lower.reference import evaluate
 
-RUNNABLE = ("CPU", "PYTHON", "NPY", "DISK", "CUDA")
+class ReferenceBackend(Backend):
+  """The PYTHON device kind: the numpy reference executor (lower/reference.py), which reads every host device's data."""
+  name, devices, rank = "python", ("PYTHON",), 2
+  def run(self, call, storage) -> None: evaluate([call], storage)
+
+for _b in (NativeBackend(), ReferenceBackend(), CudaBackend()): register(_b)   # the one place backends are registered
+RUNNABLE = runnable()
 
 def check_device(d) -> None:
   """Raise DeviceError unless `d` (a canonical device, a tuple of them, or None) runs here."""
@@ -47,9 +55,7 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
     call, _ = bindings(call)   # symbolic dimensions take their bound values; BIND args leave the call
     if (route := _ROUTES.get(call)) is None: route = _ROUTES[call] = _route(call)
   if disks := _disk_args(call): _map_disks(disks, storage)
-  if route == "python": evaluate([call], storage)
-  elif route == "cuda": run_cuda(call, storage)   # the GPU through libcuda; DeviceError naming what is missing without one
-  else: run_native(call, storage)
+  route.run(call, storage)
 
 _DISKS: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()   # CALL -> ((DISK BUFFER, written?), ...)
 _THROUGH = (Ops.SLICE, Ops.AFTER, Ops.DETACH, Ops.MULTI, Ops.CONTIGUOUS_BACKWARD)
@@ -81,7 +87,7 @@ def _map_disks(disks: tuple, storage: Storage) -> None:
     if written: storage.allocate(b)
     elif b not in storage: storage.allocate(b, write=False)
 
-def _route(call: Node) -> str:
+def _route(call: Node) -> Backend | str:
   """Validate a CALL's args and devices; the backend that runs it ("bind" when BIND args must be applied first)."""
   if any(a.op is Ops.BIND for a in call.src[1:]):
     bindings(call)   # validates the BIND args
@@ -91,25 +97,22 @@ def _route(call: Node) -> str:
       raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
   body = call.src[0]   # every realize of a program makes a new CALL over the same body: its walk is done once
   if (kinds := _BODIES.get(body)) is None: kinds = _BODIES[body] = _kinds(toposort([body]))
-  python, multi, cuda = (x or y for x, y in zip(kinds, _kinds(toposort(call.src[1:]))))
-  if multi and cuda and not python:
-    raise UnsupportedOpError("run_call: multi-device (sharded) CALLs on CUDA are not supported (the CUDA backend runs one GPU "
-                             "per CALL); shard over CPU devices (('CPU', 'CPU:1'), ...) or PYTHON devices")
-  return "python" if python else "cuda" if cuda else "native"
+  args = _kinds(toposort(call.src[1:]))
+  return backend_for(kinds[0] | args[0] or {"CPU"}, kinds[1] or args[1])   # no device at all: host data, the CPU's
 
-def _kinds(nodes) -> tuple[bool, bool, bool]:
-  """(touches PYTHON, is multi-device, touches CUDA) over `nodes`, each device checked (bodies can be 100k nodes)."""
-  python = multi = cuda = False
+def _kinds(nodes) -> tuple[frozenset, bool]:
+  """(the device kinds `nodes` touch, whether any is multi-device), each device checked (bodies can be 100k nodes)."""
+  kinds, multi = set(), False
   for n in nodes:
     if n.op is Ops.OPAQUE:
       raise UnsupportedOpError(f"run_call: {n.arg.name} is a host framework's op that callify carried without its arithmetic "
                                "(OPAQUE, from the tinygrad bridge); callsat's executors cannot compute it")
     check_device(n.device)
     if n.op is Ops.PARAM: check_device(n.arg.device)
-    python = python or _on(n.device, "PYTHON") or (n.op is Ops.PARAM and _on(n.arg.device, "PYTHON"))
+    for d in (n.device, n.arg.device if n.op is Ops.PARAM else None):
+      if d is not None: kinds.update(x.partition(":")[0] for x in (d if isinstance(d, tuple) else (d,)) if isinstance(x, str))
     multi = multi or isinstance(n.device, tuple)
-    cuda = cuda or _on(n.device, "CUDA")
-  return python, multi, cuda
+  return frozenset(kinds), multi
 
 def _on(d, kind: str) -> bool:
   if isinstance(d, tuple): return any(_on(x, kind) for x in d)

@@ -18,7 +18,7 @@ from typing import Callable
 from egraph.ir.ops import Node, Ops, GroupOp, CallInfo, toposort, substitute, new_buffer, map_args, const_key, dims_arg, binds_dims
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError, EngineError
-from egraph.ir.symbolic import BoundVar, Variable, dims_in, map_dims
+from egraph.ir.symbolic import BoundVar, dims_in, map_dims
 from egraph.engine.encode import encode, Encoding
 from rules.vocabulary import TERM_ROWS
 from egraph.engine.direct import plan, no_decision, settled_on_graph, DROPPED
@@ -60,16 +60,6 @@ def parameterize(body: Node) -> tuple[Node, list[Node]]:
       args.append(n); continue
     stack.extend(reversed(n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))
   return bind_dims(substitute([body], slots)[0], args)
-
-def bindings(call: Node) -> tuple[Node, dict]:
-  """(the CALL without its BIND args and with plain sizes for its variables, {variable key: value}): what runs."""
-  for a in call.src[1:]:
-    if a.op is Ops.BIND and not (a.src == () and isinstance(a.arg, tuple) and isinstance(a.arg[0], Variable)):
-      raise CallsatError(f"CALL: a BIND argument must bind a Variable to a value, got {a.arg!r}")
-  binds = {a.arg[0].key: int(a.arg[0].bind(a.arg[1])) for a in call.src[1:] if a.op is Ops.BIND}
-  if not binds: return call, {}
-  body = map_args([call.src[0]], lambda d: binds.get(d.key, d) if isinstance(d, Variable) else d)[0]
-  return Node(Ops.CALL, dtypes.void, (body, *(a for a in call.src[1:] if a.op is not Ops.BIND)), call.arg), binds
 
 def roots_of(xs) -> list[Node]:
   """The graph roots under Tensors or Nodes (a SINK gives its sources)."""

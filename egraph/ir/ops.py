@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 from egraph.ir.dtype import DType, dtypes
-from egraph.ir.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
-from egraph.ir.symbolic import HostDim, BoundVar, is_symbolic, max_value, map_dims, dims_in
+from egraph.ir.errors import CallsatError, ShapeError, DTypeError, DeviceError, UnsupportedOpError
+from egraph.ir.symbolic import HostDim, BoundVar, Variable, is_symbolic, max_value, map_dims, dims_in
 
 class Ops(Enum):
   # storage and calls
@@ -115,7 +115,11 @@ class CallInfo:
 # ---------------------------------------------------------------------------------------------------------------------
 # devices
 
+# the device kinds, written once: the IR accepts these (CPU:n, CUDA:n, DISK:/path; EXT:name is a host framework's
+# device, never run), lower/device/backend.py's backends claim them
+DEVICE_KINDS = ("CPU", "PYTHON", "NPY", "CUDA", "DISK")
 HOST_DEVICES = ("NPY", "PYTHON", "DISK")
+_NUMBERED = ("CPU", "PYTHON", "NPY", "CUDA")   # kinds with an ordinal (DISK takes a path)
 
 _CANONICAL: dict[str, str] = {}   # each device string once (a fresh buffer per realize point asks again)
 
@@ -128,7 +132,7 @@ def canonical_device(d: str | tuple | None) -> str | tuple | None:
   if d.upper().startswith("DISK:"): return "DISK:" + d[5:]
   if d.upper().startswith("EXT:") and len(d) > 4: return "EXT:" + d[4:]   # a host framework's device (tinygrad NULL): never run here
   name, _, num = d.upper().partition(":")
-  if name not in ("CPU", "PYTHON", "NPY", "CUDA") or (num and not num.isdigit()):
+  if name not in _NUMBERED or (num and not num.isdigit()):
     raise DeviceError(f"unknown device {d!r}; known: CPU, CPU:n, PYTHON, NPY, CUDA, DISK:/path, EXT:name")
   c = _CANONICAL[d] = name if num in ("", "0") else f"{name}:{num}"
   return c
@@ -517,6 +521,22 @@ def toposort(roots, enter_calls: bool = True, deps_first: bool = False, leaves: 
   return order
 
 _NO_DIMS = (Ops.CALL, Ops.FUNCTION, Ops.BIND)
+
+def effect_order(roots: list[Node]) -> list[Node]:
+  """The order effects run in (the reference executor's and the scheduler's): children first, CALL bodies not entered,
+  an AFTER's deps before its `x` (a computed `x` then sees their writes)."""
+  return toposort(roots, enter_calls=False, deps_first=True)
+
+def bindings(call: Node) -> tuple[Node, dict]:
+  """What runs, for every executor and the engine's cache: (the CALL without its BIND args and with plain sizes for its
+  variables, {variable key: value})."""
+  for a in call.src[1:]:
+    if a.op is Ops.BIND and not (a.src == () and isinstance(a.arg, tuple) and isinstance(a.arg[0], Variable)):
+      raise CallsatError(f"CALL: a BIND argument must bind a Variable to a value, got {a.arg!r}")
+  binds = {a.arg[0].key: int(a.arg[0].bind(a.arg[1])) for a in call.src[1:] if a.op is Ops.BIND}
+  if not binds: return call, {}
+  body = map_args([call.src[0]], lambda d: binds.get(d.key, d) if isinstance(d, Variable) else d)[0]
+  return Node(Ops.CALL, dtypes.void, (body, *(a for a in call.src[1:] if a.op is not Ops.BIND)), call.arg), binds
 
 def dims_arg(n: Node):
   """The part of a node's arg that can hold symbolic dimensions."""

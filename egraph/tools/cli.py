@@ -17,6 +17,7 @@ from egraph.tools.export import export as run_export, require_graphviz
 from egraph.tools import ordering
 from egraph.ir import corpus
 from lower.render.cuda import render as C
+from lower.device import cuda as cuda_dev
 from lower.runtime import read
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout holding this egraph package
@@ -152,7 +153,7 @@ def cuda(args) -> int:
   else: sys.stdout.write(text)
   if args.emulate:
     S = STORAGE.copy()
-    C.run_emulated(res.call, S)
+    cuda_dev.run_emulated(res.call, S)
     got = read(substitute([out.node], res.buffer_map)[0], S)
     ok = np.allclose(got, ref, rtol=1e-4, atol=1e-5)
     print(f"emulated on the CPU (lower/device/cuda_emu.h): {'OK' if ok else 'MISMATCH'} vs numpy", file=sys.stderr)

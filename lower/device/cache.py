@@ -9,12 +9,12 @@ Optional on-disk cache (off by default) of each module's object code, so a new p
 CALLSAT_CACHE_DIR=/path turns it on there, CALLSAT_CACHE=1 at $XDG_CACHE_HOME/callsat (~/.cache/callsat), CALLSAT_CACHE=0
 turns it off whatever else is set; both are read when this module is imported, `CACHE.disk = path` (or None) sets it at
 run time. CALLSAT_CACHE_MAX_MB (default 256) bounds the directory (within ~2 %): the least recently used entries go.
-The directory must be private (lower.device.cuda_driver.private_dir) and entries are signed with the user's key: a loaded object
+The directory must be private (lower.device.securefs.private_dir) and entries are signed with the user's key: a loaded object
 is run, so nothing another user could have written is."""
 from __future__ import annotations
 import weakref, hashlib, hmac, os, random, stat, sys, time
 from lower.device.compiler import compile_kernels, debug_level
-from lower.device.cuda_driver import NOFOLLOW, mac, private_dir, read_file, say_once, user_cache_root, user_key, write_file
+from lower.device.securefs import NOFOLLOW, mac, private_dir, read_file, say_once, user_cache_root, user_key, write_file
 from lower.schedule.kernel import Kernel
 
 MODULE_OPS = 3000

@@ -6,7 +6,8 @@ import ctypes, math, os, sys, time, weakref
 from dataclasses import replace
 from egraph.ir.errors import CallsatError
 from egraph.ir.ops import Ops, toposort
-from egraph.ir.storage import UnallocatedBufferError, elements
+from egraph.ir.storage import elements
+from lower.device.backend import Backend, buffer_array
 from lower.device import cache
 from lower.device.compiler import Compiled, debug_level
 from lower.schedule.kernel import Var, mm_batched
@@ -164,11 +165,7 @@ def run_native(call, storage) -> None:
   roots = {m.root for s in prog.steps for m in s.mems if m.root[0] != "tmp"}
   for r in sorted(roots, key=str):
     b = node_of(r)
-    a = storage.get(b.arg.uid)
-    if a is None:
-      if r in prog.written or b.arg.size == 0: a = storage.allocate(b, zero=r not in covered)
-      else: raise UnallocatedBufferError(f"BUFFER uid={b.arg.uid} ({b.arg.size} x {b.dtype.name} on {b.arg.device}) is read but "
-                                         "was never allocated or written")
+    a = buffer_array(storage, b, r in prog.written, zero=r not in covered)
     if a.shape != (elements(b),) or a.dtype != b.dtype.np:   # per-device storage: every device's copy, device-major
       raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({elements(b)},)")
     arrays[r] = a
@@ -198,3 +195,9 @@ def run_native(call, storage) -> None:
   if not dbg:   # DEBUG runs take the full path each time (it prints per kernel)
     CACHE.plans[call] = Plan(checked, [(node_of(r).arg.uid, weakref.ref(a)) for r, a in arrays.items()], steps, arena, mpool)
   elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
+
+class NativeBackend(Backend):
+  """The CPU device kind (CPU:n shards too) and host-only CALLs (NPY, DISK): LLVM-compiled kernels on this machine."""
+  name, devices, rank = "native", ("CPU", "NPY", "DISK"), 0
+  def run(self, call, storage) -> None: run_native(call, storage)
+

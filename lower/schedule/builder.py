@@ -144,7 +144,7 @@ class _Builder:
       if devs[dev.c] != kname: self.g.ctx.peers.add((kname, devs[dev.c]))
       return m.on(dev.c), Idx.const(0)
     if m.dstride % m.dtype.itemsize:
-      raise UnsupportedOpError(f"LLVM backend: a read across devices of a {m.dtype.name} view whose per-device stride ({m.dstride} bytes) "
+      raise UnsupportedOpError(f"lowering: a read across devices of a {m.dtype.name} view whose per-device stride ({m.dstride} bytes) "
                                "is not a whole number of elements")
     self.g.ctx.peers.update((kname, x) for x in devs if x != kname)   # CPU:n share the host's memory: a direct read
     es = m.dstride // m.dtype.itemsize
@@ -169,7 +169,7 @@ class _Builder:
 
   def _value(self, n: Node, idx, valid, after, bcast, top, dev) -> Expr:
     op, g = n.op, self.g
-    if op in UNSUPPORTED: raise UnsupportedOpError(f"LLVM backend: {op.name} is not supported yet (a later issue adds it)")
+    if op in UNSUPPORTED: raise UnsupportedOpError(f"lowering: {op.name} is not supported yet (a later issue adds it)")
     if not _valid_possible(valid): return const(0, n.dtype)
     if (n.id in g.realize or n.id in g.ctx.realized_ids) and not top and op not in (Ops.PARAM, Ops.BUFFER, Ops.CONST):
       return self.temp(n, idx, valid, after, dev)
@@ -198,8 +198,8 @@ class _Builder:
         g.realize.add(split.src[0].src[0].id)
         return self.value(split, idx, valid, after, bcast, top, dev)
       return self.reduce(n, idx, valid, after, bcast)
-    if op in (Ops.STORE, Ops.CALL, Ops.SINK): raise CallsatError(f"LLVM backend: {op.name} used as a value")
-    raise UnsupportedOpError(f"LLVM backend: {op.name} is not supported")
+    if op in (Ops.STORE, Ops.CALL, Ops.SINK): raise CallsatError(f"lowering: {op.name} used as a value")
+    raise UnsupportedOpError(f"lowering: {op.name} is not supported")
 
   def movement(self, n: Node, idx, valid, after, bcast, dev) -> Expr:
     """A movement op: index arithmetic into its source (an EXPAND that widens marks the source broadcast)."""
@@ -310,7 +310,7 @@ def targets(t: Node, bind: dict) -> list:
   if not is_shard(t):
     ops, n = [], t
     while n.src and n.op is not Ops.MULTI: ops.append(n.op.name); n = n.src[0]
-    raise UnsupportedOpError(f"LLVM backend: a STORE through {'/'.join(ops)} into {n.op.name} on {devs} is not supported "
+    raise UnsupportedOpError(f"lowering: a STORE through {'/'.join(ops)} into {n.op.name} on {devs} is not supported "
                              "(only into a whole MULTI or into per-device storage)")
   m, index = _target(t, bind)   # per-device storage: every device gets the value (a replicated value: a copy each)
   return [(m.on(d), index, t.shape, (dv, devs, d), None) for d, dv in enumerate(devs)]

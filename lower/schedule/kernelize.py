@@ -43,12 +43,11 @@ import heapq, math, sys
 from dataclasses import dataclass
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import UnsupportedOpError
-from egraph.ir.ops import Node, Ops, GroupOp, toposort, shard_axes, multi_arg, shard_params
+from egraph.ir.ops import Node, Ops, GroupOp, toposort, effect_order, shard_axes, multi_arg, shard_params
 from lower.schedule.builder import IDENTITY, UNSUPPORTED, Group, targets
 from lower.schedule.finalize import finalize, via_temp
 from lower.schedule.inline import inline_functions
 from lower.schedule.mem import Ctx, Mem, Program, Step, view_mem
-from lower.reference import effect_order
 
 FUSE_CAP = 400           # max estimated expression nodes per kernel
 COST_SINK = "cost"       # the SINK arg of a fusion="cost" CALL (egraph/fusion/solve.py COST_SINK; not imported: lowering loads no egglog)
@@ -166,7 +165,7 @@ def _call_group(call: Node, bind: dict, ctx: Ctx) -> _GroupPlan:
   prog = kernelize(shard_params(call.src[0], sharded), inner, ctx)
   for i, a in copied.items():
     if inner[i].root in prog.written:
-      raise UnsupportedOpError(f"LLVM backend: a nested CALL writes its argument {i}, which is {a.op.name} {a.shape}, "
+      raise UnsupportedOpError(f"lowering: a nested CALL writes its argument {i}, which is {a.op.name} {a.shape}, "
                                "not a contiguous view of storage")
   steps = [st for s in g.specs for st in finalize(s, {}, ctx)] + prog.steps
   reads = [m for s in steps for m in (s.mems[:1] if s.kernel is None else s.mems)]
@@ -212,7 +211,7 @@ def kernelize(body: Node, bind: dict, ctx: Ctx | None = None) -> Program:
   body = inline_functions(body)   # plain FUNCTIONs are inlined; precompiled ones are nested CALLs
   multi = False
   for n in toposort([body], enter_calls=False):
-    if n.op in UNSUPPORTED: raise UnsupportedOpError(f"LLVM backend: {n.op.name} is not supported yet (a later issue adds it)")
+    if n.op in UNSUPPORTED: raise UnsupportedOpError(f"lowering: {n.op.name} is not supported yet (a later issue adds it)")
     multi = multi or isinstance(n.device, tuple)
   if multi: ctx.axes.update(shard_axes([body]))   # how multi-device temporaries are split
   cost = body.op is Ops.SINK and body.arg == COST_SINK   # a cost-mode CALL (egraph/fusion/solve.py marks its SINK)

@@ -68,7 +68,7 @@ def storage_mem(n: Node, bind: dict) -> tuple[Mem | None, bool]:
     elif n.op is Ops.SLICE: chain.append(n); n = n.src[0]
     else: break
   if n.op is Ops.PARAM:
-    if n.arg.slot < 0: raise UnsupportedOpError("LLVM backend: symbolic PARAM (slot -1) is not supported yet")
+    if n.arg.slot < 0: raise UnsupportedOpError("lowering: symbolic PARAM (slot -1) is not supported yet")
     if n.arg.slot not in bind: raise CallsatError(f"PARAM slot={n.arg.slot}: no such argument ({len(bind)} given)")
     m = bind[n.arg.slot]
     if m.count != n.numel or m.dtype != n.dtype:

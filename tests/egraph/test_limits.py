@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, HealthCheck
 from egraph import Tensor, function, callify, Limits, Variable
-from egraph.ir.ops import Node, Ops, CallInfo, new_buffer, toposort
+from egraph.ir.ops import Node, Ops, CallInfo, new_buffer, toposort, bindings
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import EngineError
 from egraph.engine.encode import encode
@@ -191,7 +191,7 @@ def test_the_fallback_realizes_what_the_e_graph_does(program, tmp_path, monkeypa
   monkeypatch.setitem(LIMIT_PRESETS, "default", NOW)
   for t, want in program(tmp_path):
     res = callify(t)
-    assert res.report.fallback is not None and call_violations([t.node], drv.bindings(res.call)[0], res.buffer_map) == []
+    assert res.report.fallback is not None and call_violations([t.node], bindings(res.call)[0], res.buffer_map) == []
     np.testing.assert_allclose(t.numpy(), want)
   assert taken
 

@@ -11,6 +11,7 @@ from egraph.ir.dtype import dtypes
 from egraph.ir.ops import Node, Ops, new_buffer
 from egraph.ir.storage import Storage
 from lower.render.cuda import render as cuda
+from lower.device import cuda as cuda_dev
 from lower.device import native
 N = 20_000_000          # big enough that one float32 accumulator drifts (it was 3e-5 off for 0.1), ~0.1 s a sum
 ULP = 2.0 ** -24        # a floor for numpy's error where it happens to be exact
@@ -118,7 +119,7 @@ def test_cuda_blocked_sums_on_the_emulator(mode):
   r = callify(Node(Ops.REDUCE, None, (b.reshape(shape),), (Ops.ADD, (1,))))
   (lw,) = cuda.plans([r.call], reduce=mode)
   assert "double" in lw.kernels[0].source
-  emu = cuda.emulator()
+  emu = cuda_dev.emulator()
   got = S.copy()
-  cuda.run_lowered(lw, got, emu, emu.load(lw.plan))
+  cuda_dev.run_lowered(lw, got, emu, emu.load(lw.plan))
   assert rel(got[r.call.src[1]], float(np.float32(0.1)) * shape[1]) <= 2e-6

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import lower.device.cache
 from lower.device import cuda_driver as drv
+from lower.device import securefs
 from lower.device.cache import DiskCache, KernelCache, looks_like_object
 from egraph import Tensor
 
@@ -69,7 +70,7 @@ def test_directory_of_another_user_is_refused(tmp_path, monkeypatch, capfd):
   root = tmp_path / "c"
   _run(monkeypatch, root, 4.0)                        # a full cache ...
   for p in [root, *root.rglob("*")]: os.chown(p, _nobody(), -1, follow_symlinks=False)   # ... that now belongs to nobody
-  drv._SAID.clear()
+  securefs._SAID.clear()
   _refused(tmp_path, monkeypatch, capfd, root)
 
 def test_symlinked_subdirectory_is_refused_and_left_alone(tmp_path, monkeypatch):
@@ -136,14 +137,14 @@ def test_cuda_planted_library_is_not_loaded(tmp_path, monkeypatch, emu_name):
   evil = _evil_so(tmp_path)
   (cache / emu_name).write_bytes(os.urandom(32) + evil)       # signed with a key that is not ours
   np.testing.assert_array_equal(_emulate(monkeypatch, cache), np.arange(8) * 3 + 1)
-  assert drv.SignedDir(str(cache)).get(emu_name)[:4] == b"\x7fELF"   # discarded and rebuilt, signed again
+  assert securefs.SignedDir(str(cache)).get(emu_name)[:4] == b"\x7fELF"   # discarded and rebuilt, signed again
 
 def test_cuda_cache_of_another_user_is_refused(tmp_path, monkeypatch, capfd, emu_name):
   cache = tmp_path / "shared"; cache.mkdir()
   os.chmod(cache, 0o777)                        # what `mkdir /tmp/callsat-cuda-<uid>` by someone else looks like to us
   if os.geteuid() == 0 and _nobody() is not None: os.chmod(cache, 0o755); os.chown(cache, _nobody(), -1)
   (cache / emu_name).write_bytes(b"\0" * 32 + _evil_so(tmp_path))
-  drv._SAID.clear()
+  securefs._SAID.clear()
   np.testing.assert_array_equal(_emulate(monkeypatch, cache), np.arange(8) * 3 + 1)
   err = capfd.readouterr().err
   assert err.count("run uncached") == 1 and "not private" in err

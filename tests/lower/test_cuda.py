@@ -11,6 +11,7 @@ from egraph.ir.dtype import dtypes
 from egraph.ir.errors import DeviceError
 from egraph.ir.ops import Ops
 from lower.render.cuda import render as cuda
+from lower.device import cuda as cuda_dev
 from lower.device import cuda_driver as drv
 from lower.reference import evaluate
 from egraph.ir.storage import Storage, STORAGE
@@ -37,11 +38,11 @@ def compare(case, got: Storage, ref: Storage):
 
 def run_all(cases, **kw):
   lows = cuda.plans([c.call for c in cases], **kw)
-  emu = cuda.emulator()
+  emu = cuda_dev.emulator()
   mod = emu.load(lows[0].plan)
   for c, lw in zip(cases, lows):
     got, ref = c.storage.copy(), c.storage.copy()
-    cuda.run_lowered(lw, got, emu, mod)
+    cuda_dev.run_lowered(lw, got, emu, mod)
     evaluate([c.call], ref)
     compare(c, got, ref)
   return lows
@@ -110,7 +111,7 @@ def _two_reduce_plan(source_filter=lambda s: s):
           "steps": [{"op": "launch", "kernel": "twored", "grid": list(ck.grid), "block": list(ck.block), "args": [["out", 0], ["x", 0]]}]}
   x = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
   arrays = {"out": np.zeros(4, np.float32), "x": x.reshape(-1)}
-  drv.execute(plan, arrays, cuda.emulator())
+  drv.execute(plan, arrays, cuda_dev.emulator())
   return np.allclose(arrays["out"], (x - x.max(1, keepdims=True)).sum(1) + x.max(1), rtol=1e-4, atol=1e-3)
 
 @needs_gxx
@@ -123,10 +124,10 @@ def test_removed_syncthreads_gives_a_wrong_result(tag):
   cases = _sync_cases()
   lows = cuda.plans([c.call for c in cases], max_grid=4)
   src = lows[0].plan["source"]
-  emu = cuda.emulator()
+  emu = cuda_dev.emulator()
   for c, lw in zip(cases, lows):
     got, ref = c.storage.copy(), c.storage.copy()
-    cuda.run_lowered(lw, got, emu, emu.load(lw.plan))
+    cuda_dev.run_lowered(lw, got, emu, emu.load(lw.plan))
     evaluate([c.call], ref)
     compare(c, got, ref)   # intact: right
   assert src.count(f"// sync:{tag}") >= 1
@@ -135,7 +136,7 @@ def test_removed_syncthreads_gives_a_wrong_result(tag):
   wrong = 0
   for c, lw in zip(cases, lows):
     got, ref = c.storage.copy(), c.storage.copy()
-    cuda.run_lowered(lw, got, emu, mod)
+    cuda_dev.run_lowered(lw, got, emu, mod)
     evaluate([c.call], ref)
     try: compare(c, got, ref)
     except AssertionError: wrong += 1
@@ -144,7 +145,7 @@ def test_removed_syncthreads_gives_a_wrong_result(tag):
 
 def test_cuda_device_without_a_gpu_raises_device_error():
   if drv.find_libcuda() is not None: pytest.skip("a CUDA driver is installed here")
-  with pytest.raises(DeviceError, match="libcuda"): cuda.device()
+  with pytest.raises(DeviceError, match="libcuda"): cuda_dev.device()
   x = Tensor([1.0, 2.0, 3.0], device="CUDA")
   with pytest.raises(DeviceError, match="CUDA.*libcuda"): (x * 2).numpy()
 

@@ -13,6 +13,7 @@ from egraph.ir.ops import Node, Ops, ALU_OPS, new_buffer, ParamArg, CallInfo
 from egraph.ir.storage import Storage
 from lower import numeric
 from lower.render.cuda import render as cuda
+from lower.device import cuda as cuda_dev
 from lower.render.cuda import ops as cuda_ops
 from lower.device import cuda_driver as drv
 from lower.reference import evaluate
@@ -132,12 +133,12 @@ def results():
   """Every program run once, in one emulator module: {what: (got, want, inputs)}."""
   progs = [f(dt) for dt in dtypes.all for f in (op_prog, cast_prog, reduce_prog)] + [threefry_prog()]
   lows = cuda.plans([p.call() for p in progs])
-  emu = cuda.emulator()
+  emu = cuda_dev.emulator()
   mod = emu.load(lows[0].plan)
   out = {}
   for p, lw in zip(progs, lows):
     got, ref = p.S.copy(), p.S.copy()
-    cuda.run_lowered(lw, got, emu, mod)
+    cuda_dev.run_lowered(lw, got, emu, mod)
     evaluate([p.call()], ref)
     for uid, (what, tol) in p.tol.items(): out[what] = (got[uid], ref[uid], tol)
   return out
@@ -190,11 +191,11 @@ def test_fp8_casts_match_tinygrad():
     want[f"{dt.name} -> float32"] = tinygrad_values(dt).astype(np.float32)
     progs.append(P)
   lows = cuda.plans([p.call() for p in progs])
-  emu = cuda.emulator()
+  emu = cuda_dev.emulator()
   mod = emu.load(lows[0].plan)
   for p, lw in zip(progs, lows):
     got = p.S.copy()
-    cuda.run_lowered(lw, got, emu, mod)
+    cuda_dev.run_lowered(lw, got, emu, mod)
     for uid, (what, _) in p.tol.items():
       g, w = got[uid], want[what]
       if w.dtype == np.uint8: np.testing.assert_array_equal(g, w, err_msg=what)

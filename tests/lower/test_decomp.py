@@ -17,6 +17,7 @@ from lower.render.llvm.function import LLVMRenderer
 from lower.render.llvm.stream import VecRenderer
 from lower.render.cuda.render import CUDARenderer
 from lower.render.cuda import render as cuda
+from lower.device import cuda as cuda_dev
 
 DTS = [dt for dt in dtypes.all if ALU_OPS[Ops.MULACC].accepts(dt)]
 
@@ -63,11 +64,11 @@ def test_mulacc_under_the_cuda_emulator_is_the_oracles():
     a, b, c = (Tensor(x).cast(dt).realize() for x in xs)
     calls.append(callify(a.mulacc(b, c).contiguous().node).call)
   lows = cuda.plans(calls)
-  emu = cuda.emulator()
+  emu = cuda_dev.emulator()
   mod = emu.load(lows[0].plan)
   for dt, call, lw in zip(DTS, calls, lows):
     got, ref = STORAGE.copy(), STORAGE.copy()
-    cuda.run_lowered(lw, got, emu, mod)
+    cuda_dev.run_lowered(lw, got, emu, mod)
     evaluate([call], ref)
     out = call.src[1].arg.uid   # the one written buffer
     g, w = got[out], ref[out]

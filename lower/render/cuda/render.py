@@ -32,12 +32,9 @@ Not supported yet: CHECK_BOUNDS (checked kernels render unchecked), multi-device
 from __future__ import annotations
 import hashlib, math
 from dataclasses import dataclass
-from egraph.engine.driver import bindings
 from egraph.ir.dtype import DType, dtypes
-from egraph.ir.errors import CallsatError, DeviceError, UnsupportedOpError
-from egraph.ir.ops import Ops, toposort
-from egraph.ir.storage import UnallocatedBufferError
-from lower.device import cuda_driver as drv
+from egraph.ir.errors import CallsatError, UnsupportedOpError
+from egraph.ir.ops import Ops, toposort, bindings
 from lower.schedule.kernel import Kernel, Expr, Var, mm_batched
 from lower.schedule.kernelize import kernelize
 from lower.schedule.mem import arg_binding
@@ -389,20 +386,6 @@ def plan(call, **kw) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 # running
 
-def run_lowered(lw: Lowered, storage, backend, module=None) -> None:
-  """Run a lowered CALL on `backend` over numpy `storage` (egraph.ir.storage.Storage): outputs are allocated on demand."""
-  arrays = {}
-  for name, b in lw.plan["buffers"].items():
-    if b["kind"] == "tmp": continue
-    n = lw.nodes[name]
-    a = storage.get(n.arg.uid)
-    if a is None:
-      if b["written"] or n.arg.size == 0: a = storage.allocate(n)
-      else: raise UnallocatedBufferError(f"BUFFER uid={n.arg.uid} ({n.arg.size} x {n.dtype.name} on {n.arg.device}) is read but "
-                                         "was never allocated or written")
-    arrays[name] = a
-  drv.execute(lw.plan, arrays, backend, module)
-
 def plan_comment(plan: dict) -> str:
   """The launch plan as C comments (for `callsat cuda`): buffers, then one line per step."""
   out = ["// launch plan: buffers (name: bytes, kind, dtype)"]
@@ -415,41 +398,3 @@ def plan_comment(plan: dict) -> str:
       args = ", ".join(f"{b}+{o}" if o else b for b, o in s["args"])
       out.append(f"//   launch {s['kernel']}<<<({', '.join(map(str, s['grid']))}), ({', '.join(map(str, s['block']))})>>>({args})")
   return "\n".join(out) + "\n"
-
-_EMU: drv.Emulator | None = None
-_DEV: dict = {}
-
-def emulator() -> drv.Emulator:
-  global _EMU
-  if _EMU is None: _EMU = drv.Emulator()
-  return _EMU
-
-def device(ordinal: int = 0) -> drv.CudaDevice:
-  """GPU `ordinal` (cached); DeviceError naming what is missing (driver, GPU) otherwise."""
-  if ordinal not in _DEV:
-    try: _DEV[ordinal] = drv.CudaDevice(ordinal)
-    except drv.CudaUnavailable as e: raise DeviceError(f"device 'CUDA' cannot execute here: {e}") from e
-  return _DEV[ordinal]
-
-def _ordinal(call) -> int:
-  devs = set()
-  for n in toposort([call]):
-    for d in (n.device, n.arg.device if n.op is Ops.PARAM else None):
-      for x in (d if isinstance(d, tuple) else (d,)):
-        if isinstance(x, str) and x.partition(":")[0] == "CUDA": devs.add(int(x.partition(":")[2] or 0))
-  if len(devs) > 1: raise UnsupportedOpError(f"CUDA backend: one CALL on several GPUs ({sorted(devs)}) is not supported")
-  return devs.pop() if devs else 0
-
-def run_emulated(call, storage, **kw) -> None:
-  """Execute a CALL with the emitted CUDA compiled as C++ against lower/device/cuda_emu.h (the CPU check of the renderer)."""
-  lw = plans([call], **kw)[0]
-  run_lowered(lw, storage, emulator())
-
-def run_cuda(call, storage) -> None:
-  """The "CUDA" device: execute a CALL on the GPU (CUDA:n is GPU n). Raises DeviceError when no driver/GPU/compiler is
-  here, before touching storage."""
-  dev = device(_ordinal(call))
-  lw = plans([call])[0]
-  try: run_lowered(lw, storage, dev)
-  except drv.CudaUnavailable as e: raise DeviceError(f"device 'CUDA' cannot execute here: {e}") from e
-  except drv.CudaFailure as e: raise CallsatError(f"CUDA backend: {e}") from e
