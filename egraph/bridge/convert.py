@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from tinygrad.uop.ops import UOp, Ops as TOps, shape_to_shape_arg
 from tinygrad.dtype import dtypes as tdt, AddrSpace
-from egraph.ir.ops import Node, Ops, GroupOp, OpaqueArg, BufferArg, ParamArg, CallInfo, toposort
+from egraph.ir.ops import Node, Ops, GroupOp, OpaqueArg, BufferArg, ParamArg, CallInfo, DEVICE_KINDS, toposort
 from egraph.ir.dtype import dtypes, DType
 from egraph.ir.errors import CallsatError, UnsupportedOpError
 from egraph.ir.symbolic import HostDim
@@ -35,7 +35,6 @@ _DT = {tdt.bool: dtypes.bool, tdt.int8: dtypes.int8, tdt.uint8: dtypes.uint8, td
        tdt.float32: dtypes.float32, tdt.float64: dtypes.float64, **{getattr(tdt, d.name): d for d in dtypes.fp8s}}
 _TDT = {v: k for k, v in _DT.items()}
 _WEAK = {tdt.weakint: dtypes.int64, tdt.weakfloat: dtypes.float32}   # never stored: tinygrad refuses to realize them
-_OWN_DEVICES = ("CPU", "PYTHON", "NPY", "CUDA", "DISK")
 _DIRECT = {TOps.CONTIGUOUS: Ops.CONTIGUOUS, TOps.CONTIGUOUS_BACKWARD: Ops.CONTIGUOUS_BACKWARD, TOps.DETACH: Ops.DETACH,
            TOps.CAST: Ops.CAST, TOps.BITCAST: Ops.BITCAST, TOps.AFTER: Ops.AFTER, TOps.STORE: Ops.STORE}
 _MOVE = {TOps.RESHAPE, TOps.EXPAND, TOps.PAD, TOps.SHRINK, TOps.PERMUTE, TOps.FLIP}
@@ -52,7 +51,7 @@ def to_device(d):
   if d is None: return None
   if isinstance(d, tuple): return tuple(to_device(x) for x in d)
   name = d.partition(":")[0].upper()
-  return d if name in _OWN_DEVICES else f"EXT:{d}"
+  return d if name in DEVICE_KINDS else f"EXT:{d}"
 
 def from_device(d):
   if isinstance(d, tuple): return tuple(from_device(x) for x in d)
