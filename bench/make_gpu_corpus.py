@@ -10,10 +10,10 @@ Writes, under --out:
                        values of the buffers it writes (out_<buffer>), from the numpy reference (lower/reference.py);
                        bfloat16 buffers as their uint16 bits
 
-`corpus()` is also the corpus of tests/lower/test_cuda.py: the example models of egraph/tools/cli.py, hand-written Tensor
+`corpus()` is also the corpus of tests/lower/render/test_cuda.py: the example models of egraph/tools/cli.py, hand-written Tensor
 programs (tiled matmuls with ragged edges, block reductions, softmax, views), every ALU op, cast and bitcast over all 13
 dtypes, THREEFRY, reduces over narrow ints, halves and float64, and random programs from rules/testing/strategies.py's
-graphs() and tests/lower/test_llvm_random.py's programs()."""
+graphs() and tests/lower/render/test_llvm_random.py's programs()."""
 from __future__ import annotations
 import argparse, contextlib, json, os, sys
 from dataclasses import dataclass
@@ -64,7 +64,7 @@ def _tensor_cases() -> list:
           ("full_sum", full_sum), ("col_max", col_max), ("softmax", softmax), ("elementwise", elementwise), ("views", views)]
 
 def _alu_cases() -> list:
-  """Every ALU op, cast and bitcast per dtype (all 13: as tests/lower/test_llvm_ops.py), as raw graphs over CPU buffers;
+  """Every ALU op, cast and bitcast per dtype (all 13: as tests/lower/render/test_llvm_ops.py), as raw graphs over CPU buffers;
   then THREEFRY and reduces over the narrow, half and double dtypes."""
   from egraph.ir.dtype import dtypes
   from egraph.ir.ops import Node, Ops, new_buffer

@@ -120,7 +120,7 @@ def plan(roots: list[Node], topo: list[Node], model: CostModel, assigns: str = "
 
 # ---- graphs with no decision to make ----------------------------------------------------------------------------------
 
-# the optimize rules `no_decision` rules out, one condition each (tests/egraph/test_no_decision.py fails when a rule is
+# the optimize rules `no_decision` rules out, one condition each (tests/engine/test_no_decision.py fails when a rule is
 # added to the optimize phase without a condition here)
 COVERED = frozenset({"contiguous_to_view", "bitcast_to_view", "copy_of_view", "contiguous_of_assign",
                      "contiguous_of_assign_n", "assign_copy_in_place", "contiguous_idempotent", "drop_detach",

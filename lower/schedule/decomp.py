@@ -1,6 +1,6 @@
 """Floor 4 (lowering): the ALU ops no renderer spells, rewritten once for every backend into ops they all render
 (tinygrad's codegen decompositions). The kernel builder expands an op found here; each renderer's `code_for_op` lists
-the ops it spells, and together they cover the op table (tests/lower/test_decomp.py). Adding an op that the renderers
+the ops it spells, and together they cover the op table (tests/lower/schedule/test_decomp.py). Adding an op that the renderers
 can express with existing ones is one line here."""
 from __future__ import annotations
 from egraph.ir.dtype import DType, dtypes

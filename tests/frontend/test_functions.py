@@ -105,7 +105,7 @@ def test_precompile_schedule_cache_hit():
 def test_precompile_symbolic_input():
   from egraph import Variable
   v = Variable("n", 1, 8)
-  a = Tensor(np.arange(8, dtype=np.float32), device="PYTHON").realize()   # native (CPU): tests/lower/test_nested_call_args.py
+  a = Tensor(np.arange(8, dtype=np.float32), device="PYTHON").realize()   # native (CPU): tests/lower/schedule/test_nested_call_args.py
   np.testing.assert_allclose(twice(a[:v.bind(5)]).numpy(), [0, 2, 4, 6, 8])
   np.testing.assert_allclose((twice(a[:v.bind(3)]) + 1).numpy(), [1, 3, 5])
 

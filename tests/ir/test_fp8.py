@@ -55,7 +55,7 @@ def test_bad_dtype_is_named():
   with pytest.raises(DTypeError, match="float32 is not an fp8"): to_fp8_bits([1.0], dtypes.float32)
 
 def test_promotion_includes_fp8_as_tinygrad():
-  """Every pair against tinygrad's least_upper_dtype (also over all dtypes in tests/coverage/test_dtypes_tensor.py)."""
+  """Every pair against tinygrad's least_upper_dtype (also over all dtypes in tests/frontend/test_dtypes_tensor.py)."""
   tg, _ = tinygrad_dtype(dtypes.fp8e4m3)
   back = {getattr(tg.dtypes, d.name): d for d in dtypes.all}
   for a in dtypes.all:

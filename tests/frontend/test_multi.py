@@ -50,7 +50,7 @@ def test_same_graph_on_new_shards_hits_the_cache():
 
 def test_errors():
   with pytest.raises(ShapeError, match="split"): Tensor(np.ones((3, 2), np.float32), device="PYTHON").shard(DEVS, axis=0)
-  np.testing.assert_equal((Tensor([1., 2]).shard(("CPU", "CPU:1")) + 1).numpy(), [2, 3])   # native: tests/coverage/test_multi_native.py
+  np.testing.assert_equal((Tensor([1., 2]).shard(("CPU", "CPU:1")) + 1).numpy(), [2, 3])   # native: tests/frontend/test_multi_native.py
   with pytest.raises(UnsupportedOpError, match="CUDA"): (Tensor([1., 2]).shard(("CUDA", "CUDA:1")) + 1).numpy()
 
 def test_contiguous_view_of_a_sharded_tensor_is_a_per_shard_slice():

@@ -11,7 +11,7 @@ from lower.device import llvmjit
 from lower.device.cache import DiskCache, KernelCache, disk_dir
 from egraph import Tensor
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # one elementwise module and one tiled matmul module (two realizations); prints the cache stats and both results
 SCRIPT = r"""

@@ -11,7 +11,7 @@ from egraph.ir.storage import Storage
 from lower.schedule import kernelize
 from lower.schedule.work import program_of
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench"))
 import fusion_programs
 from test_llvm_ops import buf, P, call, cst   # the hand-built CALLs of test_war_order_and_snapshots
 

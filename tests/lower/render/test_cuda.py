@@ -16,7 +16,7 @@ from lower.device import cuda_driver as drv
 from lower.reference import evaluate
 from egraph.ir.storage import Storage, STORAGE
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 spec = importlib.util.spec_from_file_location("make_gpu_corpus", os.path.join(ROOT, "bench", "make_gpu_corpus.py"))
 M = sys.modules["make_gpu_corpus"] = importlib.util.module_from_spec(spec); spec.loader.exec_module(M)
 

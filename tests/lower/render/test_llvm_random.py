@@ -116,7 +116,7 @@ def test_random_programs_match_reference(p):
 def _graphgen():
   try:
     import sys, os
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
     from graphgen import graphs
     return graphs()
   except Exception:   # graphgen moves (rules/testing/strategies.py); fall back to the local strategy
