@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, as_np
 from egraph.ir.errors import DTypeError
-from egraph.ir.ops import Ops, GroupOp
+from egraph.ir.ops import Ops, GroupOp, THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
 
 def _udt_np(d: np.dtype) -> np.dtype: return np.dtype(f"u{d.itemsize}")
 
@@ -72,11 +72,11 @@ def threefry2x32(x: np.ndarray, key: np.ndarray) -> np.ndarray:
   x, key = np.asarray(x, np.uint64), np.asarray(key, np.uint64)
   x0, x1 = x.astype(u32), (x >> np.uint64(32)).astype(u32)
   k0, k1 = key.astype(u32), (key >> np.uint64(32)).astype(u32)
-  ks = [k1, k0 ^ k1 ^ u32(0x1BD11BDA), k0]
-  rot = ((13, 15, 26, 6), (17, 29, 16, 24))
+  ks = [k1, k0 ^ k1 ^ u32(THREEFRY_PARITY), k0]
+  rot = THREEFRY_ROTATIONS
   with np.errstate(all="ignore"):
     a, b = x0 + ks[2], x1 + ks[0]
-    for i in range(5):
+    for i in range(THREEFRY_GROUPS):
       for r in rot[i % 2]:
         a = a + b
         b = a ^ ((b << u32(r)) + (b >> u32(32 - r)))

@@ -66,6 +66,12 @@ ALU_OPS: dict[Ops, OpInfo] = {
   Ops.MULACC: OpInfo(3, "number"),   # a * b + c, rounded after the multiply as after the add (tinygrad's MULACC)
 }
 
+# THREEFRY (tinygrad's threefry2x32) written once for the oracle and every renderer: the key schedule's parity constant,
+# and the rotations of its 5 groups of 4 rounds (20), alternating
+THREEFRY_PARITY = 0x1BD11BDA
+THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+THREEFRY_GROUPS = 5
+
 class GroupOp:
   Unary = frozenset(o for o, i in ALU_OPS.items() if i.arity == 1)
   Binary = frozenset(o for o, i in ALU_OPS.items() if i.arity == 2)

@@ -16,7 +16,7 @@ import math, struct
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, FP8, to_fp8_bits
 from egraph.ir.errors import UnsupportedOpError
-from egraph.ir.ops import Ops
+from egraph.ir.ops import Ops, THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
 
 VT = {"bool": "bool", "int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
       "int32": "int", "uint32": "unsigned", "int64": "long long", "uint64": "unsigned long long",
@@ -118,10 +118,10 @@ template <class T> static __device__ __forceinline__ T cs_ipow(T a, T b) {
 }
 // tinygrad's THREEFRY: Threefry-2x32, 20 rounds, of a uint64 counter under a uint64 key
 static __device__ __forceinline__ unsigned long long cs_threefry(unsigned long long x, unsigned long long key) {
-  const unsigned k0 = (unsigned)key, k1 = (unsigned)(key >> 32), ks[3] = {k1, k0 ^ k1 ^ 0x1BD11BDAu, k0};
-  const int rot[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
+  const unsigned k0 = (unsigned)key, k1 = (unsigned)(key >> 32), ks[3] = {k1, k0 ^ k1 ^ @TF_PARITY@u, k0};
+  const int rot[2][4] = @TF_ROT@;
   unsigned a = (unsigned)x + ks[2], b = (unsigned)(x >> 32) + ks[0];
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < @TF_GROUPS@; ++i) {
     for (int j = 0; j < 4; ++j) { const int r = rot[i % 2][j]; a += b; b = a ^ ((b << r) + (b >> (32 - r))); }
     a += ks[i % 3]; b += ks[(i + 1) % 3] + (unsigned)(i + 1);
   }
@@ -149,7 +149,8 @@ static __device__ __forceinline__ unsigned char cs_f_fp8(float x, unsigned mant,
   if (a == 0x7f800000u) r = infb; else if (a > 0x7f800000u) r = nanb;
   return (unsigned char)(r | (fnuz && r == 0u ? 0u : (b >> 24) & 0x80u));
 }
-""" + "".join(
+""".replace("@TF_PARITY@", f"0x{THREEFRY_PARITY:X}").replace("@TF_GROUPS@", str(THREEFRY_GROUPS)).replace(
+  "@TF_ROT@", "{" + ", ".join("{" + ", ".join(map(str, r)) + "}" for r in THREEFRY_ROTATIONS) + "}") + "".join(
   f"static __device__ __forceinline__ float cs_{n}_f(unsigned char b) {{ "
   f"return cs_fp8_f(b, {f.mant}, {f.bias}, {f.inf_bits}u, {f.nan_bits}u, {str(f.fnuz).lower()}); }}\n"
   f"static __device__ __forceinline__ unsigned char cs_f_{n}(float x) {{ "

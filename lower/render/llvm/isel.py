@@ -14,7 +14,7 @@ import struct
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, FP8, to_fp8_bits
 from egraph.ir.errors import UnsupportedOpError
-from egraph.ir.ops import Ops
+from egraph.ir.ops import Ops, THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
 
 VT = {"bool": "i1", "int8": "i8", "uint8": "i8", "int16": "i16", "uint16": "i16", "int32": "i32", "uint32": "i32",
       "int64": "i64", "uint64": "i64", "float16": "half", "bfloat16": "float", "float32": "float", "float64": "double",
@@ -48,7 +48,6 @@ _LOG_P = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 
           2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)   # ln(1 + t) = t - t^2/2 + t^3 P(t), Horner order (Cephes logf)
 _FUN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
 _EXACT = frozenset({Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.WHERE, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})   # a bfloat16 in, one out
-_ROT = ((13, 15, 26, 6), (17, 29, 16, 24))   # THREEFRY's rotations (tinygrad's threefry2x32)
 
 class Isel:
   """Instruction selection, written once for scalars and vectors. A subclass supplies t/emit/intrinsic and the
@@ -161,10 +160,10 @@ class Isel:
     lo = lambda v: self._conv("trunc", v, t64, t32)
     hi = lambda v: lo(self._ins("lshr", t64, v, self.cst(32, u64)))
     x0, x1, k0, k1 = lo(x), hi(x), lo(key), hi(key)
-    ks = [k1, self._ins("xor", t32, self._ins("xor", t32, k0, k1), self.cst(0x1BD11BDA, u32)), k0]
+    ks = [k1, self._ins("xor", t32, self._ins("xor", t32, k0, k1), self.cst(THREEFRY_PARITY, u32)), k0]
     a, b = add(x0, ks[2]), add(x1, ks[0])
-    for i in range(5):
-      for r in _ROT[i % 2]:
+    for i in range(THREEFRY_GROUPS):
+      for r in THREEFRY_ROTATIONS[i % 2]:
         a = add(a, b)
         b = self._ins("xor", t32, a, self._call("fshl", u32, b, b, self.cst(r, u32)))
       a, b = add(a, ks[i % 3]), add(add(b, ks[(i + 1) % 3]), self.cst(i + 1, u32))
