@@ -6,12 +6,10 @@ from __future__ import annotations
 import itertools, math, operator, time
 from egraph.ir.ops import Node, Ops, GroupOp, toposort
 from egraph.fusion.timemodel import TimeModel, TRANSCENDENTAL, DIVISION
+from egraph.fusion.policy import NESTED_REDUCE_WORK, PASS_THROUGH
 
 INF = float("inf")
 LOADS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.SLICE, Ops.AFTER})   # what a kernel reads from memory (an AFTER: a write's result)
-NESTED_REDUCE_WORK = 1 << 15   # lower/schedule/kernelize's: a REDUCE this big below another REDUCE or an ALU op is realized
-_IDENT = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
-_THROUGH = GroupOp.Movement | _IDENT
 
 def rules_realized(values, op, src, shape, deadline: float = INF) -> set | None:
   """What lower/'s rules-mode heuristics realize in the kernels computing `values` (a copy of
@@ -28,7 +26,7 @@ def rules_realized(values, op, src, shape, deadline: float = INF) -> set | None:
       for x in src(n):
         if x not in seen: seen.add(x); stack.append(x)
   if time.perf_counter() > deadline: return None
-  red, exp, alu, through = Ops.REDUCE, Ops.EXPAND, GroupOp.ALU, _THROUGH
+  red, exp, alu, through = Ops.REDUCE, Ops.EXPAND, GroupOp.ALU, PASS_THROUGH
   nodes = list(seen); ops = list(map(op, nodes))
   def of(o) -> list: return list(itertools.compress(nodes, map(operator.is_, ops, itertools.repeat(o))))
   at_loads = set(itertools.compress(nodes, map(loads.__contains__, ops)))   # walks start with these walked: none enters one

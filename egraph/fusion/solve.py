@@ -26,6 +26,7 @@ from egraph.engine.encode import Encoding
 from egraph.engine.extract import EGraphView, ChosenIds, INF
 from egraph.engine.report import PartitionReport
 from egraph.fusion.timemodel import TimeModel, KernelWork, NoTimeModel, TRANSCENDENTAL, DIVISION, STREAM_BYTES
+from egraph.fusion.policy import COST_SINK
 from egraph.fusion.greedy import LOADS as _LOADS, hoisted, node_ops as _node_ops, Late, search as _search, worth_flipping, rules_realized
 
 MODES = ("rules", "cost")
@@ -36,7 +37,6 @@ MILP_ROUNDS = 2           # MILP solves: constants from the rules-like partition
 LOCAL_RESERVE = 0.3       # of the solver's remaining time, at most 0.5 ms per candidate, kept from HiGHS for the local search
 MIP_GAP = 0.01            # HiGHS stops within 1 % of its bound: the model is not that accurate (MARGIN), the search is costly
 MAX_CANDIDATES = 4096     # more are left fused: the local search's passes stay linear-ish on 10k-node graphs
-COST_SINK = "cost"        # the SINK arg of a cost-mode CALL
 SOLVER_SHARE, SOLVER_FLOOR_S = 0.1, 0.05   # the solver's time: this share of what callify spent before it (extraction must stay under
                                            # 20 % of callify: a 25 % share could not), at least the floor
 COST_S_PER_CLASS = 1e-5   # per class reached, a floor under decoding, toposort, rules_like and one costing: 10 us on the 10k transformer,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from egraph.ir.dtype import DType, dtypes
 from egraph.ir.errors import CallsatError, UnsupportedOpError
 from egraph.ir.ops import Node, Ops, GroupOp, is_shard
+from egraph.fusion.policy import IDENTITY
 from lower.schedule.kernel import Idx, Var, Bound, Expr, const, flat_index, unflatten
 from lower.schedule.mem import Ctx, Mem, Spec, storage_mem
 from lower.schedule import decomp
@@ -17,7 +18,6 @@ HALF = (dtypes.float16, dtypes.bfloat16)
 def _acc_dtype(dt: DType, rop) -> DType:
   """What a reduce of `dt` accumulates in: halves' sums and products in float32, fp8 always (it has no -inf for max)."""
   return dtypes.float32 if dt in dtypes.fp8s or (dt in HALF and rop is not Ops.MAX) else dt
-IDENTITY = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY})
 
 def _through(n: Node, idx: tuple, valid: tuple) -> tuple[tuple, tuple]:
   """Index and validity in n.src[0] of element `idx` of the movement op `n`."""

@@ -44,14 +44,13 @@ from dataclasses import dataclass
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import UnsupportedOpError
 from egraph.ir.ops import Node, Ops, GroupOp, toposort, effect_order, shard_axes, multi_arg, shard_params
-from lower.schedule.builder import IDENTITY, UNSUPPORTED, Group, targets
+from lower.schedule.builder import UNSUPPORTED, Group, targets
+from egraph.fusion.policy import COST_SINK, IDENTITY, NESTED_REDUCE_WORK
 from lower.schedule.finalize import finalize, via_temp
 from lower.schedule.inline import inline_functions
 from lower.schedule.mem import Ctx, Mem, Program, Step, view_mem
 
 FUSE_CAP = 400           # max estimated expression nodes per kernel
-COST_SINK = "cost"       # the SINK arg of a fusion="cost" CALL (egraph/fusion/solve.py COST_SINK; not imported: lowering loads no egglog)
-NESTED_REDUCE_WORK = 1 << 15   # a REDUCE inside another's body with at least this many inputs gets its own kernel
 
 # ---------------------------------------------------------------------------------------------------------------------
 # fusion cap

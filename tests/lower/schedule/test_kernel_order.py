@@ -9,9 +9,11 @@ from egraph.ir.dtype import dtypes
 from egraph.ir.ops import Node, Ops
 from egraph.ir.storage import Storage
 from lower.schedule import kernelize
+from lower.device import cache
 from lower.schedule.work import program_of
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "render"))   # test_llvm_ops's hand-built CALLs
 import fusion_programs
 from test_llvm_ops import buf, P, call, cst   # the hand-built CALLs of test_war_order_and_snapshots
 
@@ -68,10 +70,10 @@ def _groups_of(outs) -> list:
   real = kernelize._order
   def spy(groups):
     got.append(list(groups)); return real(groups)
-  kernelize._order = spy
+  kernelize._order, saved, cache.CACHE = spy, cache.CACHE, cache.KernelCache()   # a fresh cache: no schedule is reused
   try:
     for c in ([callify(*[t.node for t in outs], cache=False).call] if isinstance(outs[0], Tensor) else outs): program_of(c)
-  finally: kernelize._order = real
+  finally: kernelize._order, cache.CACHE = real, saved
   return got
 
 @pytest.mark.parametrize("name", list(CASES) + ["corpus:" + p.name for p in fusion_programs.PROGRAMS[::5]])
