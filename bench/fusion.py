@@ -22,7 +22,7 @@ Spearman rank correlation, and a scatter plot with --plot.
   python bench/fusion.py --solver [--solver-floor 0.05] [--only substr]   # the partition solver alone: method, time, gaps
 
 --solver callifies every corpus program and the ~10k-UOp graphs of bench/callify_vs_tinygrad.py in cost mode and
-prints each partition report (no realize); --solver-floor sets fusion.SOLVER_FLOOR_S (a large one: the solve unlimited).
+prints each partition report (no realize); --solver-floor sets candidates.SOLVER_FLOOR_S (a large one: the solve unlimited).
 
 Until callify takes fusion= (issue 14 part 2), only rules mode runs, and cost is reported unavailable."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ import argparse, inspect, math, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
 from egraph import Tensor, callify
-from egraph.fusion import solve as fusion
+from egraph.fusion import candidates
 from egraph.ir.ops import substitute
 from egraph.fusion.timemodel import TimeModel
 from lower.device import native
@@ -112,7 +112,7 @@ GRAPH_SIZES = {"chain": 4800, "dag": 8448, "transformer": 99}   # ~10k tinygrad 
 
 def solver_table(progs, floor: float) -> None:
   """The partition solver on each program and 10k-UOp graph: method, candidates, solver time and budget, gaps."""
-  fusion.SOLVER_FLOOR_S = floor
+  candidates.SOLVER_FLOOR_S = floor
   callify(Tensor(np.ones((4, 4), np.float32)).realize().exp().sum(), fusion="cost", cache=False)   # scipy's import, once
   print("| program | method | candidates | stored | solver ms | budget ms | callify ms | mip gap | model gap | gap |\n|" + "---|" * 10)
   rng = np.random.default_rng(0)
@@ -139,7 +139,7 @@ def main():
   ap.add_argument("--no-kernels", action="store_true", help="skip timing every kernel alone (no rank correlation)")
   ap.add_argument("--plot", default=None, help="write the predicted-vs-measured kernel scatter plot (PNG) here")
   ap.add_argument("--solver", action="store_true", help="only the partition solver's report per program (no realize)")
-  ap.add_argument("--solver-floor", type=float, default=fusion.SOLVER_FLOOR_S, help="--solver: the solver's minimum time (s)")
+  ap.add_argument("--solver-floor", type=float, default=candidates.SOLVER_FLOOR_S, help="--solver: the solver's minimum time (s)")
   args = ap.parse_args()
   if args.solver: return solver_table([p for p in PROGRAMS if args.only is None or args.only in p.name], args.solver_floor)
   modes = [m for m in args.modes.split(",") if m]

@@ -20,7 +20,8 @@ from egraph.ir.errors import CallsatError
 from egraph.engine.encode import encode
 from egraph.engine.cost import COST_PRESETS
 from egraph.engine.report import PartitionReport
-from egraph.fusion.solve import time_model, add_candidates, partition_ids, solver_deadline
+from egraph.fusion.solve import time_model, partition_ids, solver_deadline
+from egraph.fusion.candidates import add_candidates
 from egraph.engine.driver import saturate, extract_call
 from egraph.bridge.convert import Conversion
 

@@ -28,7 +28,8 @@ from egraph.engine.runner import (Runner, Limits, Schedule, StepHook, StopReason
 from egraph.engine.cost import CostModel, COST_PRESETS
 from egraph.engine.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, INF
 from egraph.engine.report import CallifyReport
-from egraph.fusion.solve import fusion_mode, cost_plan, add_candidates, partition_ids, mark, temporaries, solver_deadline
+from egraph.fusion.solve import fusion_mode, cost_plan, partition_ids, solver_deadline
+from egraph.fusion.candidates import add_candidates, mark, temporaries
 
 @dataclass
 class CallifyResult:

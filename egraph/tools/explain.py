@@ -21,7 +21,8 @@ from egraph.engine.cost import CostModel, COST_PRESETS
 from egraph.engine.extract import EGraphView, knuth, baseline_cost
 from rules.vocabulary import EXTRACTABLE as CONSTRUCTORS, FACTS
 from egraph.engine.driver import Saturation, Extraction, saturate, extract_call, storage_view, roots_of
-from egraph.fusion.solve import fusion_mode, cost_plan, add_candidates
+from egraph.fusion.solve import fusion_mode, cost_plan
+from egraph.fusion.candidates import add_candidates
 from rules.registry import RULES
 
 KINDS = ("view", "fresh", "alias", "shared", "existing")

@@ -24,7 +24,7 @@ from egraph.engine.extract import knuth, decode
 from egraph.engine.cost import COST_PRESETS
 from egraph.engine.driver import saturate, Saturation, extract_call, storage_view, parameterize
 from egraph.engine.build import build_call, has_bound_dims
-from egraph.fusion.solve import add_candidates, stored_members, StoredIds
+from egraph.fusion.candidates import add_candidates, stored_members, StoredIds
 from lower.reference import evaluate
 from rules.testing.strategies import random_data, oracle_values
 from rules.registry import RULES

@@ -9,7 +9,7 @@ from egraph.engine.encode import encode
 from egraph.engine.cost import COST_PRESETS
 from egraph.engine.driver import saturate
 from egraph.engine import extract as ext
-from egraph.fusion import solve as fusion
+from egraph.fusion import candidates
 def _graph(kind: str):
   """A saturated e-graph: a small chain (rules mode), or a softmax-and-matmul program with candidates (cost mode)."""
   rng = np.random.default_rng(0)
@@ -20,7 +20,7 @@ def _graph(kind: str):
     ts = [x]
   else: ts = [((a @ b).softmax() @ b).exp(), (a * b).sum(axis=1)]
   enc = encode([t.node for t in ts], "fresh")
-  if kind == "cost": fusion.add_candidates(enc)
+  if kind == "cost": candidates.add_candidates(enc)
   sat = saturate(enc)
   return sat.runner.freeze(), sat.runner.egraph, enc
 
@@ -161,7 +161,7 @@ def test_stored_members_through_the_fresh_buffer_are_through_the_candidate():
       if g.op[s] != "STORE" or g.kids[s] != (fc, k): continue
       a = next((a for a in g.parents[g.cls[s]] if g.op[a] == "AFTER" and g.cls[a] == k and g.kids[a] == (fc, g.cls[s])), None)
       if a is not None: want[k] = (a, s); break
-  assert want and fusion.stored_members(g, enc, list(fresh)) == want
+  assert want and candidates.stored_members(g, enc, list(fresh)) == want
 
 def _knuth_reference(g, costs, allowed, tree=True):
   """Knuth's pass with a heap on every graph (no forced path), e-node by e-node: (best, choice)."""

@@ -9,8 +9,14 @@ from egraph.ir.errors import CallsatError
 from egraph.engine.runner import Limits, Schedule
 from egraph.fusion.timemodel import TimeModel
 from egraph.fusion import solve as fusion
-from egraph.fusion.solve import Partition, solve, mark, fusion_mode
+from egraph.fusion import candidates
 from egraph.fusion import greedy
+from egraph.fusion import milp as fmilp
+from egraph.fusion import partition
+from egraph.fusion import policy
+from egraph.fusion.solve import solve, fusion_mode
+from egraph.fusion.partition import Partition
+from egraph.fusion.candidates import mark
 from egraph.fusion.greedy import worth_flipping
 from lower.schedule import kernelize as kz
 from lower.schedule.mem import arg_binding
@@ -49,7 +55,7 @@ def test_cost_and_rules_give_the_same_values(prog, monkeypatch):
   got, res = run(prog, "cost", monkeypatch)
   want, rres = run(prog, "rules", monkeypatch)
   assert res.report.fusion == "cost" and rres.report.fusion == "rules"
-  assert res.call.src[0].arg == fusion.COST_SINK and rres.call.src[0].arg is None
+  assert res.call.src[0].arg == policy.COST_SINK and rres.call.src[0].arg is None
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
   p = res.report.partition
   if p.method == "none (no candidates)": return   # #5527's forms: nothing shared, nothing to choose
@@ -110,14 +116,14 @@ def test_milp_and_greedy_agree_and_report_bound_and_gap():
   S2, greedy = solve(p, method="greedy", margin=0.0)
   assert milp.method == "milp" and greedy.method == "greedy" and milp.candidates == greedy.candidates == len(p.cands)
   assert milp.predicted_s <= greedy.predicted_s + 1e-12 and greedy.bound_s <= milp.predicted_s + 1e-12
-  assert milp.bound_s <= milp.predicted_s and milp.gap >= 0 and 0 <= milp.mip_gap <= fusion.MIP_GAP and abs(milp.model_gap) < 0.5
+  assert milp.bound_s <= milp.predicted_s and milp.gap >= 0 and 0 <= milp.mip_gap <= fmilp.MIP_GAP and abs(milp.model_gap) < 0.5
   assert greedy.gap == pytest.approx((greedy.predicted_s - greedy.bound_s) / greedy.predicted_s) and greedy.mip_gap is None
   assert milp.predicted_s == pytest.approx(p.cost(S1)) and greedy.predicted_s == pytest.approx(p.cost(S2))
   assert milp.predicted_s == pytest.approx(_brute(p)[0])
   assert res.call.src[0].arg == "cost" and "fusion    cost: exhaustive" in str(res.report)   # auto: few candidates
   assert res.report.to_dict()["partition"]["method"].startswith("exhaustive")
   S3, kept = solve(p, method="milp", margin=1.0)   # nothing beats the rules-like partition by 100%: it is kept
-  assert S3 == fusion.rules_like(p) and kept.method == "milp, rules-like kept" and kept.predicted_s == kept.rules_s >= milp.predicted_s
+  assert S3 == partition.rules_like(p) and kept.method == "milp, rules-like kept" and kept.predicted_s == kept.rules_s >= milp.predicted_s
 
 def _brute(p: Partition) -> tuple[float, frozenset]:
   """The test oracle: every subset of the candidates, costed by Partition.cost."""
@@ -146,15 +152,15 @@ def test_milp_is_the_brute_force_optimum_on_random_programs():
   reduce and elementwise rates equal the share does not matter and the formulation is exact), combine max and sum."""
   tm = TimeModel.load("CPU")
   lin = dataclasses.replace(tm, throughput={**tm.throughput, "reduce": tm.throughput["elementwise"]})
-  sp, sizes, stored = fusion.scipy_milp(), [], 0
+  sp, sizes, stored = fmilp.scipy_milp(), [], 0
   for seed in range(12):
     stores, cands = _random_program(seed)
     sizes.append(len(cands))
     for m in (lin, dataclasses.replace(lin, combine="sum")):
       p = Partition(m, stores, cands)
       opt, S = _brute(p)
-      R = fusion.rules_like(p)
-      ilp = fusion.Ilp(p, p.cost(R))
+      R = partition.rules_like(p)
+      ilp = fmilp.Ilp(p, p.cost(R))
       got, obj, bound, mip_gap, cut = ilp.run(R, math.inf, sp, gap=1e-7)
       assert p.cost(got) == pytest.approx(opt, rel=1e-9) and obj == pytest.approx(opt, rel=1e-6) and bound <= obj * (1 + 1e-6)
       assert not cut and mip_gap <= 1e-6
@@ -174,9 +180,9 @@ def test_exhaustive_is_the_optimum_for_few_candidates(monkeypatch):
     S, rep = solve(p, margin=0.0)
     opt, _ = _brute(p)
     assert rep.method == "exhaustive" and rep.predicted_s == pytest.approx(opt) == p.cost(S) and rep.bound_s == rep.predicted_s and rep.gap == 0
-    assert rep.fused_s == p.cost(frozenset()) and rep.rules_s == p.cost(fusion.rules_like(p)) and rep.evaluations > 0
+    assert rep.fused_s == p.cost(frozenset()) and rep.rules_s == p.cost(partition.rules_like(p)) and rep.evaluations > 0
     S2, kept = solve(p, margin=1.0)   # nothing is 100 % faster: the rules-like partition
-    assert S2 == fusion.rules_like(p) and kept.method.endswith("rules-like kept") or S == S2 == fusion.rules_like(p)
+    assert S2 == partition.rules_like(p) and kept.method.endswith("rules-like kept") or S == S2 == partition.rules_like(p)
     S3, late = solve(p, deadline=time.perf_counter() - 1)
     assert "out of time costing every partition" in late.note and not late.method.startswith("exhaustive")
     n += 1
@@ -186,14 +192,14 @@ def test_exhaustive_is_the_optimum_for_few_candidates(monkeypatch):
   assert rep.method.startswith("greedy") and "scipy not installed" in rep.note
 
 def test_rules_like_partition_is_what_lowering_realizes():
-  """fusion.rules_like mirrors lower/'s rules-mode splits: the cost-mode CALL storing exactly those candidates lowers to
+  """partition.rules_like mirrors lower/'s rules-mode splits: the cost-mode CALL storing exactly those candidates lowers to
   as many kernels as the rules-mode CALL (softmax: the max and the sum under a broadcast; a matmul under a relu)."""
   a, w = Tensor(A).realize(), Tensor(W).realize()
   for t in (a.softmax(), (a @ w + 1).relu(), a - a.mean(axis=0, keepdim=True)):
     rres = callify(t, fusion="rules", cache=False)
     stores = [(s.src[1], s.src[1].nbytes) for s in _stores(rres)]
     cands = {n.id: n for s, _ in stores for n in toposort([s], enter_calls=False) if n.op is Ops.REDUCE}
-    R = fusion.rules_like(Partition(TimeModel.load("CPU"), stores, cands))
+    R = partition.rules_like(Partition(TimeModel.load("CPU"), stores, cands))
     rk = [s for s in kz.kernelize(rres.call.src[0], arg_binding(rres.call)[0]).steps if s.kernel is not None]
     assert len(R) + len(stores) == len(rk)
 
@@ -221,7 +227,7 @@ def test_time_budget_reaches_the_solver():
   p = Partition(TimeModel.load("CPU"), [], {})
   assert solve(p, deadline=float("inf"))[1].budget_s is None and solve(p, deadline=time.perf_counter() + 2)[1].budget_s <= 2
   _, p = _shared_partition()
-  fusion.scipy_milp()   # imported already: the deadline below is the solver's alone
+  fmilp.scipy_milp()   # imported already: the deadline below is the solver's alone
   S, rep = solve(p, deadline=time.perf_counter() + 1e-4, method="milp")   # no time: HiGHS's limit, or the greedy, says so
   assert rep.budget_s <= 1e-4   # past the deadline nothing more is costed: the first start is the answer, uncosted
   assert rep.predicted_s == pytest.approx(p.cost(S)) if rep.predicted_s is not None else "out of time" in rep.note, rep
@@ -233,7 +239,7 @@ def test_cost_mode_without_scipy_falls_back_to_the_greedy(monkeypatch):
   """Where scipy cannot be imported cost mode runs the greedy, says why, and the values are right."""
   monkeypatch.setitem(sys.modules, "scipy.optimize", None)
   monkeypatch.setattr(fusion, "EXHAUSTIVE_MAX", 0)   # attention's 6 candidates would be costed every way, scipy or not
-  assert fusion.scipy_milp() is None
+  assert fmilp.scipy_milp() is None
   got, res = run(attention, "cost", monkeypatch)
   want, _ = run(attention, "rules", monkeypatch)
   p = res.report.partition
@@ -271,7 +277,7 @@ def test_rules_mode_is_unchanged():
 def test_lowering_computes_unsplit_reduces():
   """A cost-mode CALL whose partition stores nothing: every reduce (softmax's max and sum under a broadcast, a matmul
   under elementwise ops, a reduce of a reduce) is computed where it is read, and the values stay right."""
-  assert kz.COST_SINK is fusion.COST_SINK   # one policy (egraph/fusion/policy.py)
+  assert kz.COST_SINK is policy.COST_SINK   # one policy (egraph/fusion/policy.py)
   a, w = Tensor(A).realize(), Tensor(W).realize()
   for t, want in [(a.softmax(), None), ((a @ w + 1).relu(), np.maximum(A @ W + 1, 0)), (a.sum(axis=1).max(), A.sum(axis=1).max()),
                   (a - a.mean(axis=0, keepdim=True), A - A.mean(axis=0, keepdims=True))]:
@@ -298,7 +304,7 @@ def test_ordering_kit_covers_the_fusion_rule():
 
 def _rules_like_per_kernel(p: Partition) -> frozenset:
   """The oracle: lower/'s rules-mode splits walked kernel by kernel (each STORE's region on its own, the old
-  fusion.rules_like), against greedy.rules_realized's one walk over the union of the regions."""
+  partition.rules_like), against greedy.rules_realized's one walk over the union of the regions."""
   out, W = set(), greedy.NESTED_REDUCE_WORK
   def unview(n):
     while n.op in GroupOp.Movement or n.op in (Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CONTIGUOUS, Ops.COPY): n = n.src[0]
@@ -312,7 +318,7 @@ def _rules_like_per_kernel(p: Partition) -> frozenset:
       if done: order.append(n); continue
       if n.id in seen: continue
       seen.add(n.id); stack.append((n, True))
-      if n.op not in fusion._LOADS: stack.extend((s, False) for s in n.src if s.id not in seen)
+      if n.op not in greedy.LOADS: stack.extend((s, False) for s in n.src if s.id not in seen)
     under, nested = set(), set()
     for n in reversed(order):
       if n.op is Ops.REDUCE or n.id in under: under.update(s.id for s in n.src)
@@ -325,7 +331,7 @@ def _rules_like_per_kernel(p: Partition) -> frozenset:
     walked, stack = set(), [(v, False, True)]
     while stack:
       n, b, top = stack.pop()
-      if (n.id, b) in walked or n.op in fusion._LOADS: continue
+      if (n.id, b) in walked or n.op in greedy.LOADS: continue
       walked.add((n.id, b))
       if not top and (n.id in nested or (n.op is Ops.REDUCE and b)): out.add(n.id); b = False
       stack.extend((s, b or widens(n), False) for s in n.src)
@@ -338,12 +344,12 @@ def _extracted(ts):
   from egraph.engine.cost import COST_PRESETS
   from egraph.engine.extract import reached_classes
   enc = encode([t.node for t in ts], "fresh")
-  cands = fusion.add_candidates(enc)
+  cands = candidates.add_candidates(enc)
   sat = saturate(enc)
   ex, g = extract_call(sat, COST_PRESETS["bytes"]), sat.graph
   reached = reached_classes(ex.choice, ex.root_classes, g.kids, g.n_classes)
   rset = set(reached)
-  members = {k: m for k, m in fusion.stored_members(g, enc, cands).items() if k in rset}
+  members = {k: m for k, m in candidates.stored_members(g, enc, cands).items() if k in rset}
   terms = ex.terms
   stores = [(n.src[1], n.src[1].nbytes) for n in toposort([terms[c] for c in ex.root_classes], enter_calls=False) if n.op is Ops.STORE]
   return Partition(TimeModel.load("CPU"), stores, {terms[k].id: terms[k] for k in members}), terms, g, ex.choice, reached, members
@@ -357,13 +363,13 @@ def test_rules_like_one_walk_and_over_ids_are_the_per_kernel_walk():
   nonempty = 0
   for ts in progs:
     p, terms, g, choice, reached, members = _extracted(ts)
-    R = fusion.rules_like(p)
-    assert R == _rules_like_per_kernel(p) == frozenset(terms[k].id for k in fusion.rules_like_ids(g, choice, reached, members))
+    R = partition.rules_like(p)
+    assert R == _rules_like_per_kernel(p) == frozenset(terms[k].id for k in partition.rules_like_ids(g, choice, reached, members))
     nonempty += bool(R)
   for seed in range(6):
     stores, cands = _random_program(seed)
     p = Partition(TimeModel.load("CPU"), stores, cands)
-    R = fusion.rules_like(p); nonempty += bool(R)
+    R = partition.rules_like(p); nonempty += bool(R)
     assert R == _rules_like_per_kernel(p)
   assert nonempty >= 3
 
@@ -400,9 +406,9 @@ def test_big_graphs_mint_no_shared_candidates(monkeypatch):
   answer can store); below, shared values too."""
   from egraph.engine.encode import encode
   ts = shared(*(Tensor(z).realize() for z in (A, B, W, V, X)))
-  small = fusion.add_candidates(encode([t.node for t in ts], "fresh"))
-  monkeypatch.setattr(fusion, "SHARED_MAX_NODES", 1)
-  big = fusion.add_candidates(encode([t.node for t in ts], "fresh"))
+  small = candidates.add_candidates(encode([t.node for t in ts], "fresh"))
+  monkeypatch.setattr(candidates, "SHARED_MAX_NODES", 1)
+  big = candidates.add_candidates(encode([t.node for t in ts], "fresh"))
   assert "shared" in small.values() and "shared" not in big.values() and set(big.values()) <= {"reduce", "broadcast"}
   assert {i for i, w in small.items() if w != "shared"} == set(big)
 
