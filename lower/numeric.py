@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, as_np
 from egraph.ir.errors import DTypeError
-from egraph.ir.ops import Ops, GroupOp, THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
+from egraph.ir.ops import Ops, GroupOp
+from egraph.ir.optable import THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
 
 def _udt_np(d: np.dtype) -> np.dtype: return np.dtype(f"u{d.itemsize}")
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 import itertools, math, os, weakref
 from typing import Any, Iterator
 import numpy as np
-from egraph.ir.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype, as_np
+from egraph.ir.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
 from egraph.ir.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
-from egraph.ir.storage import STORAGE, host_buffer
+from egraph.ir.storage import STORAGE
 from egraph.engine.driver import callify
 from lower.runtime import run_call, read
-from egraph.ir.ops import Node, Ops, GroupOp, const, empty_view, substitute, canonical_device, new_buffer
-from egraph.engine.encode import UnwritableViewError, writable_chain
-from egraph.ir.symbolic import is_symbolic
+from egraph.ir.ops import Node, Ops, const, empty_view, substitute, canonical_device, new_buffer
 from egraph.frontend import rng
 from egraph.frontend.indexing import basic_index
+from egraph.frontend.promote import py_dtype, weak_dtype, fit, const_like, broadcast_shape, broadcast_to
+from egraph.frontend.hostdata import host_node, to_numpy, storage_base, check_writable
 
 DEFAULT_DEVICE = "CPU"
 
@@ -34,89 +34,12 @@ def _argfix(args) -> tuple:
 
 def _prod(xs) -> int: return math.prod(xs)
 
-def _py_dtype(v) -> DType:
-  """Default dtype of a Python scalar."""
-  return dtypes.bool if isinstance(v, bool) else dtypes.default_int if isinstance(v, int) else dtypes.default_float
-
-def _weak(v, d: DType) -> DType:
-  """Promotion of a tensor of dtype `d` with a weak Python scalar `v` (tinygrad): the tensor's dtype wins unless the
-  scalar is of a higher kind (float scalar with an int/bool tensor, int scalar with a bool tensor)."""
-  if isinstance(v, bool): return d
-  if isinstance(v, int): return dtypes.default_int if d == dtypes.bool else d
-  return d if d.is_float() else dtypes.default_float
-
-def _fit(v, d: DType):
-  """A Python value representable in `d`: ints wrap like the hardware does (so ~x can use -1 for uint8)."""
-  if d.kind == 'b': return bool(v)
-  if d.kind in 'iu':
-    try: v, bits = int(v), 8 * d.itemsize
-    except (ValueError, OverflowError) as e: raise DTypeError(f"cannot represent {v!r} as {d.name}") from e
-    v &= (1 << bits) - 1
-    return v - (1 << bits) if d.kind == 'i' and v >= 1 << (bits - 1) else v
-  return float(v)
-
-def _const(v, d: DType, device, shape: tuple[int, ...] = ()) -> Node:
-  """A constant broadcast to `shape`: CONST reshaped to (1,)*ndim and expanded (EXPAND keeps rank)."""
-  return const(_fit(v, d), d, device).reshape((1,) * len(shape)).expand(shape)
-
-def _broadcast_shape(*shapes: tuple[int, ...], op: str) -> tuple[int, ...]:
-  nd = max(len(s) for s in shapes)
-  out = []
-  for sizes in zip(*[(1,) * (nd - len(s)) + tuple(s) for s in shapes]):
-    big = {s for s in sizes if s != 1 or is_symbolic(s)}   # a symbolic dim never broadcasts, even when bound to 1
-    if len(big) > 1: raise ShapeError(f"{op}: cannot broadcast shapes {' and '.join(str(tuple(s)) for s in shapes)}")
-    out.append(big.pop() if big else 1)
-  return tuple(out)
-
-def _broadcast_to(n: Node, shape: tuple[int, ...]) -> Node:
-  return n.reshape((1,) * (len(shape) - len(n.shape)) + n.shape).expand(shape)
-
-def _host(arr: np.ndarray, dtype: DType, device) -> Node:
-  """Host data as a lazy COPY from an NPY buffer to `device` (what tinygrad does for lists and numpy arrays)."""
-  arr = as_np(arr, dtype)  # not ascontiguousarray: that makes 0-d arrays 1-d
-  view = host_buffer(arr.reshape(-1), dtype).reshape(arr.shape)
-  return view if device == "NPY" else Node(Ops.COPY, dtype, (view,), device)
-
-def _to_numpy(data) -> tuple[np.ndarray, bool]:
-  """(array, from_python): Python ints default to int32 and floats to float32, numpy arrays keep their ints."""
-  if isinstance(data, np.ndarray): return data, False
-  try: arr = np.array(data)
-  except ValueError as e: raise ShapeError(f"Tensor: ragged nested sequence ({e})") from e
-  if arr.dtype == object: raise ShapeError(f"Tensor: ragged or non-numeric nested sequence of type {type(data).__name__}")
-  return arr, not isinstance(data, np.generic)
-
 def _apply_map(mapping: dict[Node, Node]) -> None:
   """Substitute `mapping` into the graph of every live Tensor at once (tinygrad's _apply_map_to_tensors)."""
   if not mapping: return
   live = list(_all_tensors.values())
   for t, n in zip(live, substitute([t.node for t in live], mapping)):
     if n is not t.node: t.node = n
-
-def _storage_base(n: Node) -> Node | None:
-  """The BUFFER/SLICE a writable view (a movement chain naming each element once) looks into, else None (a computed target)."""
-  if not writable_chain(n): return None
-  n = n.base
-  return n if n.op in (Ops.BUFFER, Ops.SLICE) else None
-
-def _check_writable(t: Node) -> None:
-  """Raise UnwritableViewError if t is a view of storage that does not name each element once (tinygrad silently drops
-  such assigns; callsat refuses them, notes/quirks.md). A computed target is fine: it gets a fresh buffer."""
-  n, bad = t, None
-  while True:
-    if n.op in GroupOp.Movement or n.op is Ops.DETACH:
-      if bad is None and not writable_chain(n):
-        bad = next((m.op.name for m in _chain(n) if m.op in (Ops.PAD, Ops.EXPAND)), "PAD")
-      n = n.base
-    elif n.op is Ops.CAST: bad = bad or "CAST"; n = n.src[0]
-    elif n.op in (Ops.AFTER, Ops.BITCAST, Ops.MULTI): n = n.src[0]
-    else: break
-  if bad is not None and n.op in GroupOp.Storage:
-    raise UnwritableViewError(f"assign: the target {t.shape} is a view of storage through {bad}, which does not name each element once")
-
-def _chain(n: Node) -> list[Node]:
-  out = []
-  while n.op in GroupOp.Movement or n.op is Ops.DETACH: out.append(n); n = n.src[0]
-  return out
 
 class Tensor:
   """A lazy tensor: `.node` is its graph. Building ops never executes; realize/numpy do."""
@@ -134,17 +57,17 @@ class Tensor:
       n = n if dtype is None else n.cast(dtype)
     elif isinstance(data, Scalar):
       # Python scalars stay device-less unless asked: Tensor(2.0)+Tensor(3.0) is a pure constant expression
-      n = const(_fit(data, d := dtype or _py_dtype(data)), d, None if device is None else canonical_device(device))
+      n = const(fit(data, d := dtype or py_dtype(data)), d, None if device is None else canonical_device(device))
     else:
       if isinstance(data, (bytes, str, dict, set)) or data is None:
         raise DTypeError(f"Tensor: cannot make a tensor from {type(data).__name__}")
       dev = canonical_device(device or DEFAULT_DEVICE)
-      arr, from_py = _to_numpy(data)
+      arr, from_py = to_numpy(data)
       if dtype is None:
         dtype = dtypes.from_numpy(arr.dtype)
         if from_py and dtype.is_int(): dtype = dtypes.default_int
         elif from_py and dtype.is_float(): dtype = dtypes.default_float
-      n = _host(arr, dtype, dev)
+      n = host_node(arr, dtype, dev)
     self.node: Node = n
     _all_tensors[next(_tensor_ids)] = self
 
@@ -176,8 +99,8 @@ class Tensor:
   def full(shape, fill_value, dtype=None, device=None) -> Tensor:
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape): raise ShapeError(f"full: bad shape {shape}")
-    dt = _py_dtype(fill_value) if dtype is None else dtypes.from_any(dtype)
-    return Tensor(_const(fill_value, dt, canonical_device(device or DEFAULT_DEVICE), tuple(int(s) for s in shape)))
+    dt = py_dtype(fill_value) if dtype is None else dtypes.from_any(dtype)
+    return Tensor(const_like(fill_value, dt, canonical_device(device or DEFAULT_DEVICE), tuple(int(s) for s in shape)))
   @staticmethod
   def ones(*shape, dtype=None, device=None) -> Tensor: return Tensor.full(_argfix(shape), 1.0, dtype or dtypes.default_float, device)
   @staticmethod
@@ -290,16 +213,16 @@ class Tensor:
     """self.node = AFTER(target, STORE(target, x)): a write into self's storage (a fresh buffer if self is computed)."""
     if self.device is None: raise DeviceError(f"assign: target of shape {self.shape} has no device")
     if not isinstance(x, Tensor):
-      x = Tensor(_const(x, self.dtype, self.device, self.shape)) if isinstance(x, Scalar) else Tensor(x, self.dtype, self.device)
+      x = Tensor(const_like(x, self.dtype, self.device, self.shape)) if isinstance(x, Scalar) else Tensor(x, self.dtype, self.device)
     if x is self: return self
     if x.shape != self.shape: raise ShapeError(f"assign: value shape {x.shape} does not match target shape {self.shape}")
     if x.dtype != self.dtype: raise DTypeError(f"assign: value dtype {x.dtype.name} does not match target dtype {self.dtype.name}")
     if x.device is not None and x.device != self.device:
       raise DeviceError(f"assign: value device {x.device} does not match target device {self.device}")
     tgt = self.node
-    _check_writable(tgt)
+    check_writable(tgt)
     write = tgt.after(tgt.store(x.node))
-    b = _storage_base(tgt)
+    b = storage_base(tgt)
     if b is not None:
       # every tensor that reads this storage now reads it after the write (tinygrad's assign); self is the write itself
       _apply_map({b: b.after(write)})
@@ -310,13 +233,13 @@ class Tensor:
   def _operands(self, y, op: str, reverse: bool = False) -> tuple[Node, Node]:
     """(x, y) as nodes of one broadcast shape and one promoted dtype; `y` may be a Tensor, Python scalar or array-like."""
     if isinstance(y, np.generic): y = y.item()
-    if isinstance(y, Scalar): dt, yn = _weak(y, self.dtype), None
+    if isinstance(y, Scalar): dt, yn = weak_dtype(y, self.dtype), None
     else:
       if not isinstance(y, Tensor): y = Tensor(y, device=self.device or DEFAULT_DEVICE)
       dt, yn = least_upper_dtype(self.dtype, y.dtype), y.node
-    shape = _broadcast_shape(self.shape, () if yn is None else yn.shape, op=op)
-    xn = _broadcast_to(self.node.cast(dt), shape)
-    yn = _const(y, dt, self.device, shape) if yn is None else _broadcast_to(yn.cast(dt), shape)
+    shape = broadcast_shape(self.shape, () if yn is None else yn.shape, op=op)
+    xn = broadcast_to(self.node.cast(dt), shape)
+    yn = const_like(y, dt, self.device, shape) if yn is None else broadcast_to(yn.cast(dt), shape)
     return (yn, xn) if reverse else (xn, yn)
 
   def _binary(self, op: Ops, y, reverse=False) -> Tensor: return Tensor(Node(op, None, self._operands(y, op.name, reverse)))
@@ -324,7 +247,7 @@ class Tensor:
     """self * y + z as one op (tinygrad's MULACC), rounded after the multiply as after the add; y, z tensors or scalars."""
     a, b = self._operands(y, "MULACC")
     a, c = Tensor(a)._operands(z, "MULACC")
-    return Tensor(Node(Ops.MULACC, None, (a, _broadcast_to(b.cast(a.dtype), a.shape), c)))
+    return Tensor(Node(Ops.MULACC, None, (a, broadcast_to(b.cast(a.dtype), a.shape), c)))
 
   # --- elementwise
   def add(self, y, reverse=False) -> Tensor: return self._binary(Ops.ADD, y, reverse)
@@ -378,21 +301,21 @@ class Tensor:
     x, y = [v.item() if isinstance(v, np.generic) else v for v in (x, y)]
     x, y = [v if isinstance(v, (Tensor, *Scalar)) else Tensor(v, device=dev or DEFAULT_DEVICE) for v in (x, y)]
     if isinstance(x, Tensor) and isinstance(y, Tensor): dt = least_upper_dtype(x.dtype, y.dtype)
-    elif isinstance(x, Tensor): dt = _weak(y, x.dtype)
-    elif isinstance(y, Tensor): dt = _weak(x, y.dtype)
-    else: dt = least_upper_dtype(_py_dtype(x), _py_dtype(y))
+    elif isinstance(x, Tensor): dt = weak_dtype(y, x.dtype)
+    elif isinstance(y, Tensor): dt = weak_dtype(x, y.dtype)
+    else: dt = least_upper_dtype(py_dtype(x), py_dtype(y))
     if dev is None: dev = next((v.device for v in (x, y) if isinstance(v, Tensor) and v.device is not None), None)
-    shape = _broadcast_shape(*(v.shape if isinstance(v, Tensor) else () for v in (self, x, y)), op="WHERE")
-    xn, yn = [_broadcast_to(v.node.cast(dt), shape) if isinstance(v, Tensor) else _const(v, dt, dev, shape) for v in (x, y)]
-    cond = self.node if self.dtype == dtypes.bool else self.node.alu(Ops.CMPNE, _const(0, self.dtype, self.device, self.shape))
-    return Tensor(Node(Ops.WHERE, None, (_broadcast_to(cond, shape), xn, yn)))
+    shape = broadcast_shape(*(v.shape if isinstance(v, Tensor) else () for v in (self, x, y)), op="WHERE")
+    xn, yn = [broadcast_to(v.node.cast(dt), shape) if isinstance(v, Tensor) else const_like(v, dt, dev, shape) for v in (x, y)]
+    cond = self.node if self.dtype == dtypes.bool else self.node.alu(Ops.CMPNE, const_like(0, self.dtype, self.device, self.shape))
+    return Tensor(Node(Ops.WHERE, None, (broadcast_to(cond, shape), xn, yn)))
 
   def _unary(self, op: Ops) -> Tensor: return Tensor(self.node.alu(op))
   def _float(self) -> Tensor: return self if self.dtype.is_float() else self.cast(dtypes.default_float)
   def neg(self) -> Tensor: return self.logical_not() if self.dtype == dtypes.bool else self._unary(Ops.NEG)
   def logical_not(self) -> Tensor:
     b = self if self.dtype == dtypes.bool else self.cast(dtypes.bool)
-    return Tensor(b.node.alu(Ops.CMPNE, _const(True, dtypes.bool, b.device, b.shape)))
+    return Tensor(b.node.alu(Ops.CMPNE, const_like(True, dtypes.bool, b.device, b.shape)))
   def exp2(self) -> Tensor: return self._float()._unary(Ops.EXP2)
   def log2(self) -> Tensor: return self._float()._unary(Ops.LOG2)
   def exp(self) -> Tensor: return (self._float() * (1 / math.log(2))).exp2()
@@ -559,8 +482,8 @@ class Tensor:
     if all(b == 0 and a == 0 for b, a in arg): return x
     out = x.node.pad(arg)
     if value == 0: return Tensor(out)
-    mask = _const(True, dtypes.bool, x.device, x.shape).pad(arg)
-    return Tensor(Node(Ops.WHERE, None, (mask, out, _const(value, x.dtype, x.device, out.shape))))
+    mask = const_like(True, dtypes.bool, x.device, x.shape).pad(arg)
+    return Tensor(Node(Ops.WHERE, None, (mask, out, const_like(value, x.dtype, x.device, out.shape))))
   def flip(self, axis) -> Tensor:
     axes = {self._axis(a) for a in ((axis,) if isinstance(axis, (int, np.integer)) else axis)}
     return Tensor(self.node.flip(tuple(i in axes for i in range(self.ndim))))

@@ -16,7 +16,8 @@ import math, struct
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, FP8, to_fp8_bits
 from egraph.ir.errors import UnsupportedOpError
-from egraph.ir.ops import Ops, THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
+from egraph.ir.ops import Ops
+from egraph.ir.optable import THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
 
 VT = {"bool": "bool", "int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
       "int32": "int", "uint32": "unsigned", "int64": "long long", "uint64": "unsigned long long",

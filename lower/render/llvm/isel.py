@@ -14,7 +14,8 @@ import struct
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, FP8, to_fp8_bits
 from egraph.ir.errors import UnsupportedOpError
-from egraph.ir.ops import Ops, THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
+from egraph.ir.ops import Ops
+from egraph.ir.optable import THREEFRY_PARITY, THREEFRY_ROTATIONS, THREEFRY_GROUPS
 
 VT = {"bool": "i1", "int8": "i8", "uint8": "i8", "int16": "i16", "uint16": "i16", "int32": "i32", "uint32": "i32",
       "int64": "i64", "uint64": "i64", "float16": "half", "bfloat16": "float", "float32": "float", "float64": "double",
