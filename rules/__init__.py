@@ -1,5 +1,5 @@
-"""Named rule sets as data (floor 2: `registry`, `callify`) and the rule checker (floor 5: `check`, a hypothesis
-soundness check against the numpy reference). The face re-exports lazily, so the engine importing `rules.registry`
+"""Named rule sets as data (floor 2: `registry`, `callify`, `vocabulary`, `orders`) and the rule checker (floor 5:
+`check`, a hypothesis soundness check against the numpy reference). The face re-exports lazily, so the engine importing `rules.registry`
 loads no checker."""
 import importlib
 from egraph.ir.face import lazy_exports
