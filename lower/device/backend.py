@@ -23,10 +23,10 @@ BACKENDS: dict[str, Backend] = {}   # device kind -> its backend (host kinds wit
 
 def register(b: Backend) -> Backend:
   """Put `b` in the registry for its device kinds; a kind served twice is a programming error."""
-  for d in b.devices:
+  for d in b.devices:   # all checked before any is registered
     if d not in DEVICE_KINDS: raise CallsatError(f"backend {b.name}: unknown device kind {d!r}")
     if d in BACKENDS and BACKENDS[d] is not b: raise CallsatError(f"device kind {d!r} has two backends: {BACKENDS[d].name}, {b.name}")
-    BACKENDS[d] = b
+  BACKENDS.update(dict.fromkeys(b.devices, b))
   return b
 
 def runnable() -> tuple[str, ...]: return tuple(BACKENDS)
