@@ -9,8 +9,8 @@ Back out, callsat's CALL is rebuilt as tinygrad UOps: OPAQUE from its original, 
 (fresh ones become new tinygrad BUFFERs), views as SHRINK(BUFFER)[.BITCAST], PARAMs typed like their args."""
 from __future__ import annotations
 import itertools
-from dataclasses import dataclass, field, replace
-from tinygrad.uop.ops import UOp, Ops as TOps, shape_to_shape_arg
+from dataclasses import dataclass, field, fields
+from tinygrad.uop.ops import UOp, Ops as TOps, shape_to_shape_arg, CallInfo as CallInfo_, ParamArg as ParamArg_
 from tinygrad.dtype import dtypes as tdt, AddrSpace
 from egraph.ir.ops import Node, Ops, GroupOp, OpaqueArg, BufferArg, ParamArg, CallInfo, DEVICE_KINDS, toposort
 from egraph.ir.dtype import dtypes, DType
@@ -48,10 +48,14 @@ def to_dtype(dt, what: str = "") -> DType:
 
 def to_device(d):
   """tinygrad's device names: callsat's own where they mean the same, `EXT:<name>` (never run by callsat) otherwise."""
+  if (r := _DEVICES.get(d)) is not None: return r
   if d is None: return None
-  if isinstance(d, tuple): return tuple(to_device(x) for x in d)
-  name = d.partition(":")[0].upper()
-  return d if name in DEVICE_KINDS else f"EXT:{d}"
+  if isinstance(d, tuple): r = tuple(to_device(x) for x in d)
+  else: r = d if d.partition(":")[0].upper() in DEVICE_KINDS else f"EXT:{d}"
+  if len(_DEVICES) < 4096: _DEVICES[d] = r   # a process names few devices: bounded all the same
+  return r
+
+_DEVICES: dict = {}
 
 def from_device(d):
   if isinstance(d, tuple): return tuple(from_device(x) for x in d)
@@ -65,9 +69,11 @@ def _ints(shape, what: str) -> tuple[int, ...]:
 def param_like(u: UOp, slot: int) -> UOp:
   """`u.param_like(slot)`; for a single-device BUFFER the PARAM it builds, made from the buffer's own shape src and arg
   (the same object) without working out the buffer's axis, shape and address space."""
-  if u.op is TOps.BUFFER and type(u.arg.device) is str and u.arg.addrspace is AddrSpace.GLOBAL:
-    return UOp(TOps.PARAM, src=u.src, arg=replace(u.arg, slot=slot))
+  if u.op is TOps.BUFFER and type(a := u.arg) is ParamArg_ and type(a.device) is str and a.addrspace is AddrSpace.GLOBAL:
+    return UOp(TOps.PARAM, src=u.src, arg=ParamArg_(slot, *[getattr(a, f) for f in _PARAM_REST]))   # replace(a, slot=slot)
   return u.param_like(slot)
+
+_PARAM_REST = tuple(f.name for f in fields(ParamArg_))[1:]   # ParamArg's fields after `slot`, its first
 
 def _concrete(x) -> bool:
   return type(x) is int or type(x) is bool or isinstance(x, Ops) or (type(x) is tuple and all(map(_concrete, x)))
@@ -121,6 +127,16 @@ class Conversion:
   dim_uops: dict = field(default_factory=dict)     # HostDim key -> tinygrad UOp
   serial: int = field(default_factory=lambda: next(_SERIAL))
   bound_vars: bool = False                         # did the graph hold a bound variable (a call input)?
+  inert: set = field(default_factory=set)          # constant leaves not converted (`to_callsat(consts=False)`)
+  ranges: bool = False                             # did the graph hold a RANGE (then a CALL's body may leak one)?
+  shapes: dict = field(default_factory=dict)       # tinygrad shape -> callsat's (a graph repeats a few shapes)
+
+  def img(self, u: UOp) -> Node:
+    """u's image; an inert constant read where callify sees values (a STORE's source) is converted when first read."""
+    if (n := self.image.get(u)) is None:
+      n = self.image[u] = _convert(self, u)
+      self.origins.setdefault(n.id, []).append(u)
+    return n
 
   def dim(self, d):
     """A tinygrad dimension as callsat's: ints stay, an expression becomes a HostDim worth its maximum."""
@@ -139,9 +155,12 @@ class Conversion:
     return int(r.arg) if isinstance(r, UOp) and r.op is TOps.CONST else self.dim(r)
 
   def shape(self, shape):
-    return None if shape is None else tuple(self.dim(d) for d in shape)
+    if shape is None: return None
+    if (r := self.shapes.get(shape)) is None: r = self.shapes[shape] = tuple(self.dim(d) for d in shape)
+    return r
 
 def _opaque(cv: Conversion, u: UOp, srcs: tuple[int, ...]) -> Node:
+  if cv.inert: srcs = tuple(i for i in srcs if u.src[i] not in cv.inert)   # kept as they are on the way back
   shape = cv.shape(u._shape) if u.dtype != tdt.void else None
   dev = to_device(u.device)   # weak values keep their device (tinygrad's); they are never realize points here
   axis = None
@@ -220,24 +239,24 @@ def _convert(cv: Conversion, u: UOp) -> Node:
     st = u.src[1] if len(u.src) == 2 else None
     if st is not None and st.op is TOps.STORE and st.src[0] is u.src[0] and not u.src[0].has_buffer_identity():
       cv.aliases.add(u)
-      return cv.image[st.src[1]]
+      return cv.img(st.src[1])
     return _opaque(cv, u, tuple(range(len(u.src))))
   if op in _MOVE and not virtual:
     if isinstance(u.device, tuple) and _per_device_marg(u):   # a per-device select of a lazy shard: carried (an assign
       return _opaque(cv, u, tuple(range(len(u.src))))          # through it is refused below)
-    try: return _movement(cv, u, cv.image[u.src[0]])
+    try: return _movement(cv, u, cv.img(u.src[0]))
     except CallsatError as e:   # a symbolic form callsat's movement ops cannot say: carried opaque unless it views storage
       if _views_storage(u): raise BridgeRefusal("form:symbolic-view", getattr(e, "detail", str(e))) from None
       return _opaque(cv, u, tuple(range(len(u.src))))
   if op is TOps.UNSHARD and not virtual and len(u.arg) == 1 and len(u.src) == 2 and u.src[1].op is TOps.RANGE:
-    x = cv.image[u.src[0]]   # per-device values -> one logical value split along the axis: callsat's MULTI
+    x = cv.img(u.src[0])   # per-device values -> one logical value split along the axis: callsat's MULTI
     if isinstance(x.device, tuple): return Node(Ops.MULTI, x.dtype, (x,), u.arg[0])
   if op is TOps.COPY and not virtual:
-    n = Node(Ops.COPY, to_dtype(u.dtype), (cv.image[u.src[0]],), to_device(u.arg))
+    n = Node(Ops.COPY, to_dtype(u.dtype), (cv.img(u.src[0]),), to_device(u.arg))
     return n.contiguous() if u in cv.files else n
   if op in _DIRECT and not virtual:
     if op is TOps.CONTIGUOUS and (len(u.src) != 1 or u.arg is not None): raise BridgeRefusal("form:contiguous-with-options", str(u.arg))
-    srcs = tuple(cv.image[s] for s in u.src)
+    srcs = tuple(cv.img(s) for s in u.src)
     if op is TOps.STORE and len(srcs) == 2 and srcs[1].dtype != srcs[0].dtype: srcs = (srcs[0], _retype(cv, srcs[1], srcs[0].dtype))
     dt = dtypes.void if op is TOps.STORE else to_dtype(u.dtype, op.name)
     try: return Node(_DIRECT[op], dt, srcs, None)
@@ -247,15 +266,19 @@ def _convert(cv: Conversion, u: UOp) -> Node:
                                                                  shard=False))   # logical, as tinygrad reads it
     cv.params[n.id] = u
     return n
-  if op is TOps.TUPLE: return Node(Ops.TUPLE, dtypes.void, tuple(cv.image[s] for s in u.src))
+  if op is TOps.TUPLE: return Node(Ops.TUPLE, dtypes.void, tuple(cv.img(s) for s in u.src))
   if op is TOps.FUNCTION and u.arg.precompile:   # callsat's precompile_call decides how its inputs and outputs are stored
     if u.src[0].op is not TOps.TUPLE: raise BridgeRefusal("form:precompiled-function", f"body is {u.src[0].op.name}, not TUPLE")
     info = CallInfo(f"tg{cv.serial}.{len(cv.calls)}", precompile=True)
     cv.calls[info.name] = u.arg
-    return Node(Ops.FUNCTION, dtypes.void, tuple(cv.image[s] for s in u.src), info)
-  if op is TOps.GETTUPLE and cv.image[u.src[0]].op is Ops.FUNCTION: return Node(Ops.GETTUPLE, None, (cv.image[u.src[0]],), u.arg)
+    return Node(Ops.FUNCTION, dtypes.void, tuple(cv.img(s) for s in u.src), info)
+  if op is TOps.GETTUPLE and cv.img(u.src[0]).op is Ops.FUNCTION: return Node(Ops.GETTUPLE, None, (cv.img(u.src[0]),), u.arg)
   body = 1 if op in (TOps.CALL, TOps.FUNCTION) else 0   # a body is scoped to its call: it stays tinygrad's
   return _opaque(cv, u, tuple(range(body, len(u.src))))
+
+# the ops a UOp's device comes from (tinygrad 0.14's `UOp.device`; every other op has a source's, MSELECT/MSTACK pick
+# among sources'): no DISK device anywhere in a graph unless one of these has it
+_DEVICE_ROOTS = frozenset({TOps.BUFFER, TOps.PARAM, TOps.COPY, TOps.STAGE, TOps.ALLREDUCE})
 
 def _on_disk(u: UOp) -> bool: return isinstance(u.device, str) and u.device.startswith(("DISK", "TINYFS"))
 
@@ -314,17 +337,27 @@ def _written_file_view(x: UOp) -> bool:
       dense = dense and (not cut or all(m.shape[i] == 1 for i in range(cut[0])) and cut[-1] == cut[0])
   return dense
 
-def to_callsat(big_sink: UOp, topo=None) -> tuple[Conversion, list[Node]]:
+def _inert(u: UOp, inert: set) -> bool:
+  """A CONST without sources or a STACK of such (a shape argument): no storage, no realize point, nothing callify
+  decides; the OPAQUE ops reading it keep it as it is."""
+  return u.op is TOps.CONST and not u.src or u.op is TOps.STACK and all(s in inert for s in u.src)
+
+def to_callsat(big_sink: UOp, topo=None, consts: bool = True) -> tuple[Conversion, list[Node]]:
   """The callsat image of big_sink's graph and the roots to callify (`topo`: big_sink's whole toposort, when the caller
-  has walked it already)."""
+  has walked it already). `consts=False` leaves constant leaves out (`_inert`: a third to a half of a tiny graph's
+  UOps); cost mode's shadow reads them, so it converts them."""
   cv = Conversion()
+  inert = cv.inert
   if topo is None: topo = big_sink.toposort()
-  _check_disk(topo)
-  # a file written by a COPY and read (through a view of it, or copied off) is realized as tinygrad's DISK COPY item is
-  cv.files = {s for u in topo if u.op in (TOps.RESHAPE, TOps.SHRINK, TOps.COPY) for s in u.src[:1]
-              if s.op is TOps.COPY and _on_disk(s) and not _on_disk(s.src[0])}
+  if any(_on_disk(u) for u in topo if u.op in _DEVICE_ROOTS):
+    _check_disk(topo)
+    # a file written by a COPY and read (through a view of it, or copied off) is realized as tinygrad's DISK COPY item is
+    cv.files = {s for u in topo if u.op in (TOps.RESHAPE, TOps.SHRINK, TOps.COPY) for s in u.src[:1]
+                if s.op is TOps.COPY and _on_disk(s) and not _on_disk(s.src[0])}
   for u in topo:
-    if u is big_sink: continue
+    if u is big_sink or u in cv.image: continue   # in the image already: an inert constant a STORE read
+    if not consts and _inert(u, inert): inert.add(u); continue
+    if u.op is TOps.RANGE: cv.ranges = True
     n = cv.image[u] = _convert(cv, u)
     if u not in cv.aliases: cv.origins.setdefault(n.id, []).append(u)
     if n.op is Ops.AFTER and _views_storage(u.src[0]) and not _image_views_storage(n.src[0]):
@@ -441,4 +474,7 @@ def to_tinygrad(cv: Conversion, call: Node, buffer_map: dict, contiguous: frozen
       if u.op is TOps.GETTUPLE and u.src[0].op is TOps.FUNCTION and u.src[0].arg.precompile:
         continue   # tinygrad keeps a precompiled function's outputs lazy (its backward runs through them)
       out[u] = val if val.shape == u.shape else val.shrink_to(u.shape)
-  return body.call(*args), out
+  if body.op is not TOps.SINK or cv.ranges: return body.call(*args), out   # .call checks that no RANGE leaks out
+  return UOp(TOps.CALL, tdt.void, (body, *args), _CALL_ARG), out   # what .call builds: no RANGE, nothing to check
+
+_CALL_ARG = CallInfo_(None, None, False, False, None)

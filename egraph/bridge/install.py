@@ -58,7 +58,7 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
 
 def _decide(big_sink: UOp, mode: str, topo=None):
   """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `topo`: its toposort, if walked already."""
-  cv, roots = to_callsat(big_sink, topo)
+  cv, roots = to_callsat(big_sink, topo, consts=mode != "rules")   # cost mode's shadow prices the constants
   hints = _hints(cv, roots) if mode != "rules" else Hints()
   if mode == "cost-store": roots = realize_hints(cv, roots, hints.idents)   # stored by callify, as a program's own CONTIGUOUS
   # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an

@@ -33,9 +33,17 @@ _ALU = {i.tinygrad or o.name: o for o, i in ALU_OPS.items()}   # tinygrad's ALU 
 _REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
 _WEAKS = (tdt.weakint, tdt.weakfloat)
 
+def _getenv(name: str) -> str:
+  """os.environ.get(name, ""), without the KeyError it raises and catches inside when name is unset (~25 us after a
+  full GC, on every bridged call): CPython's POSIX os.environ keeps its bytes in `_data`, updated by every set/del."""
+  data = getattr(os.environ, "_data", None)
+  if os.name != "posix" or not isinstance(data, dict): return os.environ.get(name, "")
+  v = data.get(name.encode())
+  return "" if v is None else os.fsdecode(v)
+
 def bridge_fusion(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_FUSION (read when the bridge runs), else "rules"."""
-  m = value if value is not None else (os.environ.get(ENV, "") or "rules")
+  m = value if value is not None else (_getenv(ENV) or "rules")
   if m not in MODES: raise CallsatError(f"{ENV} must be one of {MODES}, got {m!r}")
   return m
 

@@ -3,6 +3,7 @@ stock tinygrad's values (and numpy's) on tinygrad's CPU device while the partiti
 CONTIGUOUS in the CALL body (cost) or as STOREs of the CALL (cost-store), and the kernel counts change; with it off
 nothing changes. No timing here (bench/fusion_tinygrad.py measures)."""
 import numpy as np
+import os
 import pytest
 
 tinygrad = pytest.importorskip("tinygrad")
@@ -151,6 +152,19 @@ def test_callsat_fusion_does_not_reach_the_bridge(name, monkeypatch):
   monkeypatch.setenv("CALLSAT_FUSION", "cost")
   body2, _ = _body(name, "rules", monkeypatch)
   assert [(u.op, u.dtype, u.arg) for u in body2.toposort()] == [(u.op, u.dtype, u.arg) for u in body.toposort()]
+
+def test_the_mode_follows_the_environment_on_every_call(monkeypatch):
+  """The bridge reads CALLSAT_BRIDGE_FUSION on each call (its own fast read of os.environ): every set, change and unset
+  of os.environ is seen at once, a non-ASCII value is read back as os.environ holds it."""
+  monkeypatch.delenv("CALLSAT_BRIDGE_FUSION", raising=False)
+  assert bridge_fusion() == "rules"
+  for m in ("cost", "cost-store", "rules", "cost"):
+    os.environ["CALLSAT_BRIDGE_FUSION"] = m
+    assert bridge_fusion() == m
+  del os.environ["CALLSAT_BRIDGE_FUSION"]
+  assert bridge_fusion() == "rules"
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cöst")
+  with pytest.raises(CallsatError, match="'cöst'"): bridge_fusion()
 
 def test_bad_mode_raises_in_both_bridge_modes(monkeypatch):
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "fast")

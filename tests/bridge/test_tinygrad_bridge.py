@@ -166,6 +166,46 @@ def test_kernel_counts_match_stock(name):
   _, ours = _run(PROGRAMS[name], "NULL", bridged=True)
   assert ours == stock
 
+def _graphs(build) -> list:
+  """Every graph the program hands tinygrad's pass (NULL device, stock pass)."""
+  import tinygrad.tensor as tt
+  got, own = [], tt.transform_to_call
+  def hook(sink):
+    got.append(sink)
+    return own(sink)
+  with Context(DEV="NULL"):
+    Tensor.manual_seed(1234)
+    tt.transform_to_call = hook
+    try: Tensor.realize(*build())
+    finally: tt.transform_to_call = own
+  return got
+
+def _decided(sink, consts: bool):
+  """The bridge's CALL and buffer_map of one graph (rules mode, no cache), as a key with fresh buffers numbered in
+  order (egraph.bridge.cache.structure), and the inert constants the conversion left out."""
+  from tinygrad.uop.ops import UOp
+  from egraph.bridge.convert import to_callsat, to_tinygrad
+  from egraph.bridge.cache import structure
+  from egraph.engine.driver import callify
+  cv, roots = to_callsat(sink, consts=consts)
+  res = callify(*roots, cache=False, assigns="realized", fusion="rules")
+  call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
+  keys = list(bmap)
+  return structure(UOp.sink(call, *[bmap[k] for k in keys]), strip=False).key, keys, len(cv.inert)
+
+def test_constants_left_out_give_the_same_call():
+  """Leaving constant leaves out of the conversion (rules mode: nothing callify decides reads them) gives the CALL and
+  buffer_map the full conversion gives, node for node, on every graph of every program."""
+  left_out = graphs = 0
+  for name, build in PROGRAMS.items():
+    if "shard" in name: continue   # several devices: the NULL device has one
+    for sink in _graphs(build):
+      full, lean = _decided(sink, True), _decided(sink, False)
+      assert lean[:2] == full[:2], name
+      left_out += lean[2]; graphs += 1
+  assert graphs > 20
+  assert left_out > 0, "no constant was left out: the test compares nothing"
+
 @pytest.mark.parametrize("device", ["PYTHON", "CPU"])
 def test_fp8_bit_for_bit_as_stock(device):
   """The fp8 program's values exactly as stock tinygrad's, on its interpreter and on its CPU device (clang; there
