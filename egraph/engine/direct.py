@@ -177,14 +177,13 @@ def _merges_through_markers(rows: dict) -> bool:
 
 def _merges_on_graph(topo: list[Node]) -> bool:
   """`_merges_through_markers` on the graph: two nodes equal once their markers are their sources."""
-  canon: dict[Node, object] = {}
-  seen: set = set()
+  canon: dict[Node, int] = {}   # node -> the number of its class (a nested key would hash each whole subgraph again)
+  seen: dict = {}
   for n in topo:
     if n.op in _MARKERS: canon[n] = canon[n.src[0]]; continue
-    key = (n.op, n.dtype, tuple(canon[s] for s in n.src), const_key(n.arg) if n.op is Ops.CONST else n.arg)
+    key = (n.op, n.dtype, tuple([canon[s] for s in n.src]), const_key(n.arg) if n.op is Ops.CONST else n.arg)
     if key in seen: return True
-    seen.add(key)
-    canon[n] = key
+    canon[n] = seen[key] = len(seen)
   return False
 
 _MOVEMENT = GroupOp.Movement
