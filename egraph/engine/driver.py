@@ -18,6 +18,7 @@ from typing import Callable
 from egraph.ir.ops import Node, Ops, GroupOp, CallInfo, toposort, substitute, new_buffer, map_args, const_key, dims_arg, binds_dims
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError, EngineError
+from egraph.ir.storage import STORAGE
 from egraph.ir.symbolic import BoundVar, dims_in, map_dims
 from egraph.engine.encode import encode, Encoding
 from rules.vocabulary import TERM_ROWS
@@ -152,7 +153,9 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   if cache and any(len(e.topo) == len(topo) for e in _CACHE.values()):
     if (hit := _CACHE.get(key := cache_key())) is not None:
       _CACHE.move_to_end(key)
-      return _reuse(hit, topo, t0)
+      res = _reuse(hit, topo, t0)
+      res.report.scalars = scalar_args(res.call)
+      return res
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
   try: res = _callify(roots, topo, topo_s, model, sched, lim, t0, assigns, fus)
@@ -161,7 +164,17 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
     _CACHE[key if key is not None else cache_key()] = _Entry.of(topo, res)
     while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
+  res.report.scalars = scalar_args(res.call)
   return res
+
+def scalar_args(call: Node) -> dict[int, object]:
+  """CALL arg slot -> the value of each 1-element argument that holds data: the front end's scalars (its CALL's fresh
+  outputs hold none yet)."""
+  out = {}
+  for i, a in enumerate(call.src[1:]):
+    if a.op is Ops.BUFFER and a.arg.size == 1 and (d := STORAGE.get(a)) is not None and d.size == 1:
+      out[i] = d.reshape(-1)[0].item()
+  return out
 
 # ---- the pipeline, built once ----------------------------------------------------------------------------------------
 

@@ -59,6 +59,8 @@ class CallifyReport:
   fusion: str = "rules"     # who chose the kernel boundaries: "rules" (lower/'s heuristics) or "cost" (the partition)
   partition: PartitionReport | None = None   # fusion="cost": the partition's method, bound and gap
   fusion_note: str = ""     # why cost mode was asked for but the rules ran (no time model for the device, too big to cost)
+  scalars: dict[int, object] = field(default_factory=dict)   # CALL arg slot -> the Python scalar a 1-element host
+                                                              # argument holds (the front end's scalar arguments)
   fresh_uids: set[int] = field(default_factory=set, repr=False)
 
   def to_dict(self) -> dict:
@@ -79,4 +81,5 @@ class CallifyReport:
       f"  CALL      {self.buffers} fresh buffers" + (f" ({self.temps} of them temporaries)" if self.temps else "")
       + f", {self.stores} stores, {self.views} zero-copy views",
       f"  fusion    {self.fusion}" + (f" ({self.fusion_note})" if self.fusion_note else "") + (f": {self.partition}" if self.partition else ""),
+      *(["  scalars   " + ", ".join(f"arg{k} = {v!r}" for k, v in self.scalars.items())] if self.scalars else []),
       f"  time      {times} total={sum(self.seconds.values())*1e3:.1f}ms"])

@@ -17,7 +17,7 @@ from egraph.ir.ops import Node, Ops, const, empty_view, substitute, canonical_de
 from egraph.frontend import rng
 from egraph.frontend.indexing import basic_index
 from egraph.frontend.promote import py_dtype, weak_dtype, fit, const_like, broadcast_shape, broadcast_to
-from egraph.frontend.hostdata import host_node, to_numpy, storage_base, check_writable
+from egraph.frontend.hostdata import host_node, to_numpy, storage_base, check_writable, scalar_operand
 
 DEFAULT_DEVICE = "CPU"
 
@@ -239,7 +239,7 @@ class Tensor:
       dt, yn = least_upper_dtype(self.dtype, y.dtype), y.node
     shape = broadcast_shape(self.shape, () if yn is None else yn.shape, op=op)
     xn = broadcast_to(self.node.cast(dt), shape)
-    yn = const_like(y, dt, self.device, shape) if yn is None else broadcast_to(yn.cast(dt), shape)
+    yn = scalar_operand(y, dt, self.device, shape, op) if yn is None else broadcast_to(yn.cast(dt), shape)
     return (yn, xn) if reverse else (xn, yn)
 
   def _binary(self, op: Ops, y, reverse=False) -> Tensor: return Tensor(Node(op, None, self._operands(y, op.name, reverse)))
@@ -306,7 +306,8 @@ class Tensor:
     else: dt = least_upper_dtype(py_dtype(x), py_dtype(y))
     if dev is None: dev = next((v.device for v in (x, y) if isinstance(v, Tensor) and v.device is not None), None)
     shape = broadcast_shape(*(v.shape if isinstance(v, Tensor) else () for v in (self, x, y)), op="WHERE")
-    xn, yn = [broadcast_to(v.node.cast(dt), shape) if isinstance(v, Tensor) else const_like(v, dt, dev, shape) for v in (x, y)]
+    xn, yn = [broadcast_to(v.node.cast(dt), shape) if isinstance(v, Tensor) else scalar_operand(v, dt, dev, shape, "WHERE")
+              for v in (x, y)]
     cond = self.node if self.dtype == dtypes.bool else self.node.alu(Ops.CMPNE, const_like(0, self.dtype, self.device, self.shape))
     return Tensor(Node(Ops.WHERE, None, (broadcast_to(cond, shape), xn, yn)))
 

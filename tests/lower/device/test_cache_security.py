@@ -12,7 +12,9 @@ from lower.device.cache import DiskCache, KernelCache, looks_like_object
 from egraph import Tensor
 
 def _run(monkeypatch, disk, scale: float) -> KernelCache:
-  """x * scale + 1 on a fresh KernelCache over `disk` (a fresh process, as far as the cache knows); values checked."""
+  """x * scale + 1 on a fresh KernelCache over `disk` (a fresh process, as far as the cache knows); values checked. The
+  scale is a constant (CALLSAT_SCALARS=const): each scale its own kernel, so one can be planted in place of another."""
+  monkeypatch.setenv("CALLSAT_SCALARS", "const")
   c = KernelCache(disk)
   monkeypatch.setattr(lower.device.cache, "CACHE", c)
   X = np.random.default_rng(3).standard_normal((37, 41)).astype(np.float32)

@@ -101,7 +101,7 @@ def test_a_store_group_walks_only_its_own_value():
   kernelize._realize_set = spy
   try: prog = program_of(callify(x.node, cache=False).call)
   finally: kernelize._realize_set = real
-  assert len(seen) == 40 and max(seen) < 12, seen   # a few nodes each, not up to 40 steps' worth
+  assert len(seen) == 40 and max(seen) < 16, seen   # a few nodes each (i a scalar argument: its buffer's view), not 40 steps' worth
   want = np.arange(8, dtype=np.float32)
   for i in range(40): want = want * 1.5 + i
   np.testing.assert_allclose(x.numpy(), want, rtol=1e-5)
