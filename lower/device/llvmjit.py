@@ -80,5 +80,9 @@ def _compile_module(text: str, disk, level: int):
     # the object MCJIT emits anyway, handed over by the notify hook: storing it costs no second codegen
     if disk is not None: engine.set_object_cache(lambda m, buf: got.append(buf))
   engine.finalize_object()
+  # the code lives in the engine's memory now and its symbols stay resolvable: the module's IR (most of a kernel's
+  # resident cost) is dropped
+  engine.remove_module(mod)
+  mod.close()
   if got: disk.put(key, got[0])
   return engine, obj is not None
