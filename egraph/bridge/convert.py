@@ -135,7 +135,7 @@ class Conversion:
     """u's image; an inert constant read where callify sees values (a STORE's source) is converted when first read."""
     if (n := self.image.get(u)) is None:
       n = self.image[u] = _convert(self, u)
-      self.origins.setdefault(n.id, []).append(u)
+      if u not in self.aliases: self.origins.setdefault(n.id, []).append(u)   # an alias's image is its value's
     return n
 
   def dim(self, d):
@@ -355,11 +355,10 @@ def to_callsat(big_sink: UOp, topo=None, consts: bool = True) -> tuple[Conversio
     cv.files = {s for u in topo if u.op in (TOps.RESHAPE, TOps.SHRINK, TOps.COPY) for s in u.src[:1]
                 if s.op is TOps.COPY and _on_disk(s) and not _on_disk(s.src[0])}
   for u in topo:
-    if u is big_sink or u in cv.image: continue   # in the image already: an inert constant a STORE read
+    if u is big_sink: continue
     if not consts and _inert(u, inert): inert.add(u); continue
     if u.op is TOps.RANGE: cv.ranges = True
-    n = cv.image[u] = _convert(cv, u)
-    if u not in cv.aliases: cv.origins.setdefault(n.id, []).append(u)
+    n = cv.img(u)
     if n.op is Ops.AFTER and _views_storage(u.src[0]) and not _image_views_storage(n.src[0]):
       raise BridgeRefusal("form:assign-target", f"an assign into {u.src[0].op.name} of storage that callsat cannot follow")
   cv.keep = list(cv.image.values())
