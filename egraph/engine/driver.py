@@ -11,7 +11,7 @@ E-class identity replaces tinygrad's tags: each realize point (an original node)
 form, so after extraction its storage is read straight off the chosen term."""
 from __future__ import annotations
 import dataclasses, gc, time
-from collections import OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
@@ -19,6 +19,7 @@ from egraph.ir.ops import Node, Ops, GroupOp, CallInfo, toposort, substitute, ne
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError, EngineError
 from egraph.ir.storage import STORAGE
+from egraph.ir.lru import ByteLRU, mb_setting
 from egraph.ir.symbolic import BoundVar, dims_in, map_dims
 from egraph.engine.encode import encode, Encoding
 from rules.vocabulary import TERM_ROWS
@@ -78,12 +79,16 @@ def roots_of(xs) -> list[Node]:
 @dataclass
 class _Entry:
   """A cached result, with what rebinding it to another graph of the same key needs, found once (a hit is on every
-  realize of a program in a loop)."""
-  topo: list[Node]           # the graph it was computed for, in canonical order
-  result: CallifyResult
-  buffers: list[int]         # positions of the graph's BUFFERs in topo
+  realize of a program in a loop). It holds none of the graph's buffers: every BUFFER the graph read and every one
+  callify minted is a ghost in the stored result (a fresh node with no storage), so an entry keeps no input, output
+  or scalar argument alive (a live entry pinned them: ~2 arrays per cached graph)."""
+  size: int                  # len(topo) of the graph it was computed for
+  call: Node                 # the result's CALL, with ghosts for the graph's buffers and the minted ones
+  values: list[Node]         # its buffer_map's values (ghosted), keyed by `keys` (the graph's own nodes are not kept)
+  report: CallifyReport
+  buffers: list[tuple[int, Node]]   # (position in topo, its ghost) for each of the graph's BUFFERs
   keys: list[int]            # position of each buffer_map key in topo
-  minted: list[Node]         # the BUFFERs callify minted for values (CALL args, storage views): a hit mints new ones
+  minted: list[Node]         # ghosts of the BUFFERs callify minted for values (CALL args, storage views): a hit mints new ones
   symbolic: bool             # does the graph bind symbolic dimensions (then BIND args and views take new values)
 
   @staticmethod
@@ -93,12 +98,20 @@ class _Entry:
     temps = {res.call.src[1 + i] for i in getattr(res.call.arg, "temps", ())}
     minted = {b: None for v in [*res.call.src[1:], *res.buffer_map.values()] for b in toposort([v])
               if b.op is Ops.BUFFER and b.arg.uid in res.report.fresh_uids and b not in temps}
-    symbolic = binds_dims(topo)
-    return _Entry(topo, res, [i for i, n in enumerate(topo) if n.op is Ops.BUFFER], [pos[k.id] for k in res.buffer_map],
-                  list(minted), symbolic)
+    ghost = {b: new_buffer(b.arg.size, b.dtype, b.arg.device) for b in [*(n for n in topo if n.op is Ops.BUFFER), *minted]}
+    call, *values = substitute([res.call, *res.buffer_map.values()], ghost)
+    return _Entry(len(topo), call, values, res.report, [(i, ghost[n]) for i, n in enumerate(topo) if n.op is Ops.BUFFER],
+                  [pos[k.id] for k in res.buffer_map], [ghost[b] for b in minted], binds_dims(topo))
 
-_CACHE: OrderedDict = OrderedDict()
-CACHE_SIZE = 32
+ENTRY_NODE_BYTES = 600   # an entry's resident bytes per node of its graph (its key, ghosted CALL and views), measured
+
+def _drop(key, e: _Entry) -> None:
+  if (n := _SIZES[e.size] - 1): _SIZES[e.size] = n
+  else: del _SIZES[e.size]
+
+# the result cache: CALLSAT_CALLIFY_CACHE_MB (default 64) over the entries' estimated bytes, least recently used out
+_CACHE = ByteLRU(mb_setting("CALLSAT_CALLIFY_CACHE_MB", 64), on_evict=_drop)
+_SIZES: Counter = Counter()   # graph size -> entries of that size: a graph of no cached size cannot hit (no key made)
 
 def graph_key(roots: list[Node], topo: list[Node] | None = None) -> tuple[tuple, list[Node]]:
   """A key equal for graphs that differ only in which input buffers they read (buffers are named by position);
@@ -115,19 +128,18 @@ def _unbind(d): return d.var if isinstance(d, BoundVar) else d
 
 def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
   """The cached result rebound to this graph's buffers and variable values, with freshly minted output buffers."""
-  old, et = e.result, e.topo
-  m = {o: n for i in e.buffers if (o := et[i]) is not (n := topo[i])}
+  m = {g: topo[i] for i, g in e.buffers}
   for b in e.minted: m[b] = new_buffer(b.arg.size, b.dtype, b.arg.device)
-  args = substitute(list(old.call.src[1:]), m)
-  values = substitute(list(old.buffer_map.values()), m)
+  args = substitute(list(e.call.src[1:]), m)
+  values = substitute(e.values, m)
   if e.symbolic:
     binds: dict = {}
     for n in topo: dims_in(dims_arg(n), binds)
     new_value = {d.var.key: d for d in binds if isinstance(d, BoundVar)}
     args = [Node(Ops.BIND, a.dtype, (), (a.arg[0], int(new_value[a.arg[0].key]))) if a.op is Ops.BIND else a for a in args]
     values = map_args(values, lambda d: new_value.get(d.var.key, d) if isinstance(d, BoundVar) else d)
-  report = dataclasses.replace(old.report, cache_hit=True, seconds={"cache": time.perf_counter() - t0})
-  return CallifyResult(Node(Ops.CALL, dtypes.void, (old.call.src[0], *args), old.call.arg),
+  report = dataclasses.replace(e.report, cache_hit=True, seconds={"cache": time.perf_counter() - t0})
+  return CallifyResult(Node(Ops.CALL, dtypes.void, (e.call.src[0], *args), e.call.arg),
                        {topo[i]: v for i, v in zip(e.keys, values)}, report)
 
 def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
@@ -150,9 +162,8 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   def cache_key() -> tuple: return (graph_key(roots, topo)[0], model, sched, lim, assigns, fus)
   key = None
   # the key costs a third of encoding: only a graph of a cached one's size can hit (a fallback needs no key at all)
-  if cache and any(len(e.topo) == len(topo) for e in _CACHE.values()):
+  if cache and len(topo) in _SIZES:
     if (hit := _CACHE.get(key := cache_key())) is not None:
-      _CACHE.move_to_end(key)
       res = _reuse(hit, topo, t0)
       res.report.scalars = scalar_args(res.call)
       return res
@@ -162,8 +173,11 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   finally:
     if was: gc.enable()
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
-    _CACHE[key if key is not None else cache_key()] = _Entry.of(topo, res)
-    while len(_CACHE) > CACHE_SIZE: _CACHE.popitem(last=False)
+    key = key if key is not None else cache_key()
+    with _CACHE.lock:
+      if (old := _CACHE.pop(key)) is not None: _drop(key, old)
+      _SIZES[len(topo)] += 1
+      _CACHE.put(key, _Entry.of(topo, res), ENTRY_NODE_BYTES * len(topo))
   res.report.scalars = scalar_args(res.call)
   return res
 

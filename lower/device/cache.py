@@ -13,7 +13,9 @@ The directory must be private (lower.device.securefs.private_dir) and entries ar
 is run, so nothing another user could have written is."""
 from __future__ import annotations
 import weakref, hashlib, hmac, os, random, stat, sys, time
+from egraph.ir.lru import ByteLRU, mb_setting
 from lower.device.compiler import compile_kernels, debug_level
+from lower.device.llvmjit import JIT_LOCK, Slab
 from lower.device.securefs import NOFOLLOW, mac, private_dir, read_file, say_once, user_cache_root, user_key, write_file
 from lower.schedule.kernel import Kernel
 
@@ -138,15 +140,36 @@ class DiskCache:
 
 def _debug() -> bool: return debug_level() >= 1
 
+# Resident cost of compiled code, measured on x86-64 Linux (bench/loops.py's RSS rows): an engine, a module linked into
+# it, and its object's bytes once loaded (sections are page-aligned copies); an estimate, on the high side. Not counted,
+# because evicting frees none of it: llvmlite 0.50 leaks ~70 KB per O3 pipeline run (one per module compiled, none
+# per module loaded from the disk cache).
+ENGINE_BYTES = 800 << 10
+MODULE_BYTES = 16 << 10
+SLAB_MODULES = 64          # modules per slab before a new one starts (an evicted slab frees at most this many)
+SCHEDULE_BYTES = 8 << 10   # a schedule entry besides its kernel keys (the Program, its Mems, the memory plan, the body)
+
+def slab_bytes(s: Slab) -> int: return ENGINE_BYTES + s.modules * MODULE_BYTES + 2 * s.nbytes
+
 class KernelCache:
-  def __init__(self, disk=None):
-    self._fns: dict = {}
+  """Compiled kernels by key, in slabs (lower.device.llvmjit.Slab: engines shared by up to SLAB_MODULES modules), and
+  schedules by CALL body. Both bounded, least recently used first out: CALLSAT_KERNEL_CACHE_MB (default 256) over the
+  slabs' resident estimate (`slab_bytes`; a slab goes whole, with every kernel in it: a later use recompiles, or loads
+  from the disk cache), CALLSAT_SCHEDULE_CACHE_MB (default 64) over the schedules' (their kernels' keys, which are the
+  kernels' text, and SCHEDULE_BYTES each). A kernel in use keeps its slab's code alive (a Compiled holds it) whatever the
+  cache drops. Thread-safe: lookups take the cache's lock, compiles JIT_LOCK (one at a time)."""
+  def __init__(self, disk=None, kernel_mb: float | None = None, schedule_mb: float | None = None):
+    self._fns: dict = {}     # kernel key -> Compiled
+    self.slabs = ByteLRU(mb_setting("CALLSAT_KERNEL_CACHE_MB", 256) if kernel_mb is None else int(kernel_mb * 2**20),
+                         on_evict=self._evict_slab)   # Slab -> the keys of the kernels compiled into it
+    self.schedules = ByteLRU(mb_setting("CALLSAT_SCHEDULE_CACHE_MB", 64) if schedule_mb is None else int(schedule_mb * 2**20))
+    self.lock = self.slabs.lock
+    self._slab: Slab | None = None   # where the next module goes
     self.compiled = 0        # kernels compiled
     self.modules = 0         # LLVM modules compiled
     self.hits = 0
     self.disk_hits = 0       # modules loaded from the disk cache (neither optimized nor compiled)
     self.disk_misses = 0     # modules compiled while the disk cache was on (and written to it)
-    self.schedules: dict = {}
     self.plans = weakref.WeakKeyDictionary()   # CALL -> native.Plan: its launches prepared on the storage it last ran on
     self.disk = disk
 
@@ -160,30 +183,56 @@ class KernelCache:
     return self._disk
 
   def __len__(self): return len(self._fns)
-  def clear(self): self._fns.clear(); self.schedules.clear(); self.plans.clear()
+  def clear(self):
+    with self.lock: self._fns.clear(); self.slabs.clear(); self.schedules.clear(); self.plans.clear(); self._slab = None
+  def stats(self) -> dict:
+    """Sizes and counters: kernels and slabs held, their estimated bytes, evictions."""
+    return {"kernels": len(self._fns), "slabs": len(self.slabs), "kernel_bytes": self.slabs.nbytes, "slabs_evicted": self.slabs.evicted,
+            "schedules": len(self.schedules), "schedule_bytes": self.schedules.nbytes, "schedules_evicted": self.schedules.evicted,
+            "compiled": self.compiled, "modules": self.modules, "hits": self.hits, "disk_hits": self.disk_hits}
 
-  def get(self, kernels: list[Kernel]) -> list:
-    keys = [k.key() for k in kernels]
-    missing: dict = {}
-    for k, key in zip(kernels, keys):
-      if key in self._fns: self.hits += 1
-      elif key not in missing: missing[key] = k
+  def _evict_slab(self, slab: Slab, keys: list) -> None:
+    for key in keys:
+      if (c := self._fns.get(key)) is not None and c.slab is slab: del self._fns[key]
+    if self._slab is slab: self._slab = None
+
+  def get(self, kernels: list[Kernel], keys: list[str] | None = None) -> list:
+    """The Compiled of each kernel (`keys`: their keys, when known), compiling the misses together."""
+    if keys is None: keys = [k.key() for k in kernels]
+    out: dict = {}
+    with self.lock:
+      for key in keys:
+        if key in out: continue
+        if (c := self._fns.get(key)) is not None: out[key] = c; self.hits += 1; self.slabs.touch(c.slab)
+    if len(out) < len(set(keys)):
+      with JIT_LOCK: self._compile({key: k for k, key in zip(kernels, keys) if key not in out}, out)
+    return [out[key] for key in keys]
+
+  def _compile(self, missing: dict, out: dict) -> None:
+    """Compile `missing` (key -> Kernel) in modules of at most MODULE_OPS nodes into the current slab; JIT_LOCK held."""
+    with self.lock:   # another thread may have compiled some while this one waited for JIT_LOCK
+      for key in list(missing):
+        if (c := self._fns.get(key)) is not None: out[key] = c; del missing[key]
     batch, ops = [], 0
     def flush():
       nonlocal batch, ops
       if not batch: return
-      cs = compile_kernels([(k, name) for _, k, name in batch], disk=self._disk)
-      for key, c in zip([b[0] for b in batch], cs): self._fns[key] = c
-      if cs[0].loaded: self.disk_hits += 1
-      else:
-        self.compiled += len(batch); self.modules += 1
-        if self._disk: self.disk_misses += 1
+      with self.lock:
+        if (slab := self._slab) is None or slab.modules >= SLAB_MODULES or slab not in self.slabs: slab = self._slab = Slab()
+      cs = compile_kernels([(k, name) for _, k, name in batch], disk=self._disk, slab=slab)
+      with self.lock:
+        keys = self.slabs.get(slab) or []
+        for (key, _, _), c in zip(batch, cs): self._fns[key] = out[key] = c; keys.append(key)
+        if cs[0].loaded: self.disk_hits += 1
+        else:
+          self.compiled += len(batch); self.modules += 1
+          if self._disk: self.disk_misses += 1
+        self.slabs.put(slab, keys, slab_bytes(slab))
       batch, ops = [], 0
     for key, k in missing.items():
       n = k.ops()
       if batch and ops + n > MODULE_OPS: flush()
       batch.append((key, k, f"{k.name}_{hashlib.sha1(key.encode()).hexdigest()[:10]}")); ops += n
     flush()
-    return [self._fns[key] for key in keys]
 
 CACHE = KernelCache(disk_dir())

@@ -12,11 +12,11 @@ def debug_level() -> int:
   except ValueError: return 0
 
 class Compiled:
-  """A compiled kernel: the ctypes function and the engine that owns its code (kept alive with it); loaded: its module's
-  object came from the disk cache."""
-  __slots__ = ("kernel", "fn", "engine", "name", "compile_s", "loaded", "thunk")
-  def __init__(self, kernel, fn, engine, name, compile_s, loaded=False, thunk=0):
-    self.kernel, self.fn, self.engine, self.name, self.compile_s, self.loaded = kernel, fn, engine, name, compile_s, loaded
+  """A compiled kernel: the ctypes function and the slab (lower.device.llvmjit.Slab) that owns its code, kept alive with
+  it; loaded: its module's object came from the disk cache."""
+  __slots__ = ("kernel", "fn", "slab", "name", "compile_s", "loaded", "thunk")
+  def __init__(self, kernel, fn, slab, name, compile_s, loaded=False, thunk=0):
+    self.kernel, self.fn, self.slab, self.name, self.compile_s, self.loaded = kernel, fn, slab, name, compile_s, loaded
     self.thunk = thunk   # address of `<name>_argv(ptr argv, i64 start, i64 end)` (lower/device/pool.py's workers call that)
 
 def _thunk(k: Kernel, name: str) -> str:
@@ -50,13 +50,14 @@ def module_text(kernels: list[tuple[Kernel, str]]) -> str:
   md += sorted(_MD_REF.sub(num, d) for d in defs.values())      # unreferenced (none today)
   return "\n\n".join([body] + md) + "\n"
 
-def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None) -> list[Compiled]:
-  """Compile several kernels as one module (one O3 run, one codegen): fixed costs are paid once. With `disk` (a
+def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None, slab=None) -> list[Compiled]:
+  """Compile several kernels as one module (one O3 run, one codegen) into `slab` (None: a slab of their own): fixed
+  costs are paid once. With `disk` (a
   lower.device.cache.DiskCache) the module's object is loaded from it when there, else compiled and stored. Serialized by
   JIT_LOCK (llvmlite is not thread-safe; the helpers' registration and the address lookups too)."""
-  with JIT_LOCK: return _compile_kernels(kernels, disk)
+  with JIT_LOCK: return _compile_kernels(kernels, disk, slab)
 
-def _compile_kernels(kernels: list[tuple[Kernel, str]], disk) -> list[Compiled]:
+def _compile_kernels(kernels: list[tuple[Kernel, str]], disk, slab) -> list[Compiled]:
   t0 = time.perf_counter()
   text = module_text(kernels)
   if debug_level() >= 2:
@@ -65,14 +66,14 @@ def _compile_kernels(kernels: list[tuple[Kernel, str]], disk) -> list[Compiled]:
   # tiled matmuls call the shared helpers: their symbols must be registered before the module is linked (compiled or
   # loaded from the disk cache)
   if "@callsat_mm_" in text: mm_helpers(disk)
-  engine, loaded = compile_module(text, disk)
+  slab, loaded = compile_module(text, disk, slab=slab)
   dt = (time.perf_counter() - t0)
   out = []
   for k, name in kernels:
     n = len(k.params)
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64, *([ctypes.c_void_p] if k.checked else []))
-    fn = proto(engine.get_function_address(name))
-    out.append(Compiled(k, fn, engine, name, dt / len(kernels), loaded, engine.get_function_address(name + "_argv")))
+    fn = proto(slab.get_function_address(name))
+    out.append(Compiled(k, fn, slab, name, dt / len(kernels), loaded, slab.get_function_address(name + "_argv")))
   if debug_level() >= 1:
     how = f"loaded {len(kernels)} kernel(s) from the disk cache" if loaded else f"compiled {len(kernels)} kernel(s)"
     print(f"{how} in {dt * 1e3:.1f} ms: {', '.join(n for _, n in kernels)}", file=sys.stderr)

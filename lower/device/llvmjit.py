@@ -1,6 +1,7 @@
 """LLVM through llvmlite for the host CPU: the process's target machine (O3, the host CPU name + features, MCJIT), the
-disk-cache key of a module's object and compile_module, which turns a module's text into a finalized engine (or loads
-its object from a lower.device.cache.DiskCache). Kernels become modules in lower/device/compiler.py.
+disk-cache key of a module's object, Slab (an engine several modules' code is linked into) and compile_module, which
+links a module's text into a slab, compiled (or its object loaded from a lower.device.cache.DiskCache). Kernels become
+modules in lower/device/compiler.py.
 
 Threads: LLVM's MCJIT and llvmlite's module/engine objects are not thread-safe (two threads in compile_module or
 get_function_address at once segfaulted), so every use of them takes JIT_LOCK: compiling is serialized. Running the
@@ -48,41 +49,72 @@ def object_key(text: str, level: int = 3) -> str:
           llvm.get_process_triple(), cpu, feats]
   return hashlib.sha256("\0".join(head + [text]).encode()).hexdigest()
 
-def compile_module(text: str, disk=None, level: int = 3):
-  """An MCJIT engine, finalized, for the module `text`: parsed, verified, optimized (level 3: O3 with every loop
-  transform on, as the kernels want; else llvmlite's defaults for that speed level) and compiled, or with `disk` (a
-  lower.device.cache.DiskCache) its object loaded from there when present, else stored there. Symbols the module calls but
-  does not define (the matmul helpers) must be registered first. Returns (engine, loaded)."""
-  with JIT_LOCK: return _compile_module(text, disk, level)
+class Slab:
+  """An MCJIT engine that the code of several modules is linked into: an engine of its own costs a module ~0.75 MB
+  resident, a module linked into a live engine ~0.07 MB. Code is freed only with its engine, so a slab is evicted
+  whole (lower/device/cache.py); whatever calls into it (a Compiled) keeps it alive. `nbytes`: the objects linked in."""
+  __slots__ = ("engine", "_io", "modules", "nbytes", "__weakref__")
 
-def _compile_module(text: str, disk, level: int):
-  llvm, make_tm, tm_opt, _, _ = llvm_setup()
+  def __init__(self):
+    llvm, make_tm, tm_opt, _, _ = llvm_setup()
+    self.engine = llvm.create_mcjit_compiler(_empty(llvm, tm_opt), make_tm())
+    self.engine.finalize_object()   # the engine's own (empty) module, before any hook could hand it another's object
+    # the object cache hooks are the engine's, set once: `_io` says what the module being finalized loads or emits, and
+    # answers for that module only (closures over the dict, not the slab: no reference cycle through the engine)
+    io = self._io = {"mod": None, "obj": None, "got": None}
+    self.engine.set_object_cache(lambda m, buf: m is io["mod"] and io["got"] is not None and io["got"].append(buf),
+                                 lambda m: io["obj"] if m is io["mod"] else None)
+    self.modules = self.nbytes = 0
+
+  def add(self, mod, obj: bytes | None) -> bytes | None:
+    """Link `mod` (optimized, or empty with `obj`, its object from the disk cache) and drop its IR: its code stays in the
+    engine and its symbols resolvable. Returns the object emitted (None when loaded)."""
+    got: list = []
+    self._io.update(mod=mod, obj=obj, got=None if obj is not None else got)
+    try:
+      self.engine.add_module(mod)
+      self.engine.finalize_object()
+    finally: self._io.update(mod=None, obj=None, got=None)
+    self.engine.remove_module(mod)
+    mod.close()
+    self.modules += 1
+    self.nbytes += len(obj if obj is not None else got[0] if got else b"")
+    return got[0] if got else None
+
+  def get_function_address(self, name: str) -> int: return self.engine.get_function_address(name)
+
+def _empty(llvm, tm_opt):
+  mod = llvm.parse_assembly("")
+  mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
+  return mod
+
+def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = None) -> tuple[Slab, bool]:
+  """The module `text` parsed, verified, optimized (level 3: O3 with every loop transform on, as the kernels want; else
+  llvmlite's defaults for that speed level) and compiled into `slab` (None: a new one of its own), or with `disk` (a
+  lower.device.cache.DiskCache) its object loaded from there when present, else stored there. Symbols the module calls but
+  does not define (the matmul helpers) must be registered first. Returns (slab, loaded)."""
+  with JIT_LOCK: return _compile_module(text, disk, level, Slab() if slab is None else slab)
+
+def _compile_module(text: str, disk, level: int, slab: Slab):
+  llvm, _, tm_opt, _, _ = llvm_setup()
   key = object_key(text, level) if disk is not None else None
   obj = disk.get(key) if disk is not None else None
-  got = []
   if obj is not None:
     # MCJIT asks the object cache for a module's object before codegen and only loads and relocates what it gets: no
     # parse, verify, O3 or codegen. The object goes in as an empty module's (its symbols are found all the same): parsing
-    # the text was half the hit time; add_object_file instead still runs codegen for the engine's (empty) module.
-    mod = llvm.parse_assembly("")
-    mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
-    engine = llvm.create_mcjit_compiler(mod, make_tm())
-    engine.set_object_cache(None, lambda m: obj)
+    # the text was half the hit time; add_object_file instead still runs codegen for the (empty) module.
+    mod = _empty(llvm, tm_opt)
   else:
     mod = llvm.parse_assembly(text)
     mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=level)
     if level == 3: pto.loop_vectorization = True; pto.slp_vectorization = True; pto.loop_interleaving = True; pto.loop_unrolling = True
+    # llvmlite 0.50 leaks ~70 KB per pipeline run (its PassBuilder's PassInstrumentationCallbacks are never freed):
+    # counted in lower/device/cache.py's notes, not freed by evicting the kernel
     pb = llvm.create_pass_builder(tm_opt, pto)
     pb.getModulePassManager().run(mod, pb)
-    engine = llvm.create_mcjit_compiler(mod, make_tm())
-    # the object MCJIT emits anyway, handed over by the notify hook: storing it costs no second codegen
-    if disk is not None: engine.set_object_cache(lambda m, buf: got.append(buf))
-  engine.finalize_object()
-  # the code lives in the engine's memory now and its symbols stay resolvable: the module's IR (most of a kernel's
-  # resident cost) is dropped
-  engine.remove_module(mod)
-  mod.close()
-  if got: disk.put(key, got[0])
-  return engine, obj is not None
+  # the object MCJIT emits anyway, handed over by the notify hook: storing it costs no second codegen
+  emitted = slab.add(mod, obj)
+  if disk is not None and emitted is not None: disk.put(key, emitted)
+  return slab, obj is not None

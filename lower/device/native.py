@@ -156,8 +156,11 @@ def run_native(call, storage) -> None:
       for s in prog.steps:
         if s.kernel is not None: s.kernel = replace(s.kernel, checked=True)
     kernels = [s.kernel for s in prog.steps if s.kernel is not None]
-    entry = CACHE.schedules[key] = (prog, CACHE.get(kernels), memory_plan(prog))
-  prog, compiled, (offs, peak, covered) = entry
+    keys = [k.key() for k in kernels]   # the kernels' text: a schedule holds no compiled code (the kernel cache evicts it)
+    entry = (prog, kernels, keys, memory_plan(prog))
+    CACHE.schedules.put(key, entry, cache.SCHEDULE_BYTES + 3 * sum(map(len, keys)))
+  prog, kernels, keys, (offs, peak, covered) = entry
+  compiled = CACHE.get(kernels, keys)
   # storage: written buffers are allocated on demand (no zero-fill when a kernel writes all of it first), read-only ones must exist
   inner = _buffers_in(call.src[0]) if any(r[0] == "buf" for s in prog.steps for m in s.mems for r in [m.root]) else {}
   def node_of(root): return bufs[root[1]] if root[0] == "arg" else inner[root[1]]

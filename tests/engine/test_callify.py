@@ -272,6 +272,23 @@ def test_cache_reuses_saturation_for_new_buffers_and_mints_fresh_outputs():
   run_call(r1.call, s1); run_call(r2.call, s2)
   for g, r, s in ((g1, r1, s1), (g2, r2, s2)): np.testing.assert_allclose(evaluate([r.buffer_map[g]], s)[0], evaluate([g], s)[0])
 
+def test_cache_entry_keeps_no_buffer_of_its_graph_alive():
+  """A cached result holds ghosts, not the graph's inputs or its minted outputs: they die with the user's references,
+  and a hit over new buffers still computes the right values."""
+  import gc, weakref
+  from egraph import Tensor
+  x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+  y = (x * 3 + 1).sum(1)
+  refs = [weakref.ref(b) for b in toposort([y.node]) if b.op is Ops.BUFFER]
+  assert refs
+  np.testing.assert_allclose(y.numpy(), [12, 39])
+  out = [weakref.ref(b) for b in toposort([y.node]) if b.op is Ops.BUFFER]
+  del x, y
+  gc.collect()
+  assert all(r() is None for r in refs + out)
+  z = Tensor(np.ones((2, 3), np.float32))
+  np.testing.assert_allclose((z * 3 + 1).sum(1).numpy(), [12, 12])
+
 def test_cache_misses_on_other_structure_and_options():
   a = buf((4,))
   callify(Node(Ops.ADD, None, (a, a)))   # warms the cache with ADD

@@ -174,7 +174,7 @@ def mm_helpers(disk=None):
   if _MM_HELPERS is None:
     llvm = llvm_setup()[0]
     t0 = time.perf_counter()
-    engine, _ = compile_module(MM_HELPERS_IR, disk, level=2)
+    engine, _ = compile_module(MM_HELPERS_IR, disk, level=2)   # a Slab of its own
     for name in ("callsat_mm_pack_b", "callsat_mm_pack_b_strided", "callsat_mm_pack_a", "callsat_mm_edge"):
       llvm.add_symbol(name, engine.get_function_address(name))
     _MM_HELPERS = (engine, (time.perf_counter() - t0) * 1e3)
