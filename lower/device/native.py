@@ -30,6 +30,7 @@ def _threads() -> int:
 THREADS = _threads()
 PARALLEL_WORK = 1 << 21          # estimated element-ops above which a kernel is split across THREADS
 ROUND_WORK = 1 << 25             # element-ops per round of a long kernel (~5-20 ms): Ctrl-C waits at most one round
+CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a busy core takes fewer (lower/device/pool.py)
 STATS = {"rounds": 0, "peak": 0}   # rounds run (long kernels); the peak temporary bytes of the last CALL planned
 
 class Launch:
@@ -53,30 +54,33 @@ class Launch:
       cs = self._cuts[nt] = [0] + [((n0 * t // nt) // step) * step for t in range(1, nt)] + [n0]
     return cs
 
-  def rounds(self, nt: int) -> list[list[int]] | None:
-    """Per round, chunk bounds for nt threads (as cuts), or None when the kernel runs as one call. A long kernel runs in
-    rounds of ~ROUND_WORK element-ops: Python runs between them, so a signal (Ctrl-C) raises there, not after the kernel."""
+  def rounds(self, nt: int, per: int = 1) -> list[list[int]] | None:
+    """Per round, chunk bounds (multiples of the tile's row step) for nt threads taking `per` chunks each, or None
+    when the kernel runs as one call. A long kernel runs in rounds of ~ROUND_WORK element-ops: Python runs between them,
+    so a signal (Ctrl-C) raises there, not after the kernel."""
     if self.work < PARALLEL_WORK or self.n0 < 2 * self.step: return None
-    if (rs := self._cuts.get((nt, ROUND_WORK))) is None:
+    if (rs := self._cuts.get((nt, per, ROUND_WORK))) is None:
       n0, step, nt = self.n0, self.step, max(1, nt)
       r = max(1, min(self.work // ROUND_WORK, n0 // (step * nt)))
       bs = [0] + [((n0 * i // r) // step) * step for i in range(1, r)] + [n0]
-      rs = self._cuts[(nt, ROUND_WORK)] = None if r == 1 and nt == 1 else \
-        [[a] + [a + (((b - a) * t // nt) // step) * step for t in range(1, nt)] + [b] for a, b in zip(bs, bs[1:])]
+      parts = nt * per if nt > 1 else 1
+      rs = self._cuts[(nt, per, ROUND_WORK)] = None if r == 1 and nt == 1 else \
+        [sorted({a, b, *(a + (((b - a) * t // parts) // step) * step for t in range(1, parts))}) for a, b in zip(bs, bs[1:])]
     return rs
 
   def __call__(self) -> None:
     c, err, ptrs, extra = self.c, self.err, self.ptrs, self.extra
     if err is not None: err.value = 0
-    rs = self.rounds(THREADS if self.threads is None else self.threads)
+    nt = THREADS if self.threads is None else self.threads
+    p = pool(cache.CACHE.disk_cache) if nt > 1 and c.thunk else None
+    rs = self.rounds(nt, CHUNKS_PER_THREAD if p is not None else 1)
     if rs is None: c.fn(*ptrs, 0, self.n0, *extra)
     else:
-      p = pool(cache.CACHE.disk_cache) if len(rs[0]) > 2 else None
       for cuts in rs:   # between rounds the interpreter checks for signals: a KeyboardInterrupt surfaces here
         STATS["rounds"] += 1
         if len(cuts) == 2: c.fn(*ptrs, cuts[0], cuts[1], *extra)
-        elif p is not None and c.thunk and len(cuts) - 1 <= len(p.cpus):
-          if not p.run(c.thunk, ctypes.addressof(self.argv), cuts): c.fn(*ptrs, cuts[0], cuts[-1], *extra)   # pool busy
+        elif p is not None:
+          if not p.run(c.thunk, ctypes.addressof(self.argv), cuts, nt - 1): c.fn(*ptrs, cuts[0], cuts[-1], *extra)   # pool busy
         else: run_split(c.fn, ptrs, cuts, extra)
     if err is not None and err.value:
       p = c.kernel.params[err.value - 1]

@@ -2,13 +2,20 @@
 
 Python worker threads (ThreadPoolExecutor) cost 0.1-0.2 ms per split launch, most of it GIL handoffs between the caller
 and the woken worker (measured on a 512^3 matmul: the caller's own chunk started 0.13 ms after the submit, the worker's
-0.07 ms later). Here one ctypes call (the GIL released throughout) posts the chunks to pinned native workers, runs chunk
-0 on the caller's thread and waits; workers spin briefly after a job (back-to-back kernels find them awake), then sleep
-on a futex. Each kernel module carries an `argv` thunk per kernel (lower/device/compiler.py) so a worker can call any signature.
+0.07 ms later). Here one ctypes call (the GIL released throughout) posts a job to native workers and works on it itself;
+workers spin briefly after a job (back-to-back kernels find them awake), then sleep on a futex. Each kernel module
+carries an `argv` thunk per kernel (lower/device/compiler.py) so a worker can call any signature.
+
+Chunks are claimed, not assigned: a job is cut into several chunks per thread and every thread (the caller too) takes
+the next one from a shared counter until none is left, so a thread that shares its core with another process simply
+takes fewer. The caller never waits on a worker that has not started: once every chunk is claimed it cancels a posted
+worker still asleep (state posted -> cancelled, a compare-and-swap the worker's own start races with) and waits only for
+those running a chunk. With a fixed split, a CPU-bound process on one of 2 cores halved a matmul's speed.
 
 Per-worker block (WORKER_BYTES, cache-line separated fields the caller and the worker write):
-  +0 i32 seq (posted jobs; the worker's futex word)   +8 thunk   +16 argv   +24 start   +32 end   +40 cpu
-  +64 i32 done (finished jobs; the caller's futex word)
+  +0 i32 seq (posted jobs; the worker's futex word)   +8 the job block   +40 cpu
+  +64 i32 state: 1 posted, 2 running, 3 done, 4 cancelled (the caller's futex word)
+Job block (one per pool; a split launch holds the pool's lock): +0 i64 next chunk, +8 chunks, +16 thunk, +24 argv, +32 cuts.
 Linux x86-64 only (futex via syscall(2), sched_getcpu, pthread_setaffinity_np); elsewhere available() is False and
 lower/device/native.py uses the Python workers of lower/device/threads.py."""
 from __future__ import annotations
@@ -25,23 +32,50 @@ declare i32 @sched_getcpu()
 declare i64 @llvm.readcyclecounter()
 declare void @llvm.x86.sse2.pause()
 
-; the worker: wait for seq to move (spin SPIN cycles, then futex-wait), run thunk(argv, start, end), publish done
+; claim chunks of the job (next, n, thunk, argv, cuts) one at a time and run them, until none is left
+define internal void @chunks(ptr %job) nounwind {
+entry:
+  %np = getelementptr i8, ptr %job, i64 8
+  %thp = getelementptr i8, ptr %job, i64 16
+  %avp = getelementptr i8, ptr %job, i64 24
+  %cp = getelementptr i8, ptr %job, i64 32
+  br label %loop
+loop:
+  %i = atomicrmw add ptr %job, i64 1 acq_rel
+  %n = load i64, ptr %np, align 8
+  %more = icmp slt i64 %i, %n
+  br i1 %more, label %run, label %out
+run:
+  %th = load ptr, ptr %thp, align 8
+  %av = load ptr, ptr %avp, align 8
+  %cuts = load ptr, ptr %cp, align 8
+  %sp = getelementptr i64, ptr %cuts, i64 %i
+  %s = load i64, ptr %sp, align 8
+  %i1 = add i64 %i, 1
+  %ep = getelementptr i64, ptr %cuts, i64 %i1
+  %e = load i64, ptr %ep, align 8
+  call void %th(ptr %av, i64 %s, i64 %e)
+  br label %loop
+out:
+  ret void
+}
+
+; the worker: wait for seq to move (spin SPIN cycles, then futex-wait), take the job (state posted -> running; a job
+; the caller cancelled is left alone), run chunks, publish state done
 define ptr @callsat_pool_worker(ptr %w) nounwind {
 entry:
-  %thp = getelementptr i8, ptr %w, i64 8
-  %avp = getelementptr i8, ptr %w, i64 16
-  %sp = getelementptr i8, ptr %w, i64 24
-  %ep = getelementptr i8, ptr %w, i64 32
-  %dp = getelementptr i8, ptr %w, i64 64
+  %jp = getelementptr i8, ptr %w, i64 8
+  %job = load ptr, ptr %jp, align 8
+  %stp = getelementptr i8, ptr %w, i64 64
   br label %idle
-idle:                                        ; last: the jobs run so far (seq starts at 0; a worker may start after the first post)
-  %last = phi i32 [0, %entry], [%last, %sleep], [%seq, %run]
+idle:                                        ; last: the seq seen last (seq starts at 0)
+  %last = phi i32 [0, %entry], [%last, %sleep], [%seq, %claim], [%seq, %work]
   %t0 = call i64 @llvm.readcyclecounter()
   br label %spin
 spin:
   %seq = load atomic i32, ptr %w acquire, align 4
   %new = icmp ne i32 %seq, %last
-  br i1 %new, label %run, label %check
+  br i1 %new, label %claim, label %check
 check:
   call void @llvm.x86.sse2.pause()
   %t = call i64 @llvm.readcyclecounter()
@@ -51,20 +85,20 @@ check:
 sleep:
   %r = call i64 (i64, ...) @syscall(i64 202, ptr %w, i32 128, i32 %last, ptr null)   ; FUTEX_WAIT_PRIVATE while seq == last
   br label %idle
-run:
-  %th = load ptr, ptr %thp, align 8
-  %av = load ptr, ptr %avp, align 8
-  %s = load i64, ptr %sp, align 8
-  %e = load i64, ptr %ep, align 8
-  call void %th(ptr %av, i64 %s, i64 %e)
-  store atomic i32 %seq, ptr %dp release, align 4
-  %r2 = call i64 (i64, ...) @syscall(i64 202, ptr %dp, i32 129, i32 1)               ; FUTEX_WAKE_PRIVATE
+claim:
+  %cx = cmpxchg ptr %stp, i32 1, i32 2 acq_rel acquire
+  %ok = extractvalue { i32, i1 } %cx, 1
+  br i1 %ok, label %work, label %idle
+work:
+  call void @chunks(ptr %job)
+  store atomic i32 3, ptr %stp release, align 4
+  %r2 = call i64 (i64, ...) @syscall(i64 202, ptr %stp, i32 129, i32 1)              ; FUTEX_WAKE_PRIVATE
   br label %idle
 }
 
-; the caller: chunk t (t >= 1) of cuts[0..nt] to a worker on another CPU than the caller's, chunk 0 (and any chunk no
-; worker took) here, then wait for the workers
-define void @callsat_pool_run(ptr %ws, i64 %nw, ptr %th, ptr %av, ptr %cuts, i64 %nt) nounwind {
+; the caller: post the job to up to `want` workers on other CPUs than the caller's, run chunks here too, then cancel
+; each posted worker that has not started and wait for those that did
+define void @callsat_pool_run(ptr %ws, i64 %nw, ptr %job, i64 %want) nounwind {
 entry:
   %me32 = call i32 @sched_getcpu()
   %me = sext i32 %me32 to i64
@@ -72,18 +106,17 @@ entry:
   br label %post.cond
 post.cond:
   %wi = phi i64 [0, %entry], [%wi.next, %post.next]
-  %ci = phi i64 [1, %entry], [%ci.next, %post.next]
-  %more = icmp slt i64 %ci, %nt
+  %np = phi i64 [0, %entry], [%np.next, %post.next]
+  %more = icmp slt i64 %np, %want
   %wok = icmp slt i64 %wi, %nw
   %go = and i1 %more, %wok
-  br i1 %go, label %post.body, label %self
+  br i1 %go, label %post.body, label %work
 post.body:
   %wo = mul i64 %wi, 128
   %w = getelementptr i8, ptr %ws, i64 %wo
   %cpup = getelementptr i8, ptr %w, i64 40
   %cpu = load i64, ptr %cpup, align 8
   %mine = icmp eq i64 %cpu, %me
-  %ci1 = add i64 %ci, 1
   %usedp = getelementptr i64, ptr %used, i64 %wi
   br i1 %mine, label %skip, label %post
 skip:
@@ -91,18 +124,8 @@ skip:
   br label %post.next
 post:
   store i64 1, ptr %usedp
-  %thp = getelementptr i8, ptr %w, i64 8
-  store ptr %th, ptr %thp, align 8
-  %avp = getelementptr i8, ptr %w, i64 16
-  store ptr %av, ptr %avp, align 8
-  %csp = getelementptr i64, ptr %cuts, i64 %ci
-  %cs = load i64, ptr %csp, align 8
-  %cep = getelementptr i64, ptr %cuts, i64 %ci1
-  %ce = load i64, ptr %cep, align 8
-  %sp = getelementptr i8, ptr %w, i64 24
-  store i64 %cs, ptr %sp, align 8
-  %ep = getelementptr i8, ptr %w, i64 32
-  store i64 %ce, ptr %ep, align 8
+  %stp = getelementptr i8, ptr %w, i64 64
+  store atomic i32 1, ptr %stp monotonic, align 4
   %old = load atomic i32, ptr %w monotonic, align 4
   %nseq = add i32 %old, 1
   store atomic i32 %nseq, ptr %w release, align 4
@@ -110,32 +133,15 @@ post:
   br label %post.next
 post.next:
   %wi.next = add i64 %wi, 1
-  %ci.next = select i1 %mine, i64 %ci, i64 %ci1
+  %np1 = add i64 %np, 1
+  %np.next = select i1 %mine, i64 %np, i64 %np1
   br label %post.cond
-self:
-  %rest = phi i64 [%ci, %post.cond]
-  %c0 = load i64, ptr %cuts, align 8
-  %c1p = getelementptr i64, ptr %cuts, i64 1
-  %c1 = load i64, ptr %c1p, align 8
-  call void %th(ptr %av, i64 %c0, i64 %c1)
-  br label %tail.cond
-tail.cond:                                   ; chunks no worker took (fewer workers than chunks)
-  %ti = phi i64 [%rest, %self], [%ti1, %tail.body]
-  %tmore = icmp slt i64 %ti, %nt
-  br i1 %tmore, label %tail.body, label %wait.init
-tail.body:
-  %tsp = getelementptr i64, ptr %cuts, i64 %ti
-  %ts = load i64, ptr %tsp, align 8
-  %ti1 = add i64 %ti, 1
-  %tep = getelementptr i64, ptr %cuts, i64 %ti1
-  %te = load i64, ptr %tep, align 8
-  call void %th(ptr %av, i64 %ts, i64 %te)
-  br label %tail.cond
-wait.init:
-  %wlim = phi i64 [%wi, %tail.cond]
+work:
+  %wlim = phi i64 [%wi, %post.cond]
+  call void @chunks(ptr %job)
   br label %wait.cond
 wait.cond:
-  %vi = phi i64 [0, %wait.init], [%vi1, %wait.next]
+  %vi = phi i64 [0, %work], [%vi1, %wait.next]
   %vmore = icmp slt i64 %vi, %wlim
   br i1 %vmore, label %wait.w, label %done
 wait.w:
@@ -146,13 +152,16 @@ wait.w:
 wait.start:
   %vo = mul i64 %vi, 128
   %v = getelementptr i8, ptr %ws, i64 %vo
-  %vdp = getelementptr i8, ptr %v, i64 64
-  %want = load atomic i32, ptr %v monotonic, align 4
+  %vst = getelementptr i8, ptr %v, i64 64
+  %cx = cmpxchg ptr %vst, i32 1, i32 4 acq_rel acquire                                ; never started: cancelled
+  %cancelled = extractvalue { i32, i1 } %cx, 1
+  br i1 %cancelled, label %wait.next, label %wait.t0
+wait.t0:
   %wt0 = call i64 @llvm.readcyclecounter()
   br label %wait.spin
 wait.spin:
-  %dn = load atomic i32, ptr %vdp acquire, align 4
-  %fin = icmp eq i32 %dn, %want
+  %st = load atomic i32, ptr %vst acquire, align 4
+  %fin = icmp eq i32 %st, 3
   br i1 %fin, label %wait.next, label %wait.more
 wait.more:
   call void @llvm.x86.sse2.pause()
@@ -161,7 +170,7 @@ wait.more:
   %wlong = icmp ugt i64 %wdt, SPIN
   br i1 %wlong, label %wait.sleep, label %wait.spin
 wait.sleep:
-  %r3 = call i64 (i64, ...) @syscall(i64 202, ptr %vdp, i32 128, i32 %dn, ptr null)   ; FUTEX_WAIT_PRIVATE while done == dn
+  %r3 = call i64 (i64, ...) @syscall(i64 202, ptr %vst, i32 128, i32 %st, ptr null)   ; FUTEX_WAIT_PRIVATE while state == st
   br label %wait.spin
 wait.next:
   %vi1 = add i64 %vi, 1
@@ -175,16 +184,17 @@ def available() -> bool:
   return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and hasattr(os, "sched_getaffinity")
 
 class Pool:
-  """Native workers pinned one per CPU this process may use (the caller's thread runs chunk 0 and is never pinned)."""
+  """Native workers, one per CPU this process may use, pinned there (the caller's thread is never pinned)."""
   def __init__(self, cpus: list[int], disk=None):
     with JIT_LOCK:   # llvmlite is not thread-safe (lower/device/llvmjit.py)
       self.engine, _ = compile_module(POOL_IR.replace("SPIN", str(SPIN_CYCLES)), disk, level=2)
       run, entry = (self.engine.get_function_address(f"callsat_pool_{f}") for f in ("run", "worker"))
-    self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_int64)(run)
+    self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(run)
     self.pid, self.cpus, self.lock = os.getpid(), list(cpus), threading.Lock()
-    self._mem = np.zeros(len(cpus) * WORKER_BYTES + 64, np.uint8)
+    self._mem = np.zeros(len(cpus) * WORKER_BYTES + 64 + 64, np.uint8)
     self.base = self._mem.ctypes.data + (-self._mem.ctypes.data) % 64
+    self.job = self.base + len(cpus) * WORKER_BYTES
+    self._job = (ctypes.c_int64 * 5).from_address(self.job)
     libc = ctypes.CDLL(None, use_errno=True)
     create, setaff = libc.pthread_create, libc.pthread_setaffinity_np
     create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -192,6 +202,7 @@ class Pool:
     self.tids = []
     for i, cpu in enumerate(cpus):
       w = self.base + i * WORKER_BYTES
+      ctypes.c_int64.from_address(w + 8).value = self.job
       ctypes.c_int64.from_address(w + 40).value = cpu
       tid = ctypes.c_ulong(0)
       if (rc := create(ctypes.byref(tid), None, entry, w)) != 0: raise OSError(rc, f"pthread_create for kernel worker {i}: {os.strerror(rc)}")
@@ -200,13 +211,16 @@ class Pool:
       setaff(tid.value, ctypes.sizeof(mask), ctypes.addressof(mask))   # best effort: unpinned still runs correctly
       self.tids.append(tid.value)
 
-  def run(self, thunk: int, argv: int, cuts: list[int]) -> bool:
-    """Chunks [cuts[t], cuts[t+1]) of thunk(argv, start, end) on len(cuts) - 1 threads; False (nothing run) when another
-    thread of this process is inside a split launch right now (the caller then runs the kernel itself)."""
+  def run(self, thunk: int, argv: int, cuts: list[int], helpers: int | None = None) -> bool:
+    """Chunks [cuts[t], cuts[t+1]) of thunk(argv, start, end), claimed by the caller and up to `helpers` workers
+    (default: one per chunk after the first); False (nothing run) when another thread of this process is inside a split
+    launch right now (the caller then runs the kernel itself)."""
     if not self.lock.acquire(blocking=False): return False
     try:
       c = (ctypes.c_int64 * len(cuts))(*cuts)
-      self._run(self.base, len(self.cpus), thunk, argv, ctypes.addressof(c), len(cuts) - 1)
+      j = self._job
+      j[0], j[1], j[2], j[3], j[4] = 0, len(cuts) - 1, thunk, argv, ctypes.addressof(c)
+      self._run(self.base, len(self.cpus), self.job, len(cuts) - 2 if helpers is None else helpers)
     finally: self.lock.release()
     return True
 

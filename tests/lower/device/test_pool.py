@@ -168,3 +168,24 @@ def test_threads_setting(monkeypatch):
   monkeypatch.setenv("CALLSAT_THREADS", "many")
   with pytest.raises(Exception, match="CALLSAT_THREADS"): native._threads()
   monkeypatch.delenv("CALLSAT_THREADS"); assert native._threads() == len(os.sched_getaffinity(0))
+
+@needs_pool
+def test_launches_stay_right_while_a_workers_core_is_busy():
+  """A CPU-bound process on the workers' core: workers start late or not at all (the caller cancels them), claim
+  chunks mid-job, or wake during the next job; every launch still covers each element once."""
+  import subprocess, sys
+  cpus = sorted(os.sched_getaffinity(0))
+  if len(cpus) < 2: pytest.skip("needs 2 CPUs")
+  other = next(c for c in cpus if c != threads._sched_getcpu())
+  p = pool.Pool([other, other])
+  hog = subprocess.Popen(["taskset", "-c", str(other), sys.executable, "-c", "while True: pass"])
+  try:
+    n = 50_000
+    (c,) = compiler.compile_kernels([(_scale_kernel(n), "pool_busy")])
+    a = np.arange(n, dtype=np.float32)
+    for i in range(300):
+      out = np.full(n, np.nan, np.float32)
+      run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=3)
+      for cuts in run.rounds(3, 1 + i % 5): assert p.run(c.thunk, ctypes.addressof(run.argv), cuts, 2)
+      np.testing.assert_array_equal(out, a * 3)
+  finally: hog.kill(); hog.wait()
