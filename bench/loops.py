@@ -1,7 +1,7 @@
 """callsat's own Tensor in a loop, as a user writes one (issue 27): a Python scalar that changes every iteration
 against the same loop with a fixed scalar, and a new shape every iteration; each (loop, process) a fresh process.
 
-  python bench/loops.py [--procs 3] [--iters 200] [--rss-iters 2000] [--out notes/benchmarks.md]
+  python bench/loops.py [--procs 3] [--iters 200] [--rss-iters 2000] [--loops ...] [--env NAME=MB ...] [--out notes/benchmarks.md]
 
 Loops (x: a 4 MB float32 array made once, `Tensor(x)` each iteration as a user's new input):
   scale     (Tensor(x) * s).sum(0).numpy()             s = 0.37 every iteration (fixed) or 0.37 + i / 1000 (new)
@@ -11,7 +11,8 @@ Reported per loop: ms per iteration (median over iterations after 3 warm-up ones
 kernels compiled during the timed iterations (lower.device.cache.CACHE.compiled), values checked against numpy each
 iteration. The RSS rows run --rss-iters iterations of `scale` with a new scalar each time, and of a new shape each time
 (`Tensor(x[:k]) * 0.37` for k = n - i: a new structure every iteration), and report the growth of the process's
-resident set (VmRSS) from iteration 100 to the end."""
+resident set (VmRSS) from iteration 100 to the end, beside the caches' own estimate of what they hold, the slabs they
+evicted and llvmlite's leak (~70 KB per module compiled, not freed by any eviction)."""
 from __future__ import annotations
 import argparse, datetime, json, os, statistics, subprocess, sys, time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,11 +72,14 @@ def rss(kind: str, iters: int) -> dict:
     if i == 100: start = rss_mb()
     if kind == "new-scalar": (Tensor(x) * (0.37 + i / 1000)).sum(0).numpy()
     else: (Tensor(x[:N - i]) * 0.37).sum(0).numpy()
-  return {"rss0": start, "rss1": rss_mb(), "compiled": CACHE.compiled}
+  from egraph.engine.driver import _CACHE
+  st = CACHE.stats()
+  return {"rss0": start, "rss1": rss_mb(), "compiled": CACHE.compiled, "modules": CACHE.modules,
+          "held": (st["kernel_bytes"] + st["schedule_bytes"] + _CACHE.nbytes) / 2**20, "evicted": st["slabs_evicted"]}
 
-def run(args: list[str]) -> dict:
+def run(args: list[str], env: list[str] = ()) -> dict:
   p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True, text=True,
-                     env={**os.environ, "PYTHONPATH": ROOT})
+                     env={**os.environ, "PYTHONPATH": ROOT, **dict(e.split("=", 1) for e in env)})
   if p.returncode != 0: return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"rc {p.returncode}"}
   return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -86,12 +90,14 @@ def main() -> None:
   ap.add_argument("--rss-iters", type=int, default=2000)
   ap.add_argument("--loops", nargs="+", default=["scale", "lr-step", "mask"])
   ap.add_argument("--out")
+  ap.add_argument("--env", nargs="*", default=[], help="NAME=VALUE settings for the RSS rows' processes (cache bounds)")
   ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
   a = ap.parse_args()
   if a.child:
     c = a.child
     print(json.dumps(loop(c[1], c[2] == "new", int(c[3])) if c[0] == "loop" else rss(c[1], int(c[2])))); return
-  lines = [f"`python bench/loops.py --procs {a.procs} --iters {a.iters} --rss-iters {a.rss_iters}` "
+  lines = [f"`python bench/loops.py --procs {a.procs} --iters {a.iters} --rss-iters {a.rss_iters}"
+           f"{' --env ' + ' '.join(a.env) if a.env else ''}` "
            f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.1f}, "
            f"{os.cpu_count()} CPUs, CALLSAT_SCALARS={os.environ.get('CALLSAT_SCALARS', '') or '(default)'}): medians over "
            f"{a.procs} fresh processes per loop and kind, fixed and new interleaved.", "",
@@ -109,11 +115,13 @@ def main() -> None:
     comp = "; ".join(str(max(r["compiled"] for r in res[k])) for k in ("fixed", "new"))
     ok = all(r["ok"] for k in res for r in res[k])
     lines.append(f"| {name} | {f:.2f} | {n:.2f} | {n / f:.2f}x | {comp} | {'right' if ok else '**wrong**'} |")
-  lines += ["", "| RSS over iterations | MB at iteration 100 | MB at the end | growth MB | kernels compiled |", "|---|---|---|---|---|"]
+  lines += ["", "| RSS over iterations | MB at iteration 100 | MB at the end | growth MB | kernels compiled | caches' estimate MB at the end "
+            "(kernel + schedule + callify) | slabs evicted | llvmlite's leak, estimated MB (modules x 70 KB) |", "|---|---|---|---|---|---|---|---|"]
   for kind in ("new-scalar", "new-shape"):
-    r = run(["rss", kind, str(a.rss_iters)])
-    if "error" in r: lines.append(f"| {kind} | error: {r['error']} | | | |"); continue
-    lines.append(f"| {kind}, {a.rss_iters} iterations | {r['rss0']:.0f} | {r['rss1']:.0f} | {r['rss1'] - r['rss0']:+.0f} | {r['compiled']} |")
+    r = run(["rss", kind, str(a.rss_iters)], a.env)
+    if "error" in r: lines.append(f"| {kind} | error: {r['error']} | | | | | | |"); continue
+    lines.append(f"| {kind}, {a.rss_iters} iterations | {r['rss0']:.0f} | {r['rss1']:.0f} | {r['rss1'] - r['rss0']:+.0f} | {r['compiled']} | "
+                 f"{r['held']:.0f} | {r['evicted']} | {r['modules'] * 70 / 1024:.0f} |")
   text = "\n".join(lines)
   print(text)
   if a.out:
