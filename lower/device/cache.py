@@ -145,7 +145,7 @@ def _debug() -> bool: return debug_level() >= 1
 # because evicting frees none of it: llvmlite 0.50 leaks ~70 KB per O3 pipeline run (one per module compiled, none
 # per module loaded from the disk cache).
 ENGINE_BYTES = 800 << 10
-MODULE_BYTES = 16 << 10
+MODULE_BYTES = 32 << 10   # its code included (its object's size is known only with the disk cache on)
 SLAB_MODULES = 64          # modules per slab before a new one starts (an evicted slab frees at most this many)
 SCHEDULE_BYTES = 8 << 10   # a schedule entry besides its kernel keys (the Program, its Mems, the memory plan, the body)
 
@@ -218,7 +218,9 @@ class KernelCache:
       nonlocal batch, ops
       if not batch: return
       with self.lock:
-        if (slab := self._slab) is None or slab.modules >= SLAB_MODULES or slab not in self.slabs: slab = self._slab = Slab()
+        slab, hooks = self._slab, self._disk is not None   # a slab loads and stores objects only with the hooks
+        if slab is None or slab.modules >= SLAB_MODULES or slab not in self.slabs or hooks != (slab._io is not None):
+          slab = self._slab = Slab(hooks=hooks)
       cs = compile_kernels([(k, name) for _, k, name in batch], disk=self._disk, slab=slab)
       with self.lock:
         keys = self.slabs.get(slab) or []

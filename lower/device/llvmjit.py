@@ -55,26 +55,34 @@ class Slab:
   whole (lower/device/cache.py); whatever calls into it (a Compiled) keeps it alive. `nbytes`: the objects linked in."""
   __slots__ = ("engine", "_io", "modules", "nbytes", "__weakref__")
 
-  def __init__(self):
+  def __init__(self, hooks: bool = False):
     llvm, make_tm, tm_opt, _, _ = llvm_setup()
     self.engine = llvm.create_mcjit_compiler(_empty(llvm, tm_opt), make_tm())
     self.engine.finalize_object()   # the engine's own (empty) module, before any hook could hand it another's object
-    # the object cache hooks are the engine's, set once: `_io` says what the module being finalized loads or emits, and
-    # answers for that module only (closures over the dict, not the slab: no reference cycle through the engine)
-    io = self._io = {"mod": None, "obj": None, "got": None}
-    self.engine.set_object_cache(lambda m, buf: m is io["mod"] and io["got"] is not None and io["got"].append(buf),
-                                 lambda m: io["obj"] if m is io["mod"] else None)
+    # object-cache hooks (`hooks`: a disk cache is in use) are the engine's, set once: `_io` says what the module being
+    # finalized loads or emits, and answers for that module only (closures over the dict, not the slab: no reference
+    # cycle through the engine). Without a disk cache none are set: llvmlite disposes an engine's object cache before
+    # the engine, which corrupted the heap when evicted slabs went (a segfault in a later, unrelated test).
+    io = self._io = {"mod": None, "obj": None, "got": None} if hooks else None
+    if hooks:
+      self.engine.set_object_cache(lambda m, buf: m is io["mod"] and io["got"] is not None and io["got"].append(buf),
+                                   lambda m: io["obj"] if m is io["mod"] else None)
     self.modules = self.nbytes = 0
 
   def add(self, mod, obj: bytes | None) -> bytes | None:
     """Link `mod` (optimized, or empty with `obj`, its object from the disk cache) and drop its IR: its code stays in the
     engine and its symbols resolvable. Returns the object emitted (None when loaded)."""
     got: list = []
-    self._io.update(mod=mod, obj=obj, got=None if obj is not None else got)
-    try:
+    if self._io is None:
+      if obj is not None: raise RuntimeError("Slab.add: an object to load, but this slab has no object-cache hooks")
       self.engine.add_module(mod)
       self.engine.finalize_object()
-    finally: self._io.update(mod=None, obj=None, got=None)
+    else:
+      self._io.update(mod=mod, obj=obj, got=None if obj is not None else got)
+      try:
+        self.engine.add_module(mod)
+        self.engine.finalize_object()
+      finally: self._io.update(mod=None, obj=None, got=None)
     self.engine.remove_module(mod)
     mod.close()
     self.modules += 1
@@ -93,10 +101,11 @@ def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = Non
   llvmlite's defaults for that speed level) and compiled into `slab` (None: a new one of its own), or with `disk` (a
   lower.device.cache.DiskCache) its object loaded from there when present, else stored there. Symbols the module calls but
   does not define (the matmul helpers) must be registered first. Returns (slab, loaded)."""
-  with JIT_LOCK: return _compile_module(text, disk, level, Slab() if slab is None else slab)
+  with JIT_LOCK: return _compile_module(text, disk, level, Slab(hooks=disk is not None) if slab is None else slab)
 
 def _compile_module(text: str, disk, level: int, slab: Slab):
   llvm, _, tm_opt, _, _ = llvm_setup()
+  if slab._io is None: disk = None   # no hooks: neither loaded from nor stored to the disk cache
   key = object_key(text, level) if disk is not None else None
   obj = disk.get(key) if disk is not None else None
   if obj is not None:
