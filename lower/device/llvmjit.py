@@ -59,6 +59,7 @@ class Slab:
     llvm, make_tm, tm_opt, _, _ = llvm_setup()
     self.engine = llvm.create_mcjit_compiler(_empty(llvm, tm_opt), make_tm())
     self.engine.finalize_object()   # the engine's own (empty) module, before any hook could hand it another's object
+    _ENGINES.append(self.engine)   # never disposed: disposing a slab's engine segfaulted the full suite (cause not found yet)
     # object-cache hooks (`hooks`: a disk cache is in use) are the engine's, set once: `_io` says what the module being
     # finalized loads or emits, and answers for that module only (closures over the dict, not the slab: no reference
     # cycle through the engine). Without a disk cache none are set: llvmlite disposes an engine's object cache before
@@ -90,6 +91,8 @@ class Slab:
     return got[0] if got else None
 
   def get_function_address(self, name: str) -> int: return self.engine.get_function_address(name)
+
+_ENGINES: list = []   # every slab's engine, kept for the process's life (see Slab.__init__)
 
 def _empty(llvm, tm_opt):
   mod = llvm.parse_assembly("")
