@@ -16,8 +16,8 @@ def mb_setting(name: str, default: float) -> int:
 
 class ByteLRU:
   """key -> value with a size in bytes each (the caller's estimate); past `limit` bytes the least recently used entries
-  are dropped (`on_evict(key, value)` told of each), never the one just put unless the limit is 0. `get` and `touch` make an entry the most
-  recent. Thread-safe; `on_evict` runs under the lock (it must not call back into this cache)."""
+  are dropped (`on_evict(key, value)` told of each), never the one just put unless the limit is 0. `get` and `touch`
+  make an entry the most recent. Thread-safe; `on_evict` runs under the lock (it must not call back into this cache)."""
   def __init__(self, limit: int, on_evict: Callable | None = None):
     self.limit, self.on_evict = limit, on_evict
     self._d: OrderedDict = OrderedDict()   # key -> (value, nbytes), least recently used first
@@ -27,7 +27,6 @@ class ByteLRU:
 
   def __len__(self) -> int: return len(self._d)
   def __contains__(self, key) -> bool: return key in self._d
-  def values(self) -> list: return [v for v, _ in list(self._d.values())]
 
   def get(self, key, default=None):
     with self.lock:

@@ -51,8 +51,9 @@ def object_key(text: str, level: int = 3) -> str:
 
 class Slab:
   """An MCJIT engine that the code of several modules is linked into: an engine of its own costs a module ~0.75 MB
-  resident, a module linked into a live engine ~0.07 MB. Code is freed only with its engine, so a slab is evicted
-  whole (lower/device/cache.py); whatever calls into it (a Compiled) keeps it alive. `nbytes`: the objects linked in."""
+  resident, a module linked into a live engine ~0.07 MB. Code could be freed only with its engine, so a slab is evicted
+  whole (lower/device/cache.py); for now no engine is ever disposed (`_ENGINES`), so eviction frees the Python side only.
+  `hooks`: it loads and stores objects through a disk cache. `nbytes`: the objects linked in (known with hooks)."""
   __slots__ = ("engine", "_io", "modules", "nbytes", "__weakref__")
 
   def __init__(self, hooks: bool = False):
@@ -60,15 +61,17 @@ class Slab:
     self.engine = llvm.create_mcjit_compiler(_empty(llvm, tm_opt), make_tm())
     self.engine.finalize_object()   # the engine's own (empty) module, before any hook could hand it another's object
     _ENGINES.append(self.engine)   # never disposed: disposing a slab's engine segfaulted the full suite (cause not found yet)
-    # object-cache hooks (`hooks`: a disk cache is in use) are the engine's, set once: `_io` says what the module being
-    # finalized loads or emits, and answers for that module only (closures over the dict, not the slab: no reference
-    # cycle through the engine). Without a disk cache none are set: llvmlite disposes an engine's object cache before
-    # the engine, which corrupted the heap when evicted slabs went (a segfault in a later, unrelated test).
+    # object-cache hooks (only with a disk cache, as before slabs) are the engine's, set once: `_io` says what the
+    # module being finalized loads or emits, and answers for that module only (closures over the dict, not the slab: no
+    # reference cycle through the engine)
     io = self._io = {"mod": None, "obj": None, "got": None} if hooks else None
     if hooks:
       self.engine.set_object_cache(lambda m, buf: m is io["mod"] and io["got"] is not None and io["got"].append(buf),
                                    lambda m: io["obj"] if m is io["mod"] else None)
     self.modules = self.nbytes = 0
+
+  @property
+  def hooks(self) -> bool: return self._io is not None
 
   def add(self, mod, obj: bytes | None) -> bytes | None:
     """Link `mod` (optimized, or empty with `obj`, its object from the disk cache) and drop its IR: its code stays in the
@@ -108,7 +111,7 @@ def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = Non
 
 def _compile_module(text: str, disk, level: int, slab: Slab):
   llvm, _, tm_opt, _, _ = llvm_setup()
-  if slab._io is None: disk = None   # no hooks: neither loaded from nor stored to the disk cache
+  if not slab.hooks: disk = None   # no hooks: neither loaded from nor stored to the disk cache
   key = object_key(text, level) if disk is not None else None
   obj = disk.get(key) if disk is not None else None
   if obj is not None:
