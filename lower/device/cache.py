@@ -156,8 +156,9 @@ class KernelCache:
   schedules by CALL body. Both bounded, least recently used first out: CALLSAT_KERNEL_CACHE_MB (default 256) over the
   slabs' resident estimate (`slab_bytes`; a slab goes whole, with every kernel in it: a later use recompiles, or loads
   from the disk cache; its engine stays mapped for now, lower.device.llvmjit.Slab), CALLSAT_SCHEDULE_CACHE_MB
-  (default 64) over the schedules' (their kernels' keys, which are the kernels' text, and SCHEDULE_BYTES each). A kernel in use keeps its slab's code alive (a Compiled holds it) whatever the
-  cache drops. Thread-safe: lookups take the cache's lock, compiles JIT_LOCK (one at a time)."""
+  (default 64) over the schedules' (their kernels' keys, which are the kernels' text, and SCHEDULE_BYTES each). A
+  kernel in use keeps its slab's code alive (a Compiled holds it) whatever the cache drops. Thread-safe: lookups take
+  the cache's lock, compiles JIT_LOCK (one at a time)."""
   def __init__(self, disk=None, kernel_mb: float | None = None, schedule_mb: float | None = None):
     self._fns: dict = {}     # kernel key -> Compiled
     self.slabs = ByteLRU(mb_setting("CALLSAT_KERNEL_CACHE_MB", 256) if kernel_mb is None else int(kernel_mb * 2**20),
