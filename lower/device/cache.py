@@ -141,11 +141,11 @@ class DiskCache:
 def _debug() -> bool: return debug_level() >= 1
 
 # Resident cost of compiled code, measured on x86-64 Linux (bench/loops.py's RSS rows): an engine, a module linked into
-# it, and its object's bytes once loaded (sections are page-aligned copies); an estimate, on the high side. Not counted,
-# because evicting frees none of it: llvmlite 0.50 leaks ~70 KB per O3 pipeline run (one per module compiled, none
-# per module loaded from the disk cache).
+# it, and its object's bytes once loaded (sections are page-aligned copies); an estimate, on the high side. llvmlite
+# 0.50's leak of ~70 KB per pass-pipeline run is not here: after the first CALLSAT_COMPILE_INPROC modules it happens in
+# the compile helper process (lower/device/compile_proc.py), which is replaced now and then.
 ENGINE_BYTES = 800 << 10
-MODULE_BYTES = 32 << 10   # its code included (its object's size is known only with the disk cache on)
+MODULE_BYTES = 16 << 10
 SLAB_MODULES = 64          # modules per slab before a new one starts (an evicted slab frees at most this many)
 SCHEDULE_BYTES = 8 << 10   # a schedule entry besides its kernel keys (the Program, its Mems, the memory plan, the body)
 
@@ -219,9 +219,8 @@ class KernelCache:
       nonlocal batch, ops
       if not batch: return
       with self.lock:
-        slab, hooks = self._slab, self._disk is not None   # a slab loads and stores objects only with the hooks
-        if slab is None or slab.modules >= SLAB_MODULES or slab not in self.slabs or hooks != slab.hooks:
-          slab = self._slab = Slab(hooks=hooks)
+        slab = self._slab
+        if slab is None or slab.modules >= SLAB_MODULES or slab not in self.slabs: slab = self._slab = Slab()
       cs = compile_kernels([(k, name) for _, k, name in batch], disk=self._disk, slab=slab)
       with self.lock:
         keys = self.slabs.get(slab) or []

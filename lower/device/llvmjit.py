@@ -1,7 +1,8 @@
 """LLVM through llvmlite for the host CPU: the process's target machine (O3, the host CPU name + features, MCJIT), the
-disk-cache key of a module's object, Slab (an engine several modules' code is linked into) and compile_module, which
-links a module's text into a slab, compiled (or its object loaded from a lower.device.cache.DiskCache). Kernels become
-modules in lower/device/compiler.py.
+disk-cache key of a module's object, emit_object (IR text -> object), Slab (an engine several modules' objects are linked
+into) and compile_module, which links a module's text into a slab, compiled here or in the compile helper process
+(lower/device/compile_proc.py), or loaded from a lower.device.cache.DiskCache. Kernels become modules in
+lower/device/compiler.py.
 
 Threads: LLVM's MCJIT and llvmlite's module/engine objects are not thread-safe (two threads in compile_module or
 get_function_address at once segfaulted), so every use of them takes JIT_LOCK: compiling is serialized. Running the
@@ -53,45 +54,36 @@ class Slab:
   """An MCJIT engine that the code of several modules is linked into: an engine of its own costs a module ~0.75 MB
   resident, a module linked into a live engine ~0.07 MB. Code could be freed only with its engine, so a slab is evicted
   whole (lower/device/cache.py); for now no engine is ever disposed (`_ENGINES`), so eviction frees the Python side only.
-  `hooks`: it loads and stores objects through a disk cache. `nbytes`: the objects linked in (known with hooks)."""
+  A slab only loads objects (made by emit_object, here or in the compile helper, or read from the disk cache): its
+  object-cache hook hands MCJIT the object of the (empty) module being linked, so MCJIT never optimizes or generates
+  code. `nbytes`: the objects linked in."""
   __slots__ = ("engine", "_io", "modules", "nbytes", "__weakref__")
 
-  def __init__(self, hooks: bool = False):
+  def __init__(self):
     llvm, make_tm, tm_opt, _, _ = llvm_setup()
     self.engine = llvm.create_mcjit_compiler(_empty(llvm, tm_opt), make_tm())
-    self.engine.finalize_object()   # the engine's own (empty) module, before any hook could hand it another's object
+    self.engine.finalize_object()   # the engine's own (empty) module, before the hook could hand it another's object
     _ENGINES.append(self.engine)   # never disposed: disposing a slab's engine segfaulted the full suite (cause not found yet)
-    # object-cache hooks (only with a disk cache, as before slabs) are the engine's, set once: `_io` says what the
-    # module being finalized loads or emits, and answers for that module only (closures over the dict, not the slab: no
-    # reference cycle through the engine)
-    io = self._io = {"mod": None, "obj": None, "got": None} if hooks else None
-    if hooks:
-      self.engine.set_object_cache(lambda m, buf: m is io["mod"] and io["got"] is not None and io["got"].append(buf),
-                                   lambda m: io["obj"] if m is io["mod"] else None)
+    # the hook is the engine's, set once: `_io` holds the module being linked and its object, and answers for that module
+    # only (a closure over the dict, not the slab: no reference cycle through the engine)
+    io = self._io = {"mod": None, "obj": None}
+    self.engine.set_object_cache(lambda m, buf: None, lambda m: io["obj"] if m is io["mod"] else None)
     self.modules = self.nbytes = 0
 
-  @property
-  def hooks(self) -> bool: return self._io is not None
-
-  def add(self, mod, obj: bytes | None) -> bytes | None:
-    """Link `mod` (optimized, or empty with `obj`, its object from the disk cache) and drop its IR: its code stays in the
-    engine and its symbols resolvable. Returns the object emitted (None when loaded)."""
-    got: list = []
-    if self._io is None:
-      if obj is not None: raise RuntimeError("Slab.add: an object to load, but this slab has no object-cache hooks")
+  def add(self, obj: bytes) -> None:
+    """Link the object `obj` (its symbols become resolvable through get_function_address); the module it went in as is
+    dropped at once."""
+    llvm, _, tm_opt, _, _ = llvm_setup()
+    mod = _empty(llvm, tm_opt)
+    self._io.update(mod=mod, obj=obj)
+    try:
       self.engine.add_module(mod)
       self.engine.finalize_object()
-    else:
-      self._io.update(mod=mod, obj=obj, got=None if obj is not None else got)
-      try:
-        self.engine.add_module(mod)
-        self.engine.finalize_object()
-      finally: self._io.update(mod=None, obj=None, got=None)
+    finally: self._io.update(mod=None, obj=None)
     self.engine.remove_module(mod)
     mod.close()
     self.modules += 1
-    self.nbytes += len(obj if obj is not None else got[0] if got else b"")
-    return got[0] if got else None
+    self.nbytes += len(obj)
 
   def get_function_address(self, name: str) -> int: return self.engine.get_function_address(name)
 
@@ -102,34 +94,38 @@ def _empty(llvm, tm_opt):
   mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
   return mod
 
-def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = None) -> tuple[Slab, bool]:
-  """The module `text` parsed, verified, optimized (level 3: O3 with every loop transform on, as the kernels want; else
-  llvmlite's defaults for that speed level) and compiled into `slab` (None: a new one of its own), or with `disk` (a
-  lower.device.cache.DiskCache) its object loaded from there when present, else stored there. Symbols the module calls but
-  does not define (the matmul helpers) must be registered first. Returns (slab, loaded)."""
-  with JIT_LOCK: return _compile_module(text, disk, level, Slab(hooks=disk is not None) if slab is None else slab)
-
-def _compile_module(text: str, disk, level: int, slab: Slab):
+def emit_object(text: str, level: int = 3) -> bytes:
+  """The object of the module `text`: parsed, verified, optimized (level 3: O3 with every loop transform on, as the
+  kernels want; else llvmlite's defaults for that speed level) and compiled for this host (the bytes MCJIT itself would
+  emit). Runs llvmlite's pass pipeline, which leaks ~70 KB per call (lower/device/compile_proc.py runs it elsewhere)."""
   llvm, _, tm_opt, _, _ = llvm_setup()
-  if not slab.hooks: disk = None   # no hooks: neither loaded from nor stored to the disk cache
-  key = object_key(text, level) if disk is not None else None
-  obj = disk.get(key) if disk is not None else None
-  if obj is not None:
-    # MCJIT asks the object cache for a module's object before codegen and only loads and relocates what it gets: no
-    # parse, verify, O3 or codegen. The object goes in as an empty module's (its symbols are found all the same): parsing
-    # the text was half the hit time; add_object_file instead still runs codegen for the (empty) module.
-    mod = _empty(llvm, tm_opt)
-  else:
+  with JIT_LOCK:
     mod = llvm.parse_assembly(text)
     mod.triple, mod.data_layout = llvm.get_process_triple(), str(tm_opt.target_data)
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=level)
     if level == 3: pto.loop_vectorization = True; pto.slp_vectorization = True; pto.loop_interleaving = True; pto.loop_unrolling = True
-    # llvmlite 0.50 leaks ~70 KB per pipeline run (its PassBuilder's PassInstrumentationCallbacks are never freed):
-    # counted in lower/device/cache.py's notes, not freed by evicting the kernel
     pb = llvm.create_pass_builder(tm_opt, pto)
     pb.getModulePassManager().run(mod, pb)
-  # the object MCJIT emits anyway, handed over by the notify hook: storing it costs no second codegen
-  emitted = slab.add(mod, obj)
-  if disk is not None and emitted is not None: disk.put(key, emitted)
-  return slab, obj is not None
+    return tm_opt.emit_object(mod)
+
+_INPROC = [0]   # modules compiled in this process so far (the compile helper takes over after CALLSAT_COMPILE_INPROC)
+
+def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = None) -> tuple[Slab, bool]:
+  """The module `text` compiled (emit_object) and linked into `slab` (None: a new one of its own). Its object comes from
+  `disk` (a lower.device.cache.DiskCache) when there (MCJIT then only loads and relocates it: no parse, O3 or codegen),
+  else from the compile helper process once this process has compiled CALLSAT_COMPILE_INPROC modules, else from this
+  process; a compiled object is stored to `disk`. Symbols the module calls but does not define (the matmul helpers) must
+  be registered first. Returns (slab, loaded from disk)."""
+  from lower.device.compile_proc import HELPER, inproc_setting
+  with JIT_LOCK:
+    slab = Slab() if slab is None else slab
+    key = object_key(text, level) if disk is not None else None
+    obj = disk.get(key) if disk is not None else None
+    loaded = obj is not None
+    if obj is None:
+      if (n := inproc_setting()) is not None and _INPROC[0] >= n: obj = HELPER.compile(text, level)
+      if obj is None: obj = emit_object(text, level); _INPROC[0] += 1   # in-process (also: the helper's error, raised here)
+      if disk is not None: disk.put(key, obj)
+    slab.add(obj)
+    return slab, loaded
