@@ -31,36 +31,45 @@ THREADS = _threads()
 PARALLEL_WORK = 1 << 21          # estimated element-ops above which a kernel is split across THREADS
 ROUND_WORK = 1 << 25             # element-ops per round of a long kernel (~5-20 ms): Ctrl-C waits at most one round
 CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a busy core takes fewer (lower/device/pool.py)
+# a tiled matmul call packs all of B (K x N) for the rows it is given, so its chunks are at least this many rows (fewer
+# when there are fewer per thread): 8-row chunks packed B once per 8 rows and ran 1024^3 at a third of its speed
+MM_CHUNK_ROWS = 256
 STATS = {"rounds": 0, "peak": 0}   # rounds run (long kernels); the peak temporary bytes of the last CALL planned
 
 class Launch:
   """One kernel launch with its pointers fixed: the argument array the native workers read, the chunk cuts per thread
   count and the error slot are built once, so a prepared launch run again costs one ctypes call (run_native keeps them
   per CALL)."""
-  __slots__ = ("c", "ptrs", "work", "threads", "err", "extra", "argv", "n0", "step", "_cuts")
+  __slots__ = ("c", "ptrs", "work", "threads", "err", "extra", "argv", "n0", "mr", "_cuts")
   def __init__(self, c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = None):
     k = c.kernel
     self.c, self.ptrs, self.work, self.threads = c, list(ptrs), work, threads
     self.err = ctypes.c_int32(0) if k.checked else None
     self.extra = (ctypes.byref(self.err),) if k.checked else ()
     self.argv = (ctypes.c_void_p * (len(ptrs) + bool(k.checked)))(*ptrs, *([ctypes.addressof(self.err)] if k.checked else []))
-    self.n0, self.step, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile and not mm_batched(k) else 1, {}
+    self.n0, self.mr, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile and not mm_batched(k) else 0, {}
+
+  def step(self, nt: int) -> int:
+    """Chunk bounds are multiples of this: 1, or for a tiled matmul a multiple of its row tile, MM_CHUNK_ROWS or the
+    rows per thread if fewer."""
+    if not (mr := self.mr): return 1
+    return max(mr, min(MM_CHUNK_ROWS, self.n0 // max(1, nt)) // mr * mr)
 
   def cuts(self, nt: int) -> list[int] | None:
-    """Chunk bounds for nt threads (multiples of the tile's row step), or None when the kernel runs on one thread."""
-    if nt <= 1 or self.work < PARALLEL_WORK or self.n0 < 2 * self.step: return None
+    """Chunk bounds for nt threads (multiples of step(nt)), or None when the kernel runs on one thread."""
+    if nt <= 1 or self.work < PARALLEL_WORK or self.n0 < 2 * self.step(nt): return None
     if (cs := self._cuts.get(nt)) is None:
-      n0, step = self.n0, self.step
+      n0, step = self.n0, self.step(nt)
       cs = self._cuts[nt] = [0] + [((n0 * t // nt) // step) * step for t in range(1, nt)] + [n0]
     return cs
 
   def rounds(self, nt: int, per: int = 1) -> list[list[int]] | None:
-    """Per round, chunk bounds (multiples of the tile's row step) for nt threads taking `per` chunks each, or None
+    """Per round, chunk bounds (multiples of step(nt)) for nt threads taking `per` chunks each, or None
     when the kernel runs as one call. A long kernel runs in rounds of ~ROUND_WORK element-ops: Python runs between them,
     so a signal (Ctrl-C) raises there, not after the kernel."""
-    if self.work < PARALLEL_WORK or self.n0 < 2 * self.step: return None
+    if self.work < PARALLEL_WORK or self.n0 < 2 * self.step(nt): return None
     if (rs := self._cuts.get((nt, per, ROUND_WORK))) is None:
-      n0, step, nt = self.n0, self.step, max(1, nt)
+      n0, step, nt = self.n0, self.step(nt), max(1, nt)
       r = max(1, min(self.work // ROUND_WORK, n0 // (step * nt)))
       bs = [0] + [((n0 * i // r) // step) * step for i in range(1, r)] + [n0]
       parts = nt * per if nt > 1 else 1

@@ -50,6 +50,23 @@ def _matmul(S, M=192):
   prod = Node(Ops.MUL, None, (A.reshape((M, 1, M)).expand((M, M, M)), B.permute((1, 0)).reshape((1, M, M)).expand((M, M, M))))
   return callify(Node(Ops.REDUCE, None, (prod,), (Ops.ADD, (2,))).reshape((M, M))), a_np @ b_np
 
+@pytest.mark.parametrize("M", [72, 600, 1040])
+def test_tiled_matmul_chunks_are_coarse_and_cover_every_row(M):
+  # every call of a tiled matmul packs all of B: its chunks are MM_CHUNK_ROWS rows (or the rows per thread), not 8
+  S = Storage()
+  res, want = _matmul(S, M)
+  run_call(res.call, S)
+  np.testing.assert_allclose(S[res.call.src[1]].reshape(M, M), want, rtol=1e-4, atol=1e-3)
+  (launch,) = [s for s in CACHE.plans[res.call].steps if type(s) is not tuple]
+  assert launch.c.kernel.tile
+  for nt in (1, 2, 3, 16):
+    step = launch.step(nt)
+    assert step % 8 == 0 and step == max(8, min(native.MM_CHUNK_ROWS, M // nt) // 8 * 8)
+    for cuts in (launch.rounds(nt, 8) or []):
+      assert cuts[0] % step == 0 and all(x % step == 0 for x in cuts[:-1]) and cuts == sorted(set(cuts))
+    rs = launch.rounds(nt, 8)
+    if rs is not None: assert rs[0][0] == 0 and rs[-1][-1] == M and all(a[-1] == b[0] for a, b in zip(rs, rs[1:]))
+
 @needs_pool
 def test_concurrent_callers_get_right_values():
   # one caller holds the pool at a time; the others run their kernel on their own thread
