@@ -6,11 +6,15 @@ quiet and busy rounds interleaved, contenders interleaved inside each round; med
 Busy: a `python -c 'while True: pass'` pinned with taskset to the last CPU this process may use, started before and
 killed after each busy round (so quiet rounds are quiet). Per workload:
   kernel  callsat's CALL run again on prepared buffers (lower.runtime.run_call: the prepared plan)
+  kernel1 the same on one thread (lower.device.native.THREADS = 1): what a split kernel must not fall below under load
   user    what a user writes: `(Tensor(x) @ Tensor(y)).realize()` over host arrays made once (callify cache hit, new
           output buffer, launch)
   numpy   the same in numpy (OpenBLAS for matmul, at this process's thread count)
 Reported: ms, kernel/numpy and user/numpy speed ratios (numpy time / ours), busy ratio / quiet ratio, and user speed as
-a share of the kernel's. Values checked against numpy once per workload."""
+a share of the kernel's, and the busy split kernel's speed as a share of the quiet one-thread kernel's (on 2 CPUs with one
+taken, numpy's one thread keeps its core while a split kernel loses half its second one: the busy/quiet ratio vs numpy
+cannot reach 1 there, but the split kernel should stay at or above one thread's speed). Values checked against numpy once
+per workload."""
 from __future__ import annotations
 import argparse, datetime, os, statistics, subprocess, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -43,6 +47,15 @@ def prepared(T, fn, a, b):
   run_call(res.call)
   return lambda: run_call(res.call)
 
+def one_thread(f):
+  """`f` run with callsat's kernels on one thread."""
+  from lower.device import native
+  def g():
+    old, native.THREADS = native.THREADS, 1
+    try: f()
+    finally: native.THREADS = old
+  return g
+
 def hog(cpu: int) -> subprocess.Popen:
   return subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"])
 
@@ -71,15 +84,15 @@ def main():
     user = lambda ours=ours, tx=tx, ty=ty: ours(tx, ty).realize()
     npf = lambda ref=ref, x=x, y=y: ref(x, y)
     reps = max(1, int(0.05 / max(timeit(npf, 1), 1e-5)))
-    runs[name] = (kernel, user, npf, reps)
-  res = {(n, phase, who): [] for n in runs for phase in ("quiet", "busy") for who in ("kernel", "user", "numpy")}
+    runs[name] = (kernel, one_thread(kernel), user, npf, reps)
+  res = {(n, phase, who): [] for n in runs for phase in ("quiet", "busy") for who in ("kernel", "kernel1", "user", "numpy")}
   for r in range(a.rounds):
     for phase in (("quiet", "busy") if r % 2 == 0 else ("busy", "quiet")):
       h = hog(cpus[-1]) if phase == "busy" else None
       if h: time.sleep(0.2)
       try:
-        for n, (kernel, user, npf, reps) in runs.items():
-          for who, f in (("kernel", kernel), ("user", user), ("numpy", npf)):
+        for n, (kernel, kernel1, user, npf, reps) in runs.items():
+          for who, f in (("kernel", kernel), ("kernel1", kernel1), ("user", user), ("numpy", npf)):
             res[(n, phase, who)].append(timeit(f, reps))
       finally:
         if h: h.kill(); h.wait()
@@ -87,17 +100,18 @@ def main():
   lines = [f"`python bench/busy.py --rounds {a.rounds}` ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
            f"load {load0:.1f}, {len(cpus)} CPUs, busy: a spinning process pinned to CPU {cpus[-1]}): ms medians over rounds; "
            "speed ratios are numpy's time / ours (> 1: callsat faster).", "",
-           "| workload | phase | kernel ms | user ms | numpy ms | kernel vs numpy | user vs numpy | user / kernel speed |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| workload | phase | kernel ms | kernel, 1 thread ms | user ms | numpy ms | kernel vs numpy | user vs numpy | "
+           "user / kernel speed |", "|---|---|---|---|---|---|---|---|---|"]
   for n in runs:
     for phase in ("quiet", "busy"):
-      k, u, p = (med[(n, phase, w)] for w in ("kernel", "user", "numpy"))
-      lines.append(f"| {n} | {phase} | {k:.2f} | {u:.2f} | {p:.2f} | {p / k:.2f}x | {p / u:.2f}x | {k / u:.2f} |")
-  lines += ["", "| workload | kernel busy/quiet ratio | user busy/quiet ratio |", "|---|---|---|"]
+      k, k1, u, p = (med[(n, phase, w)] for w in ("kernel", "kernel1", "user", "numpy"))
+      lines.append(f"| {n} | {phase} | {k:.2f} | {k1:.2f} | {u:.2f} | {p:.2f} | {p / k:.2f}x | {p / u:.2f}x | {k / u:.2f} |")
+  lines += ["", "| workload | kernel busy/quiet ratio | user busy/quiet ratio | busy kernel speed / quiet 1-thread kernel speed |",
+            "|---|---|---|---|"]
   for n in runs:
     rk = [med[(n, ph, "numpy")] / med[(n, ph, "kernel")] for ph in ("quiet", "busy")]
     ru = [med[(n, ph, "numpy")] / med[(n, ph, "user")] for ph in ("quiet", "busy")]
-    lines.append(f"| {n} | {rk[1] / rk[0]:.2f} | {ru[1] / ru[0]:.2f} |")
+    lines.append(f"| {n} | {rk[1] / rk[0]:.2f} | {ru[1] / ru[0]:.2f} | {med[(n, 'quiet', 'kernel1')] / med[(n, 'busy', 'kernel')]:.2f} |")
   text = "\n".join(lines)
   print(text)
   if a.out:
