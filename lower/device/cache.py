@@ -155,7 +155,7 @@ class KernelCache:
   """Compiled kernels by key, in slabs (lower.device.llvmjit.Slab: engines shared by up to SLAB_MODULES modules), and
   schedules by CALL body. Both bounded, least recently used first out: CALLSAT_KERNEL_CACHE_MB (default 256) over the
   slabs' resident estimate (`slab_bytes`; a slab goes whole, with every kernel in it: a later use recompiles, or loads
-  from the disk cache; its engine stays mapped for now, lower.device.llvmjit.Slab), CALLSAT_SCHEDULE_CACHE_MB
+  from the disk cache; its engine is disposed once no Compiled holds it), CALLSAT_SCHEDULE_CACHE_MB
   (default 64) over the schedules' (their kernels' keys, which are the kernels' text, and SCHEDULE_BYTES each). A
   kernel in use keeps its slab's code alive (a Compiled holds it) whatever the cache drops. Thread-safe: lookups take
   the cache's lock, compiles JIT_LOCK (one at a time)."""

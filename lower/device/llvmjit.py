@@ -52,8 +52,9 @@ def object_key(text: str, level: int = 3) -> str:
 
 class Slab:
   """An MCJIT engine that the code of several modules is linked into: an engine of its own costs a module ~0.75 MB
-  resident, a module linked into a live engine ~0.07 MB. Code could be freed only with its engine, so a slab is evicted
-  whole (lower/device/cache.py); for now no engine is ever disposed (`_ENGINES`), so eviction frees the Python side only.
+  resident, a module linked into a live engine ~0.07 MB. Code is freed only with its engine, so a slab is evicted whole
+  (lower/device/cache.py); its engine is disposed (its code unmapped) when the last reference to the slab goes, so all
+  that can still run its code holds the slab: a Compiled, and the native pool until its workers have exited (pool.py).
   A slab only loads objects (made by emit_object, here or in the compile helper, or read from the disk cache): its
   object-cache hook hands MCJIT the object of the (empty) module being linked, so MCJIT never optimizes or generates
   code. `nbytes`: the objects linked in."""
@@ -63,7 +64,6 @@ class Slab:
     llvm, make_tm, tm_opt, _, _ = llvm_setup()
     self.engine = llvm.create_mcjit_compiler(_empty(llvm, tm_opt), make_tm())
     self.engine.finalize_object()   # the engine's own (empty) module, before the hook could hand it another's object
-    _ENGINES.append(self.engine)   # never disposed: disposing a slab's engine segfaulted the full suite (cause not found yet)
     # the hook is the engine's, set once: `_io` holds the module being linked and its object, and answers for that module
     # only (a closure over the dict, not the slab: no reference cycle through the engine)
     io = self._io = {"mod": None, "obj": None}
@@ -86,8 +86,6 @@ class Slab:
     self.nbytes += len(obj)
 
   def get_function_address(self, name: str) -> int: return self.engine.get_function_address(name)
-
-_ENGINES: list = []   # every slab's engine, kept for the process's life (see Slab.__init__)
 
 def _empty(llvm, tm_opt):
   mod = llvm.parse_assembly("")

@@ -13,13 +13,13 @@ worker still asleep (state posted -> cancelled, a compare-and-swap the worker's 
 those running a chunk. With a fixed split, a CPU-bound process on one of 2 cores halved a matmul's speed.
 
 Per-worker block (WORKER_BYTES, cache-line separated fields the caller and the worker write):
-  +0 i32 seq (posted jobs; the worker's futex word)   +8 the job block   +40 cpu
+  +0 i32 seq (posted jobs; the worker's futex word)   +8 the job block   +40 cpu   +48 i32 stop (Pool.close)
   +64 i32 state: 1 posted, 2 running, 3 done, 4 cancelled (the caller's futex word)
 Job block (one per pool; a split launch holds the pool's lock): +0 i64 next chunk, +8 chunks, +16 thunk, +24 argv, +32 cuts.
 Linux x86-64 only (futex via syscall(2), sched_getcpu, pthread_setaffinity_np); elsewhere available() is False and
 lower/device/native.py uses the Python workers of lower/device/threads.py."""
 from __future__ import annotations
-import ctypes, os, platform, threading
+import ctypes, os, platform, sys, threading
 import numpy as np
 from lower.device.llvmjit import JIT_LOCK, compile_module
 
@@ -60,16 +60,17 @@ out:
   ret void
 }
 
-; the worker: wait for seq to move (spin SPIN cycles, then futex-wait), take the job (state posted -> running; a job
-; the caller cancelled is left alone), run chunks, publish state done
+; the worker: wait for seq to move (spin SPIN cycles, then futex-wait); return when told to stop (Pool.close), else
+; take the job (state posted -> running; a job the caller cancelled is left alone), run chunks, publish state done
 define ptr @callsat_pool_worker(ptr %w) nounwind {
 entry:
   %jp = getelementptr i8, ptr %w, i64 8
   %job = load ptr, ptr %jp, align 8
   %stp = getelementptr i8, ptr %w, i64 64
+  %qp = getelementptr i8, ptr %w, i64 48
   br label %idle
 idle:                                        ; last: the seq seen last (seq starts at 0)
-  %last = phi i32 [0, %entry], [%last, %sleep], [%seq, %claim], [%seq, %work]
+  %last = phi i32 [0, %entry], [%last, %sleep], [%seq, %take], [%seq, %work]
   %t0 = call i64 @llvm.readcyclecounter()
   br label %spin
 spin:
@@ -86,9 +87,15 @@ sleep:
   %r = call i64 (i64, ...) @syscall(i64 202, ptr %w, i32 128, i32 %last, ptr null)   ; FUTEX_WAIT_PRIVATE while seq == last
   br label %idle
 claim:
+  %quit = load atomic i32, ptr %qp acquire, align 4
+  %stop = icmp ne i32 %quit, 0
+  br i1 %stop, label %exit, label %take
+take:
   %cx = cmpxchg ptr %stp, i32 1, i32 2 acq_rel acquire
   %ok = extractvalue { i32, i1 } %cx, 1
   br i1 %ok, label %work, label %idle
+exit:
+  ret ptr null
 work:
   call void @chunks(ptr %job)
   store atomic i32 3, ptr %stp release, align 4
@@ -184,7 +191,12 @@ def available() -> bool:
   return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and hasattr(os, "sched_getaffinity")
 
 class Pool:
-  """Native workers, one per CPU this process may use, pinned there (the caller's thread is never pinned)."""
+  """Native workers, one per CPU this process may use, pinned there (the caller's thread is never pinned). The workers
+  run code of the pool's own slab (`engine`) on the pool's memory, so a pool stops and joins them (close) before it lets
+  go of either: its slab's engine is disposed, its code unmapped, once the last reference to it goes."""
+  tids: list = []
+  closed = False
+
   def __init__(self, cpus: list[int], disk=None):
     with JIT_LOCK:   # llvmlite is not thread-safe (lower/device/llvmjit.py)
       self.engine, _ = compile_module(POOL_IR.replace("SPIN", str(SPIN_CYCLES)), disk, level=2)
@@ -199,6 +211,9 @@ class Pool:
     create, setaff = libc.pthread_create, libc.pthread_setaffinity_np
     create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     setaff.argtypes = [ctypes.c_ulong, ctypes.c_size_t, ctypes.c_void_p]
+    self._join, self._syscall = libc.pthread_join, libc.syscall   # kept for close (also run from __del__)
+    self._join.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
+    self._syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     self.tids = []
     for i, cpu in enumerate(cpus):
       w = self.base + i * WORKER_BYTES
@@ -217,12 +232,37 @@ class Pool:
     launch right now (the caller then runs the kernel itself)."""
     if not self.lock.acquire(blocking=False): return False
     try:
+      if self.closed: return False
       c = (ctypes.c_int64 * len(cuts))(*cuts)
       j = self._job
       j[0], j[1], j[2], j[3], j[4] = 0, len(cuts) - 1, thunk, argv, ctypes.addressof(c)
       self._run(self.base, len(self.cpus), self.job, len(cuts) - 2 if helpers is None else helpers)
     finally: self.lock.release()
     return True
+
+  def close(self) -> None:
+    """Stop the workers and wait until they have exited (each is told through its stop word and a new seq, then woken).
+    Until then a worker may be spinning, or wake from its futex, in this pool's code: disposing the slab's engine under
+    it (dropping the last reference to a pool with live workers) crashed the process with SIGSEGV at a PC in the unmapped
+    code. Idempotent; later runs return False. In a forked child the workers were the parent's: nothing to stop."""
+    if self.pid != os.getpid():   # before the lock: a fork during a parent's split launch left the child's copy held
+      self.closed, self.tids = True, []
+      return
+    with self.lock:   # no split launch in flight
+      if self.closed: return
+      self.closed = True
+      tids, self.tids = self.tids, []
+      for i in range(len(tids)):
+        w = self.base + i * WORKER_BYTES
+        ctypes.c_int32.from_address(w + 48).value = 1    # stop, then a new seq: the worker reads seq first, then stop
+        seq = ctypes.c_int32.from_address(w)
+        seq.value = (seq.value + 1) & 0x7FFFFFFF
+        self._syscall(202, w, 129, 1)                   # FUTEX_WAKE_PRIVATE
+      for tid in tids: self._join(tid, None)             # ctypes releases the GIL meanwhile
+
+  def __del__(self):
+    # at interpreter exit llvmlite disposes nothing (its engines stay mapped) and the process takes the threads down
+    if "lock" in self.__dict__ and not sys.is_finalizing(): self.close()
 
 _POOL: Pool | None = None
 _POOL_FAILED = False

@@ -46,6 +46,18 @@ def test_a_kernel_in_use_outlives_its_evicted_slab(tiny):
     outs.append(arrays[st])
   assert any(np.array_equal(o, x * 2 + 1) for o in outs)
 
+def test_evicted_slabs_dispose_their_engines(tiny):
+  # an evicted slab nothing holds goes with its engine (disposed: its code unmapped); kernels compiled after, and the
+  # native pool's split launches, still give right values
+  import gc, weakref
+  _shape_loop(700, 2)
+  engines = [weakref.ref(s.engine) for s in list(tiny.slabs._d)]
+  _shape_loop(800, 12)
+  gc.collect()
+  assert tiny.stats()["slabs_evicted"] >= 1 and all(e() is None for e in engines)
+  x = np.random.default_rng(1).standard_normal(1 << 22).astype(np.float32)
+  np.testing.assert_allclose((Tensor(x) * 3 - 1).numpy(), x * 3 - 1, rtol=1e-6)   # split across threads where there are some
+
 def test_threads_with_a_tiny_cache_give_right_values(tiny):
   errs = []
   def work(t):

@@ -1,7 +1,7 @@
 """The native kernel threads (lower/device/pool.py) and the prepared per-CALL plans of run_native: values against numpy on split
 launches (1-4 chunks), concurrent callers, a forked child, the Python-worker fallback, bounds errors from a worker's
 chunk, and plans that must not outlive the arrays they point into. No timings."""
-import ctypes, gc, os, subprocess, sys, threading, time
+import ctypes, gc, os, subprocess, sys, threading, time, weakref
 import numpy as np
 import pytest
 from egraph import callify
@@ -179,6 +179,31 @@ def test_chunks_no_worker_takes_run_on_the_caller():
     run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=nt)
     assert p.run(c.thunk, ctypes.addressof(run.argv), run.cuts(nt))
     np.testing.assert_array_equal(out, a * 3)
+
+@needs_pool
+def test_a_dropped_pool_stops_its_workers_before_its_code_goes():
+  # a pool's workers run code of its own slab: dropping the pool disposes that engine (its code unmapped), so the workers
+  # must have exited first. They used to live on, and one still spinning (or woken) after the dispose died of SIGSEGV
+  tasks = lambda: len(os.listdir("/proc/self/task"))
+  n = 10_000
+  (c,) = compiler.compile_kernels([(_scale_kernel(n), "pool_drop")])
+  a = np.arange(n, dtype=np.float32)
+  cpus = sorted(os.sched_getaffinity(0))
+  before = tasks()
+  for _ in range(20):
+    p = pool.Pool(cpus)
+    assert len(p.tids) == len(cpus) and tasks() >= before + len(cpus)
+    slab = weakref.ref(p.engine)
+    out = np.full(n, np.nan, np.float32)
+    run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=1 << 30, threads=len(cpus) + 1)
+    assert p.run(c.thunk, ctypes.addressof(run.argv), run.cuts(len(cpus) + 1))
+    np.testing.assert_array_equal(out, a * 3)
+    del p; gc.collect()         # right after the job: the workers are still spinning in the pool's code
+    assert slab() is None       # the slab went, and its engine was disposed
+    assert tasks() <= before    # with the workers: none left behind
+  p = pool.Pool(cpus)
+  p.close(); p.close()          # closed explicitly (idempotent): no more split launches through it
+  assert tasks() <= before and not p.run(c.thunk, 0, [0, 1])
 
 def test_threads_setting(monkeypatch):
   monkeypatch.setenv("CALLSAT_THREADS", "3"); assert native._threads() == 3
