@@ -37,7 +37,9 @@ def _prod(xs) -> int: return math.prod(xs)
 def _apply_map(mapping: dict[Node, Node]) -> None:
   """Substitute `mapping` into the graph of every live Tensor at once (tinygrad's _apply_map_to_tensors)."""
   if not mapping: return
-  live = list(_all_tensors.values())
+  # valuerefs copies the table in one C call (iterating it raised when another thread made a tensor meanwhile); a leaf
+  # (a realized BUFFER, a CONST) that is no key cannot change, and model weights are many of them
+  live = [t for r in _all_tensors.valuerefs() if (t := r()) is not None and (t.node.src or t.node in mapping)]
   for t, n in zip(live, substitute([t.node for t in live], mapping)):
     if n is not t.node: t.node = n
 
