@@ -3,7 +3,8 @@ quiet and busy rounds interleaved, contenders interleaved inside each round; med
 
   python bench/busy.py [--rounds 7] [--out notes/benchmarks.md]
 
-Busy: a `python -c 'while True: pass'` pinned with taskset to the last CPU this process may use, started before and
+Each contender starts after SETTLE_S of sleep (the previous one's spinning threads idle). Busy: a
+`python -c 'while True: pass'` pinned with taskset to the last CPU this process may use, started before and
 killed after each busy round (so quiet rounds are quiet). Per workload:
   kernel  callsat's CALL run again on prepared buffers (lower.runtime.run_call: the prepared plan)
   kernel1 the same on one thread (lower.device.native.THREADS = 1): what a split kernel must not fall below under load
@@ -19,6 +20,10 @@ from __future__ import annotations
 import argparse, datetime, os, statistics, subprocess, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np
+
+# before each contender: OpenBLAS's threads spin ~0.1 s after a call and take the second core (a kernel timed right after
+# numpy's matmul 1024^3 ran 1.5-2.3x slower), our pool's workers spin briefly too
+SETTLE_S = 0.3
 
 def timeit(f, reps: int) -> float:
   f()   # once untimed: each contender starts warm (see bench/kernels.py)
@@ -93,6 +98,7 @@ def main():
       try:
         for n, (kernel, kernel1, user, npf, reps) in runs.items():
           for who, f in (("kernel", kernel), ("kernel1", kernel1), ("user", user), ("numpy", npf)):
+            time.sleep(SETTLE_S)
             res[(n, phase, who)].append(timeit(f, reps))
       finally:
         if h: h.kill(); h.wait()

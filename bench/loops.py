@@ -12,7 +12,8 @@ kernels compiled during the timed iterations (lower.device.cache.CACHE.compiled)
 iteration. The RSS rows run --rss-iters iterations of `scale` with a new scalar each time, and of a new shape each time
 (`Tensor(x[:k]) * 0.37` for k = n - i: a new structure every iteration), and report the growth of the process's
 resident set (VmRSS) from iteration 100 to the end, beside the caches' own estimate of what they hold, the slabs they
-evicted and llvmlite's leak (~70 KB per module compiled, not freed by any eviction)."""
+evicted, where modules were compiled (this process, or the compile helper process: lower/device/compile_proc.py) and
+llvmlite's leak in this process (~70 KB per module compiled here, not freed by any eviction)."""
 from __future__ import annotations
 import argparse, datetime, json, os, statistics, subprocess, sys, time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,9 +74,11 @@ def rss(kind: str, iters: int) -> dict:
     if kind == "new-scalar": (Tensor(x) * (0.37 + i / 1000)).sum(0).numpy()
     else: (Tensor(x[:N - i]) * 0.37).sum(0).numpy()
   from egraph.engine.driver import _CACHE
+  from lower.device.compile_proc import HELPER
   st = CACHE.stats()
   return {"rss0": start, "rss1": rss_mb(), "compiled": CACHE.compiled, "modules": CACHE.modules,
-          "held": (st["kernel_bytes"] + st["schedule_bytes"] + _CACHE.nbytes) / 2**20, "evicted": st["slabs_evicted"]}
+          "held": (st["kernel_bytes"] + st["schedule_bytes"] + _CACHE.nbytes) / 2**20, "evicted": st["slabs_evicted"],
+          "helper": HELPER.compiled, "helpers": HELPER.started}
 
 def run(args: list[str], env: list[str] = ()) -> dict:
   p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], capture_output=True, text=True,
@@ -88,7 +91,7 @@ def main() -> None:
   ap.add_argument("--procs", type=int, default=3)
   ap.add_argument("--iters", type=int, default=200)
   ap.add_argument("--rss-iters", type=int, default=2000)
-  ap.add_argument("--loops", nargs="+", default=["scale", "lr-step", "mask"])
+  ap.add_argument("--loops", nargs="*", default=["scale", "lr-step", "mask"], help="none: the RSS rows only")
   ap.add_argument("--out")
   ap.add_argument("--env", nargs="*", default=[], help="NAME=VALUE settings for the RSS rows' processes (cache bounds)")
   ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -116,12 +119,14 @@ def main() -> None:
     ok = all(r["ok"] for k in res for r in res[k])
     lines.append(f"| {name} | {f:.2f} | {n:.2f} | {n / f:.2f}x | {comp} | {'right' if ok else '**wrong**'} |")
   lines += ["", "| RSS over iterations | MB at iteration 100 | MB at the end | growth MB | kernels compiled | caches' estimate MB at the end "
-            "(kernel + schedule + callify) | slabs evicted | llvmlite's leak, estimated MB (modules x 70 KB) |", "|---|---|---|---|---|---|---|---|"]
+            "(kernel + schedule + callify) | slabs evicted | modules compiled here; in the compile helper (helpers started) | "
+            "llvmlite's leak here, estimated MB (modules compiled here x 70 KB) |", "|---|---|---|---|---|---|---|---|---|"]
   for kind in ("new-scalar", "new-shape"):
     r = run(["rss", kind, str(a.rss_iters)], a.env)
-    if "error" in r: lines.append(f"| {kind} | error: {r['error']} | | | | | | |"); continue
+    if "error" in r: lines.append(f"| {kind} | error: {r['error']} | | | | | | | |"); continue
+    here = r["modules"] - r["helper"]
     lines.append(f"| {kind}, {a.rss_iters} iterations | {r['rss0']:.0f} | {r['rss1']:.0f} | {r['rss1'] - r['rss0']:+.0f} | {r['compiled']} | "
-                 f"{r['held']:.0f} | {r['evicted']} | {r['modules'] * 70 / 1024:.0f} |")
+                 f"{r['held']:.0f} | {r['evicted']} | {here}; {r['helper']} ({r['helpers']}) | {here * 70 / 1024:.1f} |")
   text = "\n".join(lines)
   print(text)
   if a.out:
