@@ -209,13 +209,15 @@ def require_ray():
   except ImportError as e:
     raise CallsatError(RAY_INSTALL) from e
 
-def sweep_ray(jobs: list[tuple], address: str, progress=None) -> list[GraphResult]:
+def sweep_ray(jobs: list[tuple], address: str, progress=None, job=_job) -> list:
   """One Ray task per job (a graph and its order set), gathered in job order. `address` is what `ray.init` takes:
   `ray://host:10001` (Ray Client), `auto` (the cluster this machine belongs to) or `local` (start a local instance
   for this sweep). If this process is already connected to Ray, that connection is used and left open; otherwise the
   connection made here is shut down afterwards. Except for `local`, the driver's egraph, rules and lower packages are
   shipped to the cluster (runtime_env py_modules), so its workers run this code; they need egglog, numpy and llvmlite
-  installed."""
+  installed. A task that fails other than with a CallsatError (its worker died, ran out of memory, raised a bug) is
+  named by its graph: a Failure when the jobs keep going (`failures` in sweep), else a CallsatError; tasks are not
+  retried (a graph that kills its worker would kill the next). `job`: what each task runs (tests pass one that dies)."""
   ray = require_ray()
   started = False
   if not ray.is_initialized():
@@ -229,21 +231,31 @@ def sweep_ray(jobs: list[tuple], address: str, progress=None) -> list[GraphResul
     started = True
   try:
     try:
-      task = ray.remote(_job)
+      task = ray.remote(max_retries=0)(job)
       refs = [task.remote(j) for j in jobs]
-      if progress is not None:
-        left = list(refs)
-        while left:
-          done, left = ray.wait(left, num_returns=1)
-          progress(len(refs) - len(left), len(refs), ray.get(done[0]))
-      return ray.get(refs)
-    except ray.exceptions.RayTaskError as e:
-      if isinstance(e.cause, CallsatError): raise e.cause from None   # a bad corpus entry: the same error as locally
-      raise CallsatError(f"--ray {address}: a task failed: {_line(e)}") from e
+      which = {r: j for r, j in zip(refs, jobs)}
+      got, left = {}, list(refs)
+      while left:
+        done, left = ray.wait(left, num_returns=1)
+        got[done[0]] = r = _gathered(ray, done[0], which[done[0]], address)
+        if progress is not None: progress(len(refs) - len(left), len(refs), r)
+      return [got[r] for r in refs]
     except CallsatError: raise
     except Exception as e: raise CallsatError(f"--ray {address}: {type(e).__name__}: {_line(e)}") from e
   finally:
     if started: ray.shutdown()
+
+def _gathered(ray, ref, job: tuple, address: str):
+  """A finished task's result; its failure as the local sweep would say it (a CallsatError), or named by its graph."""
+  try: return ray.get(ref)
+  except ray.exceptions.RayTaskError as e:
+    if isinstance(e.cause, CallsatError): raise e.cause from None   # a bad corpus entry: the same error as locally
+    why = f"the task raised {type(e.cause).__name__}: {_line(e.cause)}"
+  except ray.exceptions.RayError as e:   # the worker died (killed, crashed, out of memory), the node went away
+    why = f"its worker died ({type(e).__name__}: {_line(e)})"
+  keep, name = job[0], job[1]
+  if keep: return Failure(name, why)
+  raise CallsatError(f"--ray {address}: graph {name!r}: {why}")
 
 def _line(e: BaseException) -> str:
   """The first line of an exception's message (ray's run to pages)."""
