@@ -1,7 +1,8 @@
-"""The compile helper: a child process that turns a module's IR text into its object (parse, verify, the O2/O3 pipeline,
-codegen), so that the process running the kernels never runs llvmlite's pass pipeline, which leaks ~70 KB per run
-(llvmlite 0.50: LLVMPY_CreatePassBuilder `new`s a PassInstrumentationCallbacks that nothing frees). The leak lands in
-the child, which is replaced after HELPER_MODULES modules; the parent only loads objects (lower.device.llvmjit.Slab).
+"""compile_module (a module's text -> its code linked into a lower.device.llvmjit.Slab) and the compile helper: a child
+process that turns a module's IR text into its object (parse, verify, the O2/O3 pipeline, codegen), so that the process
+running the kernels never runs llvmlite's pass pipeline, which leaks ~70 KB per run (llvmlite 0.50:
+LLVMPY_CreatePassBuilder `new`s a PassInstrumentationCallbacks that nothing frees). The leak lands in the child, which is
+replaced after HELPER_MODULES modules; the parent only loads objects.
 
 Used after the first CALLSAT_COMPILE_INPROC modules of a process (default 32; 0: from the first, `off`: never), so short
 runs and tests pay no process start (~0.15 s); a long loop over new structures holds bounded memory.
@@ -11,6 +12,7 @@ Protocol over the child's stdin/stdout: a request is `<BI` (pipeline level, text
 from __future__ import annotations
 import atexit, os, struct, subprocess, sys
 from pathlib import Path
+from lower.device.llvmjit import JIT_LOCK, Slab, emit_object, object_key
 
 HELPER_MODULES = 256   # modules a child compiles before it is replaced: bounds its leak (~18 MB) and code held
 _HEAD = struct.Struct("<BI")
@@ -99,9 +101,28 @@ def _read(f, n: int) -> bytes | None:
 HELPER = CompileHelper()
 atexit.register(HELPER.close)
 
+_INPROC = [0]   # modules compiled in this process so far (the compile helper takes over after CALLSAT_COMPILE_INPROC)
+
+def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = None) -> tuple[Slab, bool]:
+  """The module `text` compiled (emit_object) and linked into `slab` (None: a new one of its own). Its object comes from
+  `disk` (a lower.device.cache.DiskCache) when there (MCJIT then only loads and relocates it: no parse, O3 or codegen),
+  else from the compile helper process once this process has compiled CALLSAT_COMPILE_INPROC modules, else from this
+  process; a compiled object is stored to `disk`. Symbols the module calls but does not define (the matmul helpers) must
+  be registered first. Returns (slab, loaded from disk)."""
+  with JIT_LOCK:
+    slab = Slab() if slab is None else slab
+    key = object_key(text, level) if disk is not None else None
+    obj = disk.get(key) if disk is not None else None
+    loaded = obj is not None
+    if obj is None:
+      if (n := inproc_setting()) is not None and _INPROC[0] >= n: obj = HELPER.compile(text, level)
+      if obj is None: obj = emit_object(text, level); _INPROC[0] += 1   # in-process (also: the helper's error, raised here)
+      if disk is not None: disk.put(key, obj)
+    slab.add(obj)
+    return slab, loaded
+
 def serve() -> None:
   """The child's loop: read a request, reply with the object or the error, until end of input."""
-  from lower.device.llvmjit import emit_object
   cin, cout = sys.stdin.buffer, sys.stdout.buffer
   sys.stdout = sys.stderr   # nothing else may write into the reply stream
   while (head := _read(cin, _HEAD.size)) is not None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import ctypes, os, re, sys, time
 from lower.schedule.kernel import Kernel, render as render_kernel
 from lower.render.llvm.module import render_llvm
-from lower.device.llvmjit import JIT_LOCK, compile_module
+from lower.device.llvmjit import JIT_LOCK
+from lower.device.compile_proc import compile_module
 from lower.render.llvm.matmul import mm_helpers
 
 def debug_level() -> int:

@@ -1,8 +1,7 @@
 """LLVM through llvmlite for the host CPU: the process's target machine (O3, the host CPU name + features, MCJIT), the
-disk-cache key of a module's object, emit_object (IR text -> object), Slab (an engine several modules' objects are linked
-into) and compile_module, which links a module's text into a slab, compiled here or in the compile helper process
-(lower/device/compile_proc.py), or loaded from a lower.device.cache.DiskCache. Kernels become modules in
-lower/device/compiler.py.
+disk-cache key of a module's object, emit_object (IR text -> object) and Slab (an engine several modules' objects are
+linked into). lower/device/compile_proc.py's compile_module gets a module's object (disk cache, compile helper process
+or emit_object here) into a slab; kernels become modules in lower/device/compiler.py.
 
 Threads: LLVM's MCJIT and llvmlite's module/engine objects are not thread-safe (two threads in compile_module or
 get_function_address at once segfaulted), so every use of them takes JIT_LOCK: compiling is serialized. Running the
@@ -106,24 +105,3 @@ def emit_object(text: str, level: int = 3) -> bytes:
     pb = llvm.create_pass_builder(tm_opt, pto)
     pb.getModulePassManager().run(mod, pb)
     return tm_opt.emit_object(mod)
-
-_INPROC = [0]   # modules compiled in this process so far (the compile helper takes over after CALLSAT_COMPILE_INPROC)
-
-def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = None) -> tuple[Slab, bool]:
-  """The module `text` compiled (emit_object) and linked into `slab` (None: a new one of its own). Its object comes from
-  `disk` (a lower.device.cache.DiskCache) when there (MCJIT then only loads and relocates it: no parse, O3 or codegen),
-  else from the compile helper process once this process has compiled CALLSAT_COMPILE_INPROC modules, else from this
-  process; a compiled object is stored to `disk`. Symbols the module calls but does not define (the matmul helpers) must
-  be registered first. Returns (slab, loaded from disk)."""
-  from lower.device.compile_proc import HELPER, inproc_setting
-  with JIT_LOCK:
-    slab = Slab() if slab is None else slab
-    key = object_key(text, level) if disk is not None else None
-    obj = disk.get(key) if disk is not None else None
-    loaded = obj is not None
-    if obj is None:
-      if (n := inproc_setting()) is not None and _INPROC[0] >= n: obj = HELPER.compile(text, level)
-      if obj is None: obj = emit_object(text, level); _INPROC[0] += 1   # in-process (also: the helper's error, raised here)
-      if disk is not None: disk.put(key, obj)
-    slab.add(obj)
-    return slab, loaded

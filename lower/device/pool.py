@@ -21,7 +21,8 @@ lower/device/native.py uses the Python workers of lower/device/threads.py."""
 from __future__ import annotations
 import ctypes, os, platform, sys, threading
 import numpy as np
-from lower.device.llvmjit import JIT_LOCK, compile_module
+from lower.device.llvmjit import JIT_LOCK
+from lower.device.compile_proc import compile_module
 
 WORKER_BYTES = 128
 SPIN_CYCLES = 200_000     # ~0.08 ms at 2.6 GHz: a worker idles this long, spinning, before it sleeps

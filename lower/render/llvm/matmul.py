@@ -3,7 +3,8 @@ from __future__ import annotations
 import time
 from lower.schedule.kernel import Kernel, mm_batched
 from lower.render.llvm.function import noloop, signature
-from lower.device.llvmjit import compile_module, llvm_setup
+from lower.device.llvmjit import llvm_setup
+from lower.device.compile_proc import compile_module
 
 MM_KC = 256       # K block: one packed B micro-panel (KC x 32 floats, 32 KiB) stays in L1 with the packed A tile (8 KiB)
 MM_PB = 8         # 32-column panels per packed B block (KC x 256 floats, 256 KiB: L2)

@@ -44,7 +44,7 @@ def test_the_helpers_object_is_this_processs(helper):
 def test_a_kernel_compiled_by_the_helper_runs_right(monkeypatch):
   monkeypatch.setenv("CALLSAT_COMPILE_INPROC", "0")   # every module through the helper
   before = compile_proc.HELPER.compiled
-  slab, loaded = llvmjit.compile_module(ADD, None)
+  slab, loaded = compile_proc.compile_module(ADD, None)
   assert not loaded and compile_proc.HELPER.compiled == before + 1
   a, out = _run_add1(slab)
   np.testing.assert_array_equal(out, a + 1)
@@ -73,7 +73,7 @@ def test_a_helper_is_replaced_after_its_share(helper, monkeypatch):
 def test_bad_ir_is_the_same_error_as_in_process(monkeypatch):
   monkeypatch.setenv("CALLSAT_COMPILE_INPROC", "0")
   with pytest.raises(RuntimeError, match="expected"):
-    llvmjit.compile_module("define void @broken( {", None)
+    compile_proc.compile_module("define void @broken( {", None)
 
 def test_a_module_that_kills_the_helper_twice_raises(helper, monkeypatch):
   # stands in for LLVM aborting on a module: a child that exits on reading its request

@@ -5,7 +5,7 @@ import pytest
 from egraph import Tensor
 from lower.device import native
 from lower.device import pool
-from lower.device.llvmjit import compile_module
+from lower.device.compile_proc import compile_module
 
 def _program(t: int, i: int):
   """Program i of thread t: its own shapes and ops (so every one compiles its own kernels), and its numpy value."""
