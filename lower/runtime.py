@@ -97,7 +97,7 @@ def _route(call: Node) -> Backend | str:
       raise CallsatError(f"run_call: argument {i} is {a.op.name}; expected BUFFER or SLICE(BUFFER)")
   body = call.src[0]   # every realize of a program makes a new CALL over the same body: its walk is done once
   if (kinds := _BODIES.get(body)) is None: kinds = _BODIES[body] = _kinds(toposort([body]))
-  args = _kinds(toposort(call.src[1:]))
+  args = _kinds(call.src[1:] if all(not a.src for a in call.src[1:]) else toposort(call.src[1:]))   # plain BUFFERs: no walk
   return backend_for(kinds[0] | args[0] or {"CPU"}, kinds[1] or args[1])   # no device at all: host data, the CPU's
 
 def _kinds(nodes) -> tuple[frozenset, bool]:

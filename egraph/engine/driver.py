@@ -120,11 +120,18 @@ def graph_key(roots: list[Node], topo: list[Node] | None = None) -> tuple[tuple,
   pos = {n.id: i for i, n in enumerate(topo)}
   parts = tuple((n.op, n.dtype, (n.arg.size, n.arg.device) if n.op is Ops.BUFFER else
                  (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else const_key(n.arg) if n.op is Ops.CONST else
-                 map_dims(n.arg, _unbind),
+                 _arg_key(n.arg),
                  tuple(pos[s.id] for s in (n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))) for n in topo)
   return (parts, tuple(pos[r.id] for r in roots)), topo
 
 def _unbind(d): return d.var if isinstance(d, BoundVar) else d
+
+def _arg_key(a):
+  """map_dims(a, _unbind), the common args first: none, a plain int, a shape of plain ints (a bound dimension is an int
+  subclass: it takes map_dims)."""
+  if a is None or type(a) is int: return a
+  if type(a) is tuple and all(type(x) is int for x in a): return a
+  return map_dims(a, _unbind)
 
 def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
   """The cached result rebound to this graph's buffers and variable values, with freshly minted output buffers."""
