@@ -304,7 +304,50 @@ def extract(g: EGraphView, costs: list[int | None], roots: list[int], allowed: l
     c, r = chosen_dag(g, costs, cand, roots)
     if c >= best: break
     choice, best, reached = cand, c, r
+  if g.n_classes < SWITCH_BELOW and reached is not None and time.perf_counter() < deadline:
+    choice, best, reached = _switches(g, costs, allowed, roots, choice, best, reached, deadline)
   return choice, best, reached
+
+SWITCH_BELOW = 2_000   # e-graphs with fewer classes get _switches (each try walks the chosen DAG)
+
+def _switches(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, roots: list[int], choice: list[int],
+              best: int, reached: list[int], deadline: float) -> tuple[list[int], int, list[int]]:
+  """Single-class switches after the sharing-aware rounds: a reached class takes another usable e-node over classes the
+  chosen DAG already reaches (no cycle) when the DAG cost drops, until no switch helps or `deadline`. The rounds zero the cost of every
+  e-node the current DAG pays for, the chosen ones included, so they cannot see that a class could read a term the DAG
+  has anyway (a BITCAST of a PARAM another branch reads) instead of its own (a bitcast view, a second PARAM)."""
+  members: dict[int, list[int]] = collections.defaultdict(list)
+  for e, k in enumerate(g.cls):
+    if costs[e] is not None and (allowed is None or allowed[e]): members[k].append(e)
+  improved = True
+  while improved and time.perf_counter() < deadline:
+    improved, paid = False, bytearray(g.n_classes)
+    for k in reached: paid[k] = 1
+    for k in reached:
+      for e in members.get(k, ()):
+        # only e-nodes over classes the DAG has anyway: one that brings new classes is what tree cost already weighed
+        if e == choice[k] or not all(paid[c] for c in g.kids[e]): continue
+        trial = choice.copy(); trial[k] = e
+        if not _acyclic(trial, roots, g.kids, g.n_classes): continue
+        c, r = chosen_dag(g, costs, trial, roots)
+        if r is not None and c < best:
+          choice, best, reached, improved = trial, c, r, True
+          break
+      if improved or time.perf_counter() > deadline: break
+  return choice, best, reached
+
+def _acyclic(choice: list[int], roots: list[int], kids: list[tuple], n: int) -> bool:
+  """Is the DAG `choice` picks under `roots` free of cycles (every chosen class finished before it is met again)?"""
+  state, stack = bytearray(n), list(roots)   # 1 entered, 2 finished
+  while stack:
+    k = stack.pop()
+    if k < 0: state[~k] = 2; continue
+    if state[k] == 2: continue
+    if state[k] == 1: return False   # entered and not finished: on the current path
+    if choice[k] < 0: state[k] = 2; continue   # no choice: chosen_dag says so, not a cycle
+    state[k] = 1
+    stack.append(~k); stack += kids[choice[k]]
+  return True
 
 def _single(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, roots: list[int],
             abort_at: float = INF) -> tuple[list[int], list[int]] | None:
