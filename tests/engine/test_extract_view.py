@@ -215,3 +215,34 @@ def test_single_member_walk_is_knuths_choice(which, monkeypatch):
     g.kids = g.kids.copy(); k = reached[len(reached) // 2]; g.kids[choice[k]] = (*g.kids[choice[k]], roots[0])   # a cycle
     assert ext._single(g, costs, allowed, roots) is None
   else: assert one is None   # several candidates in a class (stored forms, assign targets)
+
+def test_acyclic_finds_cycles_through_chosen_e_nodes_only():
+  # classes 0..3; e-node e's child classes in kids[e]; choice[k] is class k's chosen e-node
+  kids = [(1, 2), (3,), (3,), (), (0,)]   # e-node 4 (a member of class 3) reads class 0: a cycle when chosen
+  assert ext._acyclic([0, 1, 2, 3], [0], kids, 4)        # a diamond 0 -> {1, 2} -> 3: shared, no cycle
+  assert not ext._acyclic([0, 1, 2, 4], [0], kids, 4)    # 3 chose e-node 4: 0 -> 1 -> 3 -> 0
+  assert ext._acyclic([0, 1, -1, 3], [0], kids, 4)       # a class with no choice is not a cycle (chosen_dag says so)
+  assert ext._acyclic([0, 1, 2, 4], [1], [(1, 2), (3,), (3,), (), ()], 4)
+
+def test_switches_only_ever_lower_the_dag_cost():
+  # on saturated e-graphs the choice after the switch search is a well-founded DAG costing the refined choice or less
+  rng = np.random.default_rng(1)
+  x = Tensor(rng.standard_normal(16).astype(np.float32)).realize()
+  programs = [[x.bitcast("int32") + x.exp().bitcast("int32")],   # the bitcast shape the search was made for
+              [((x * 2).exp() + x).sum(), (x + 1).contiguous() * x]]
+  for i, ts in enumerate(programs):
+    enc = encode([t.node for t in ts], "fresh")
+    g = saturate(enc).graph
+    costs, allowed = g.local_costs(COST_PRESETS["bytes"]), g.pinned_allowed()
+    roots = [g.class_of_id[enc.key_ids[k.id]] for k in enc.keys]
+    choice, best, reached = ext.extract(g, costs, roots, allowed)
+    assert reached is not None and ext._acyclic(choice, roots, g.kids, g.n_classes)
+    assert best == ext.dag_cost(g, costs, choice, roots)
+    before = ext.SWITCH_BELOW
+    try:
+      ext.SWITCH_BELOW = 0
+      _, unswitched, _ = ext.extract(g, costs, roots, allowed)
+    finally: ext.SWITCH_BELOW = before
+    assert best < unswitched if i == 0 else best <= unswitched   # the bitcast: the view's own PARAM goes (273 -> 209)
+  xv = x.numpy()
+  np.testing.assert_array_equal(programs[0][0].numpy(), xv.view(np.int32) + x.exp().numpy().view(np.int32))   # exp: ours
