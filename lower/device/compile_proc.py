@@ -72,7 +72,10 @@ class CompileHelper:
     self._proc = None
     try: p.kill()
     except OSError: pass
-    p.wait(); p.stdin.close(); p.stdout.close()
+    p.wait()
+    for f in (p.stdin, p.stdout):
+      try: f.close()   # closing stdin flushes what the dead child never read: BrokenPipeError
+      except OSError: pass
     return None
 
   def compile(self, text: str, level: int) -> bytes | None:
