@@ -56,6 +56,10 @@ class ByteLRU:
       return e[0]
 
   def clear(self) -> None:
-    with self.lock: self._d.clear(); self.nbytes = 0
+    """Drop every entry, each told to `on_evict` as an eviction would be (a cache's own bookkeeping stays right)."""
+    with self.lock:
+      items, self._d, self.nbytes = list(self._d.items()), OrderedDict(), 0
+      if self.on_evict is not None:
+        for k, (v, _) in items: self.on_evict(k, v)
 
   def __repr__(self): return f"<ByteLRU {len(self._d)} entries, {self.nbytes} of {self.limit} bytes, {self.evicted} evicted>"

@@ -44,3 +44,12 @@ def test_mb_setting_reads_megabytes_and_names_a_bad_value(monkeypatch):
   for bad in ("lots", "-1"):
     monkeypatch.setenv("CALLSAT_TEST_MB", bad)
     with pytest.raises(CallsatError, match="CALLSAT_TEST_MB"): mb_setting("CALLSAT_TEST_MB", 9)
+
+def test_clear_tells_on_evict_of_every_entry():
+  told = []
+  c = ByteLRU(100, on_evict=lambda k, v: told.append((k, v)))
+  c.put("a", 1, 10); c.put("b", 2, 10)
+  c.clear()
+  assert sorted(told) == [("a", 1), ("b", 2)] and len(c) == 0 and c.nbytes == 0
+  c.put("c", 3, 10)
+  assert c.get("c") == 3 and c.nbytes == 10
