@@ -313,9 +313,10 @@ SWITCH_BELOW = 2_000   # e-graphs with fewer classes get _switches (each try wal
 def _switches(g: EGraphView, costs: list[int | None], allowed: list[bool] | None, roots: list[int], choice: list[int],
               best: int, reached: list[int], deadline: float) -> tuple[list[int], int, list[int]]:
   """Single-class switches after the sharing-aware rounds: a reached class takes another usable e-node over classes the
-  chosen DAG already reaches (no cycle) when the DAG cost drops, until no switch helps or `deadline`. The rounds zero the cost of every
-  e-node the current DAG pays for, the chosen ones included, so they cannot see that a class could read a term the DAG
-  has anyway (a BITCAST of a PARAM another branch reads) instead of its own (a bitcast view, a second PARAM)."""
+  chosen DAG already reaches (no cycle) when the DAG cost drops, until no switch helps or `deadline`. The rounds zero
+  the cost of every e-node the current DAG pays for, the chosen ones included, so they cannot see that a class could
+  read a term the DAG has anyway (a BITCAST of a PARAM another branch reads) instead of its own (a bitcast view, a
+  second PARAM)."""
   members: dict[int, list[int]] = collections.defaultdict(list)
   for e, k in enumerate(g.cls):
     if costs[e] is not None and (allowed is None or allowed[e]): members[k].append(e)

@@ -104,7 +104,7 @@ def _read(f, n: int) -> bytes | None:
 HELPER = CompileHelper()
 atexit.register(HELPER.close)
 
-_INPROC = [0]   # modules compiled in this process so far (the compile helper takes over after CALLSAT_COMPILE_INPROC)
+_inproc = 0   # modules compiled in this process so far (the compile helper takes over after CALLSAT_COMPILE_INPROC)
 
 def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = None) -> tuple[Slab, bool]:
   """The module `text` compiled (emit_object) and linked into `slab` (None: a new one of its own). Its object comes from
@@ -112,14 +112,15 @@ def compile_module(text: str, disk=None, level: int = 3, slab: Slab | None = Non
   else from the compile helper process once this process has compiled CALLSAT_COMPILE_INPROC modules, else from this
   process; a compiled object is stored to `disk`. Symbols the module calls but does not define (the matmul helpers) must
   be registered first. Returns (slab, loaded from disk)."""
+  global _inproc
   with JIT_LOCK:
     slab = Slab() if slab is None else slab
     key = object_key(text, level) if disk is not None else None
     obj = disk.get(key) if disk is not None else None
     loaded = obj is not None
     if obj is None:
-      if (n := inproc_setting()) is not None and _INPROC[0] >= n: obj = HELPER.compile(text, level)
-      if obj is None: obj = emit_object(text, level); _INPROC[0] += 1   # in-process (also: the helper's error, raised here)
+      if (n := inproc_setting()) is not None and _inproc >= n: obj = HELPER.compile(text, level)
+      if obj is None: obj = emit_object(text, level); _inproc += 1   # in-process (also: the helper's error, raised here)
       if disk is not None: disk.put(key, obj)
     slab.add(obj)
     return slab, loaded

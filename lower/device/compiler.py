@@ -53,9 +53,9 @@ def module_text(kernels: list[tuple[Kernel, str]]) -> str:
 
 def compile_kernels(kernels: list[tuple[Kernel, str]], disk=None, slab=None) -> list[Compiled]:
   """Compile several kernels as one module (one O3 run, one codegen) into `slab` (None: a slab of their own): fixed
-  costs are paid once. With `disk` (a
-  lower.device.cache.DiskCache) the module's object is loaded from it when there, else compiled and stored. Serialized by
-  JIT_LOCK (llvmlite is not thread-safe; the helpers' registration and the address lookups too)."""
+  costs are paid once. With `disk` (a lower.device.cache.DiskCache) the module's object is loaded from it when there,
+  else compiled and stored. Serialized by JIT_LOCK (llvmlite is not thread-safe; the helpers' registration and the
+  address lookups too)."""
   with JIT_LOCK: return _compile_kernels(kernels, disk, slab)
 
 def _compile_kernels(kernels: list[tuple[Kernel, str]], disk, slab) -> list[Compiled]:
