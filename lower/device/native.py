@@ -148,10 +148,48 @@ class Plan:
   def __del__(self):
     if self.temps is not None and self.pool is not None: self.pool.give(self.temps)
 
+class _Sched:
+  """A schedule entry: the body's kernelized program for one argument aliasing, with what every run of it needs worked
+  out once: the kernels (and their keys: their text; no compiled code is held, the kernel cache may evict it), the
+  memory plan, the storage roots in allocation order with whether each is written and must be zero-filled first, and
+  the steps as (kernel index, [(root, byte offset)], work) or a copy ((dst root, off), (src root, off), bytes)."""
+  __slots__ = ("prog", "kernels", "keys", "offs", "peak", "roots", "inner", "steps", "nbytes")
+  def __init__(self, prog, checked: bool):
+    self.prog = prog
+    if checked:
+      for s in prog.steps:
+        if s.kernel is not None: s.kernel = replace(s.kernel, checked=True)
+    self.kernels = [s.kernel for s in prog.steps if s.kernel is not None]
+    self.keys = [k.key() for k in self.kernels]
+    self.offs, self.peak, covered = memory_plan(prog)
+    roots = {m.root for s in prog.steps for m in s.mems if m.root[0] != "tmp"} | {r for r in prog.written if r[0] != "tmp"}
+    self.roots = [(r, r in prog.written, r not in covered) for r in sorted(roots, key=str)]
+    self.inner = any(r[0] == "buf" for r, _, _ in self.roots)
+    steps, ki = [], 0
+    for s in prog.steps:
+      if s.kernel is None:
+        src, dst = s.mems
+        steps.append(((dst.root, dst.off), (src.root, src.off), src.nbytes))
+      else:
+        steps.append((ki, [(m.root, m.off) for m in s.mems], s.work)); ki += 1
+    self.steps = steps
+    self.nbytes = cache.SCHEDULE_BYTES + 3 * sum(map(len, self.keys))
+
+def binding_key(call, checked: bool) -> tuple:
+  """(bind or None, the BUFFER nodes, the schedule key): a CALL whose arguments are distinct whole BUFFERs (what the
+  front end's realize makes) binds argument i to its own root at offset 0, so its key needs only each one's dtype, size
+  and whether it is per-device storage; arg_binding (its Mems hash in Python) is left for a miss."""
+  args, body = call.src[1:], call.src[0]
+  if not getattr(call.arg, "temps", ()) and all(a.op is Ops.BUFFER for a in args) and len({a.arg.uid for a in args}) == len(args):
+    return None, args, (body, "plain", tuple((a.dtype, a.arg.size, isinstance(a.arg.device, tuple)) for a in args), checked)
+  bind, bufs = arg_binding(call)
+  return bind, bufs, (body, tuple(bind[i] for i in range(len(bind))), checked)
+
 def run_native(call, storage) -> None:
-  """Execute a CALL with compiled kernels: kernelize (cached per body + argument aliasing), compile misses, run. A CALL
-  run again on the same storage arrays takes the prepared plan: after a kernel has swept the caches, the full path's
-  Python (bindings, lookups, pointer math) took ~0.1 ms, 10% of a 512^3 matmul."""
+  """Execute a CALL with compiled kernels: kernelize (cached per body + argument aliasing: a new CALL of a known body
+  costs its arguments' arrays and one Launch per kernel), compile misses, run. A CALL run again on the same storage
+  arrays takes the prepared plan: after a kernel has swept the caches, the full path's Python (bindings, lookups,
+  pointer math) took ~0.1 ms, 10% of a 512^3 matmul."""
   CACHE = cache.CACHE   # read at each call (a test swaps in a fresh cache)
   checked = check_bounds()
   plan = CACHE.plans.get(call)
@@ -160,56 +198,44 @@ def run_native(call, storage) -> None:
       if type(s) is tuple: ctypes.memmove(*s)
       else: s()
     return
-  bind, bufs = arg_binding(call)
-  key = (call.src[0], tuple(bind[i] for i in range(len(bind))), checked)
-  entry = CACHE.schedules.get(key)
-  if entry is None:
-    prog = kernelize(call.src[0], bind)
-    if checked:
-      for s in prog.steps:
-        if s.kernel is not None: s.kernel = replace(s.kernel, checked=True)
-    kernels = [s.kernel for s in prog.steps if s.kernel is not None]
-    keys = [k.key() for k in kernels]   # the kernels' text: a schedule holds no compiled code (the kernel cache evicts it)
-    entry = (prog, kernels, keys, memory_plan(prog))
-    CACHE.schedules.put(key, entry, cache.SCHEDULE_BYTES + 3 * sum(map(len, keys)))
-  prog, kernels, keys, (offs, peak, covered) = entry
-  compiled = CACHE.get(kernels, keys)
+  bind, bufs, key = binding_key(call, checked)
+  if (sch := CACHE.schedules.get(key)) is None:
+    if bind is None: bind, _ = arg_binding(call)
+    sch = _Sched(kernelize(call.src[0], bind), checked)
+    CACHE.schedules.put(key, sch, sch.nbytes)
+  compiled = CACHE.get(sch.kernels, sch.keys)
   # storage: written buffers are allocated on demand (no zero-fill when a kernel writes all of it first), read-only ones must exist
-  inner = _buffers_in(call.src[0]) if any(r[0] == "buf" for s in prog.steps for m in s.mems for r in [m.root]) else {}
-  def node_of(root): return bufs[root[1]] if root[0] == "arg" else inner[root[1]]
-  arrays = {}
-  roots = {m.root for s in prog.steps for m in s.mems if m.root[0] != "tmp"}
-  for r in sorted(roots, key=str):
-    b = node_of(r)
-    a = buffer_array(storage, b, r in prog.written, zero=r not in covered)
-    if a.shape != (elements(b),) or a.dtype != b.dtype.np:   # per-device storage: every device's copy, device-major
-      raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({elements(b)},)")
-    arrays[r] = a
-  for r in prog.written:
-    if r[0] != "tmp" and r not in arrays: arrays[r] = storage.allocate(node_of(r))
-  base = {r: a.ctypes.data for r, a in arrays.items()}
-  arena, mpool = (storage.pool.take(peak + 64, zero=False), storage.pool) if peak else (None, None)
-  STATS["peak"] = peak
+  inner = _buffers_in(call.src[0]) if sch.inner else None
+  arrays, base = {}, {}
+  for r, written, zero in sch.roots:
+    b = bufs[r[1]] if r[0] == "arg" else inner[r[1]]
+    if (a := storage.get(b.arg.uid)) is None: a = buffer_array(storage, b, written, zero=zero)
+    if a.size != (n := elements(b)) or a.dtype != b.dtype.np or a.ndim != 1:   # per-device storage: every device's copy, device-major
+      raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({n},)")
+    arrays[r] = a; base[r] = a.ctypes.data
+  arena, mpool = (storage.pool.take(sch.peak + 64, zero=False), storage.pool) if sch.peak else (None, None)
+  STATS["peak"] = sch.peak
   if arena is not None:
     at = arena.ctypes.data + (-arena.ctypes.data) % 64
-    for r, o in offs.items(): base[r] = at + o
+    for r, o in sch.offs.items(): base[r] = at + o
   dbg = debug_level()
-  ci = iter(compiled)
   steps = []
-  for s in prog.steps:
-    if s.kernel is None:
-      src, dst = s.mems
-      steps.append((base[dst.root] + dst.off, base[src.root] + src.off, src.nbytes))
+  for s in sch.steps:
+    if type(s[0]) is tuple:
+      (dr, do), (sr, so), nb = s
+      steps.append((base[dr] + do, base[sr] + so, nb))
       ctypes.memmove(*steps[-1])
       continue
-    steps.append(run := Launch(next(ci), [base[m.root] + m.off for m in s.mems], s.work))
+    ki, mems, work = s
+    steps.append(run := Launch(compiled[ki], [base[r] + o for r, o in mems], work))
     if dbg:
       t0 = time.perf_counter()
       run()
       print(f"  {run.c.name:<40} {(time.perf_counter() - t0) * 1e3:9.3f} ms", file=sys.stderr)
     else: run()
   if not dbg:   # DEBUG runs take the full path each time (it prints per kernel)
-    CACHE.plans[call] = Plan(checked, [(node_of(r).arg.uid, weakref.ref(a)) for r, a in arrays.items()], steps, arena, mpool)
+    CACHE.plans[call] = Plan(checked, [((bufs[r[1]] if r[0] == "arg" else inner[r[1]]).arg.uid, weakref.ref(a)) for r, a in arrays.items()],
+                             steps, arena, mpool)
   elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
 
 class NativeBackend(Backend):

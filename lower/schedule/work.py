@@ -10,7 +10,7 @@ from lower.device import cache
 from lower.schedule.kernel import Expr, Kernel
 from lower.schedule.kernelize import kernelize
 from lower.schedule.mem import Program, Step, arg_binding
-from lower.device.native import check_bounds, memory_plan
+from lower.device.native import binding_key, check_bounds, memory_plan
 from lower.runtime import run_call
 
 FREE = frozenset({Ops.BITCAST})   # reinterpretations: no instruction
@@ -95,9 +95,9 @@ def step_work(s: Step, device: str = "CPU", streamed: frozenset = frozenset()) -
 
 def program_of(call: Node) -> Program:
   """The Program run_native runs for `call` (its schedule cache entry when it ran, else kernelized the same way)."""
-  bind, _ = arg_binding(call)
-  entry = cache.CACHE.schedules.get((call.src[0], tuple(bind[i] for i in range(len(bind))), check_bounds()))
-  return entry[0] if entry is not None else kernelize(call.src[0], bind)
+  bind, _, key = binding_key(call, check_bounds())
+  if (entry := cache.CACHE.schedules.get(key)) is not None: return entry.prog
+  return kernelize(call.src[0], bind if bind is not None else arg_binding(call)[0])
 
 def program_work(call: Node, device: str = "CPU") -> list[KernelWork]:
   """One KernelWork per step of the CALL's Program, in run order (a read of what an earlier step streamed out: DRAM)."""
