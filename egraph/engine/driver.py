@@ -10,7 +10,7 @@ the e-graph out, it builds that CALL from the graph without encoding (`direct.pl
 E-class identity replaces tinygrad's tags: each realize point (an original node) names the e-class of its realized
 form, so after extraction its storage is read straight off the chosen term."""
 from __future__ import annotations
-import copy, gc, time
+import gc, time
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -115,14 +115,28 @@ _SIZES: Counter = Counter()   # graph size -> entries of that size: a graph of n
 
 def graph_key(roots: list[Node], topo: list[Node] | None = None) -> tuple[tuple, list[Node]]:
   """A key equal for graphs that differ only in which input buffers they read (buffers are named by position);
-  `topo`: toposort(roots, enter_calls=False), if made already."""
+  `topo`: toposort(roots, enter_calls=False), if made already. Per node: op, dtype, the arg as a key (a BUFFER's size
+  and device, a CONST's bits, a bound dimension's variable) and its sources' positions (a CALL's body by identity)."""
   if topo is None: topo = toposort(roots, enter_calls=False)
-  pos = {n.id: i for i, n in enumerate(topo)}
-  parts = tuple((n.op, n.dtype, (n.arg.size, n.arg.device) if n.op is Ops.BUFFER else
-                 (n.arg, n.src[0].id) if n.op in (Ops.CALL, Ops.FUNCTION) else const_key(n.arg) if n.op is Ops.CONST else
-                 _arg_key(n.arg),
-                 tuple(pos[s.id] for s in (n.src[1:] if n.op in (Ops.CALL, Ops.FUNCTION) else n.src))) for n in topo)
-  return (parts, tuple(pos[r.id] for r in roots)), topo
+  pos = {n: i for i, n in enumerate(topo)}   # nodes hash by identity (a C call; n.id is an attribute load more)
+  parts = []
+  for n in topo:
+    op, a = n.op, n.arg
+    if op is _BUFFER: a = (a.size, a.device)
+    elif op is _CONST: a = const_key(a)
+    elif op is _CALL or op is _FUNCTION:
+      parts.append((op, n.dtype, (a, n.src[0].id), tuple([pos[s] for s in n.src[1:]]))); continue
+    elif not _plain(a): a = _arg_key(a)
+    parts.append((op, n.dtype, a, tuple([pos[s] for s in n.src])))
+  return (tuple(parts), tuple([pos[r] for r in roots])), topo
+
+_BUFFER, _CONST, _CALL, _FUNCTION = Ops.BUFFER, Ops.CONST, Ops.CALL, Ops.FUNCTION
+
+def _plain(a) -> bool:
+  """An arg that is its own key: None, a plain int (a bound dimension is an int subclass), an op, tuples of these."""
+  t = type(a)
+  if a is None or t is int or t is Ops: return True
+  return t is tuple and all(map(_plain, a))
 
 def _unbind(d): return d.var if isinstance(d, BoundVar) else d
 
@@ -138,7 +152,7 @@ def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
   m = {g: topo[i] for i, g in e.buffers}
   for b in e.minted: m[b] = new_buffer(b.arg.size, b.dtype, b.arg.device)
   n = len(e.call.src) - 1
-  out = substitute([*e.call.src[1:], *e.values], m)   # one walk for both
+  out = _rebind([*e.call.src[1:], *e.values], m)
   args, values = out[:n], out[n:]
   if e.symbolic:
     binds: dict = {}
@@ -146,10 +160,26 @@ def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
     new_value = {d.var.key: d for d in binds if isinstance(d, BoundVar)}
     args = [Node(Ops.BIND, a.dtype, (), (a.arg[0], int(new_value[a.arg[0].key]))) if a.op is Ops.BIND else a for a in args]
     values = map_args(values, lambda d: new_value.get(d.var.key, d) if isinstance(d, BoundVar) else d)
-  report = copy.copy(e.report)   # what dataclasses.replace gives, a third of its time on a hit
+  report = object.__new__(CallifyReport)   # copy.copy's result at a fifth of its time (a plain dataclass: its __dict__)
+  report.__dict__.update(e.report.__dict__)
   report.cache_hit, report.seconds = True, {"cache": time.perf_counter() - t0}
   return CallifyResult(Node(Ops.CALL, dtypes.void, (e.call.src[0], *args), e.call.arg),
                        {topo[i]: v for i, v in zip(e.keys, values)}, report)
+
+def _rebind(nodes: list[Node], m: dict[Node, Node]) -> list[Node]:
+  """substitute(nodes, m) for what a hit rebinds (ghost BUFFERs, views over them: chains of one-source nodes), walked
+  down each chain instead of toposorting the lot; anything else takes substitute."""
+  out = []
+  for v in nodes:
+    chain = []
+    while v not in m and len(v.src) == 1 and v.op is not _CALL and v.op is not _FUNCTION: chain.append(v); v = v.src[0]
+    if v not in m:
+      if v.src: return substitute(nodes, m)
+      out.append(nodes[len(out)]); continue   # a leaf not rebound (a CONST, an input's own BUFFER): unchanged
+    v = m[v]
+    for c in reversed(chain): v = c.over((v,))
+    out.append(v)
+  return out
 
 def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
             limits: str | Limits | None = None, cache: bool = True, assigns: str = "fresh",
