@@ -43,11 +43,23 @@ def check_device(d) -> None:
 
 _ROUTES: "weakref.WeakKeyDictionary[Node, str]" = weakref.WeakKeyDictionary()   # CALL -> backend, checked once
 _BODIES: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()   # CALL body -> _kinds of its nodes
+# CALL body -> {its plain BUFFER args' devices -> (backend, whether one is a DISK)}: a CALL over whole BUFFERs routes by these
+_PLAIN: "weakref.WeakKeyDictionary[Node, dict]" = weakref.WeakKeyDictionary()
 
 def run_call(call: Node, storage: Storage = STORAGE) -> None:
   """Execute a CALL from callify: its SINK body runs with PARAM(slot=i) bound to `call.src[1+i]` (BUFFER or SLICE(BUFFER)).
   Output buffers are allocated on demand. A CALL is validated once; running it again only dispatches."""
   if call.op is not Ops.CALL: raise CallsatError(f"run_call: expected a CALL, got {call.op.name}")
+  body, args = call.src[0], call.src[1:]
+  if all(a.op is Ops.BUFFER for a in args):   # the front end's CALLs: a new one per realize, routed by body and devices
+    devs = tuple(a.arg.device for a in args)
+    if (per := _PLAIN.get(body)) is None: per = _PLAIN[body] = {}
+    if (got := per.get(devs)) is None:
+      if body.op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {body.op.name}")
+      got = per[devs] = (_route(call), any(_on(d, "DISK") for d in devs))
+    route, disk = got
+    if disk: _map_disks(_disk_args(call), storage)
+    return route.run(call, storage)
   if (route := _ROUTES.get(call)) is None:
     if call.src[0].op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {call.src[0].op.name}")
     route = _ROUTES[call] = _route(call)

@@ -6,6 +6,7 @@ REDUCE-keeps-dims under the hood, and realize substitutes the buffer map into ev
 """
 from __future__ import annotations
 import itertools, math, os, weakref
+from _weakref import _remove_dead_weakref
 from typing import Any, Iterator
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
@@ -21,10 +22,17 @@ from egraph.frontend.hostdata import host_node, to_numpy, storage_base, check_wr
 
 DEFAULT_DEVICE = "CPU"
 
-# every live Tensor, so realize can point all of them at the new buffers. Keyed by a counter (not a WeakSet) because
-# Tensor.__eq__ builds a graph: a set must never compare two Tensors.
-_all_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+# every live Tensor, so realize can point all of them at the new buffers: counter -> weak reference. Keyed by a counter
+# (not a WeakSet) because Tensor.__eq__ builds a graph: a set must never compare two Tensors. A plain dict whose
+# references drop their own entry in C (a WeakValueDictionary's set and removal are Python calls: ~4 us per tensor,
+# and a matmul makes five)
+_all_tensors: dict[int, weakref.ref] = {}
 _tensor_ids = itertools.count()
+
+class _TRef(weakref.ref):
+  __slots__ = ("key",)
+
+def _forget(ref: _TRef, table=_all_tensors, remove=_remove_dead_weakref) -> None: remove(table, ref.key)
 
 Scalar = (bool, int, float)
 
@@ -46,10 +54,10 @@ def _untouched(n: Node, mapping: dict) -> bool:
 def _apply_map(mapping: dict[Node, Node]) -> None:
   """Substitute `mapping` into the graph of every live Tensor at once (tinygrad's _apply_map_to_tensors)."""
   if not mapping: return
-  # valuerefs copies the table in one C call (iterating it raised when another thread made a tensor meanwhile); a
+  # the table is copied in one C call (iterating it raised when another thread made a tensor meanwhile); a
   # chain of one-source nodes down to a leaf (a realized tensor: RESHAPE(BUFFER), a CONST) with no key on it cannot
   # change, and model weights are many of them
-  live = [t for r in _all_tensors.valuerefs() if (t := r()) is not None and not _untouched(t.node, mapping)]
+  live = [t for r in _all_tensors.copy().values() if (t := r()) is not None and not _untouched(t.node, mapping)]
   rest = []
   for t in live:   # a realized tensor's own node is a key: no walk of the graph under it
     if (n := mapping.get(t.node)) is not None: t.node = n
@@ -85,7 +93,9 @@ class Tensor:
         elif from_py and dtype.is_float(): dtype = dtypes.default_float
       n = host_node(arr, dtype, dev)
     self.node: Node = n
-    _all_tensors[next(_tensor_ids)] = self
+    k = next(_tensor_ids)
+    ref = _all_tensors[k] = _TRef(self, _forget)
+    ref.key = k
 
   # --- properties
   @property

@@ -129,9 +129,16 @@ def _ancestors(d: DType) -> set[DType]:
       if p not in out: out.add(p); todo.append(p)
   return out
 
+_LUB: dict = {}   # (up to 3 dtypes, the default float) -> least_upper_dtype: every binary op asks (a finite table)
+
 def least_upper_dtype(*ds: DType) -> DType:
   """The smallest dtype every argument promotes to (tinygrad's least_upper_dtype). Where tinygrad's answer is its weak
   float (int64 with uint64: their only common ancestors are floats), this is the default float."""
+  if len(ds) > 3: return _lub(ds)
+  if (got := _LUB.get(key := (ds, dtypes.default_float))) is None: got = _LUB[key] = _lub(ds)
+  return got
+
+def _lub(ds: tuple) -> DType:
   best = min(set.intersection(*(_ancestors(d) for d in ds)), key=lambda d: (d.priority, d.name))   # fp8s tie: by name
   return dtypes.default_float if best.is_float() and not any(d.is_float() for d in ds) else best
 
