@@ -36,9 +36,10 @@ def exps(x, n: int):
   for i in range(1, n): out = out + (x * (0.5 + 0.01 * i)).exp()
   return out
 
-def kernels(rng) -> dict:
-  """name -> a Tensor whose CALL is one kernel (the calibration set; the 'mixed' ones only check the fit)."""
-  f = lambda *s: Tensor(rng.standard_normal(s).astype(np.float32)).realize()
+def kernels(rng, T=Tensor) -> dict:
+  """name -> a Tensor whose CALL is one kernel (the calibration set; the 'mixed' ones only check the fit). `T`: the
+  Tensor class (tinygrad's, for bench/calibrate_tinygrad.py: the same programs)."""
+  f = lambda *s: T(rng.standard_normal(s).astype(np.float32)).realize()
   s64, s256k, s1m, s4m = f(64), f(1 << 18), f(1 << 20), f(1 << 22)
   b64, b1m = f(64), f(1 << 20)
   # DRAM: a + b moving 6x the L3 (192 MB with 32 MB). At 48 MB (1.5x the L3, the first calibrations) back-to-back runs

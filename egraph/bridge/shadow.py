@@ -11,7 +11,8 @@ cost-mode partition (egraph/fusion/solve.py) stores some candidates; those that 
 hints. The shadow is never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild
 stays OPAQUE."""
 from __future__ import annotations
-import dataclasses, os, time
+import dataclasses, math, os, time
+from importlib.metadata import version, PackageNotFoundError
 from dataclasses import dataclass, field
 from tinygrad.uop.ops import UOp, Ops as TOps
 from tinygrad.dtype import dtypes as tdt
@@ -20,7 +21,8 @@ from egraph.ir.errors import CallsatError
 from egraph.engine.encode import encode
 from egraph.engine.cost import COST_PRESETS
 from egraph.engine.report import PartitionReport
-from egraph.fusion.solve import time_model, partition_ids, solver_deadline
+from egraph.fusion.solve import partition_ids
+from egraph.fusion.timemodel import TimeModel, NoTimeModel, tinygrad_device_key
 from egraph.fusion.candidates import add_candidates
 from egraph.engine.driver import saturate, extract_call
 from egraph.bridge.convert import Conversion
@@ -28,7 +30,11 @@ from egraph.bridge.convert import Conversion
 MODES = ("rules", "cost", "cost-store")
 ENV = "CALLSAT_BRIDGE_FUSION"
 COST_DEVICE = "CPU"   # the only calibrated device: a tinygrad graph on one device is priced as callsat's CPU
-SOLVER_S = 0.25       # the partition's time at least (callify's floor is 0.05 s): an opt-in pass, better decided than fast
+SOLVER_S_PER_NODE, SOLVER_S = 2e-4, 0.25   # the partition's time: per shadow node, at most SOLVER_S (decided once per structure)
+# hints only where the partition is predicted faster than stock's schedule by more than the calibration's held-out error;
+# False gives every hint the partition chooses (what the time model alone would do: for studying it, and the tests of
+# how hints reach tinygrad)
+ANCHOR = True
 _ALU = {i.tinygrad or o.name: o for o, i in ALU_OPS.items()}   # tinygrad's ALU op name -> callsat's (the op table)
 _REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
 _WEAKS = (tdt.weakint, tdt.weakfloat)
@@ -58,6 +64,8 @@ class Hints:
   note: str = ""
   seconds: float = 0.0
   failed: bool = False   # choosing them raised (fallback mode goes on without): this call's answer, never cached
+  stock_s: float | None = None    # the shadow's predicted time of the stock schedule (its rules-like partition)
+  hinted_s: float | None = None   # ... and of the partition it chose; hints only when it beats stock by more than the error
 
 def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
 
@@ -134,21 +142,46 @@ def cost_hints(cv: Conversion, roots: list[Node]) -> Hints:
   devs = {r.device for r in roots if r.device is not None}   # the realize points' (inputs may be copied in from a host)
   if len(devs) != 1 or not isinstance(d := next(iter(devs)), str) or d.startswith("DISK"):
     return Hints(note=f"devices {sorted(map(str, devs))}: cost mode prices one device", seconds=time.perf_counter() - t0)
+  try: tm, err = tinygrad_model(d)
+  except NoTimeModel as e: return Hints(note=str(e), seconds=time.perf_counter() - t0)
   sh = Shadow(cv, d)
   enc = encode(sh.build(roots), "realized")
-  if (tm := time_model(enc)) is None: return Hints(note="no time model", seconds=time.perf_counter() - t0)
   cands = add_candidates(enc)
   if not cands: return Hints(note="no candidates", seconds=time.perf_counter() - t0)
   sat = saturate(enc)
   ex = extract_call(sat, COST_PRESETS["bytes"])
-  ids, rep = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm,
-                          max(solver_deadline(time.perf_counter() - t0), time.perf_counter() + SOLVER_S))
+  budget = min(SOLVER_S, SOLVER_S_PER_NODE * len(enc.nodes))   # scales with the graph: a 10-node graph decides in 2 ms
+  ids, rep = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm, time.perf_counter() + budget)
   keys, cls = {k.id for k in enc.keys}, sat.graph.class_of_id
   chosen = [enc.nodes[i] for i in sorted(cands) if cls[i] in ids.stored and enc.nodes[i].id not in keys]
   idents = {sh.origin[n.id] for n in chosen if n.id in sh.origin}
   idents = {i for i in idents if (u := cv.opaque[i][0]) is not None and u.dtype not in _WEAKS and u.device is not None}
+  # stock's schedule, as the shadow can predict it: the rules-like partition (a reduce read through a broadcast gets a
+  # kernel of its own, as tinygrad's rangeify ends one there; storing nothing would price a softmax's sum recomputed
+  # per element, a schedule nobody runs)
+  stock, hinted = rep.rules_s, rep.predicted_s
+  if ANCHOR and idents and (stock is None or hinted is None or hinted >= stock * math.exp(-err)):
+    gain = "not costed" if stock is None or hinted is None else f"predicted {stock * 1e6:.1f} -> {hinted * 1e6:.1f} us ({1 - hinted / stock:+.1%})"
+    return Hints(candidates=len(cands), partition=rep, stock_s=stock, hinted_s=hinted, seconds=time.perf_counter() - t0,
+                 note=f"{len(idents)} hints dropped: {gain}, within the model's error on tinygrad's kernels ({1 - math.exp(-err):.0%})")
   return Hints(frozenset(idents), [cv.opaque[i][0] for i in sorted(idents)], len(cands), rep,
-               "" if idents else "the partition stores nothing beyond the realize points", time.perf_counter() - t0)
+               "" if idents else "the partition stores nothing beyond the realize points", time.perf_counter() - t0,
+               stock_s=stock, hinted_s=hinted)
+
+def tinygrad_model(device: str) -> tuple[TimeModel, float]:
+  """The time model of tinygrad's kernels on `device` for the installed tinygrad (bench/calibrate_tinygrad.py), and its
+  measured error (mean |log(predicted / measured)|, held-out kernels included); NoTimeModel when there is none."""
+  try: v = version("tinygrad")
+  except PackageNotFoundError: raise NoTimeModel("tinygrad has no package version: no calibration can be matched to it") from None
+  key = tinygrad_device_key(v, device)
+  if (got := _MODELS.get(key)) is None:
+    try: tm = TimeModel.load(key)
+    except NoTimeModel: raise NoTimeModel(f"no calibration of tinygrad {v}'s kernels on {device}: cost mode gives no hints "
+                                          "(run python bench/calibrate_tinygrad.py there)") from None
+    got = _MODELS[key] = (tm, float(tm.log_error))
+  return got
+
+_MODELS: dict = {}   # calibration key -> (TimeModel, its error): the file is read once per process
 
 def realize_hints(cv: Conversion, roots: list[Node], idents: frozenset) -> list[Node]:
   """cv's roots with every consumer of a hinted OPAQUE reading CONTIGUOUS(it), as if the program had asked for it:

@@ -40,6 +40,11 @@ def _cpu_threads() -> int:
   try: return int(os.environ.get("CALLSAT_THREADS") or 0) or len(os.sched_getaffinity(0))
   except (ValueError, AttributeError): return os.cpu_count() or 1
 
+def tinygrad_device_key(version: str, device: str) -> str:
+  """The calibration file's name for tinygrad's kernels on `device` ("CPU:1" -> its kind) under tinygrad `version`
+  (bench/calibrate_tinygrad.py writes it, the bridge's cost mode reads it): another version's kernels are other kernels."""
+  return f"tinygrad-{version}/{device.partition(':')[0]}"
+
 class NoTimeModel(CallsatError, LookupError):
   """No calibrated constants for a device (run bench/calibrate.py there, or keep fusion='rules')."""
 
@@ -76,6 +81,7 @@ class TimeModel:
   par_speedup: float = 1.0    # how much faster a split kernel runs than one on a single thread
   division_ops: float = 1.0
   bw_readback: float = 0.0    # bytes/s of dram_bytes (a streamed intermediate read back by a later kernel); 0: bw_mem
+  log_error: float = 0.0      # the calibration's mean |log(predicted / measured)| (written by bench/calibrate_tinygrad.py)
 
   @classmethod
   def load(cls, device: str = "CPU", path: str = DATA) -> "TimeModel":
@@ -97,14 +103,14 @@ class TimeModel:
     return cls(device, float(d["launch_s"]), float(d["bw_cache"]), float(d["bw_mem"]), float(d["bw_strided"]), int(d["cache_bytes"]), tp,
                float(d["transcendental_ops"]), d.get("combine", "max"), int(d.get("parallel_work", 1 << 21)),
                float(d.get("par_speedup", 1.0)), float(d.get("division_ops", d["transcendental_ops"])),
-               float(d.get("bw_readback", d["bw_mem"])))
+               float(d.get("bw_readback", d["bw_mem"])), float(d.get("log_error", 0.0)))
 
   def to_dict(self) -> dict:
     return {"launch_s": self.launch_s, "bw_cache": self.bw_cache, "bw_mem": self.bw_mem, "bw_strided": self.bw_strided,
             "cache_bytes": self.cache_bytes,
             "throughput": dict(self.throughput), "transcendental_ops": self.transcendental_ops, "combine": self.combine,
             "parallel_work": self.parallel_work, "par_speedup": self.par_speedup, "division_ops": self.division_ops,
-            "bw_readback": self.readback}
+            "bw_readback": self.readback, **({"log_error": self.log_error} if self.log_error else {})}
 
   @property
   def readback(self) -> float: return self.bw_readback or self.bw_mem

@@ -13,6 +13,7 @@ from egraph import tinygrad as bridge   # noqa: E402
 from egraph.ir.errors import CallsatError   # noqa: E402
 from egraph.ir.ops import Ops   # noqa: E402
 from egraph.bridge.convert import to_callsat   # noqa: E402
+from egraph.bridge import shadow   # noqa: E402
 from egraph.bridge.shadow import Shadow, bridge_fusion, cost_hints   # noqa: E402
 
 def _compiles() -> bool:
@@ -67,7 +68,15 @@ def _mlp_step(rng):
   return build, ref
 
 PROGRAMS = {"softmax": _softmax, "layernorm": _layernorm, "shared": _shared, "mlp_step": _mlp_step}
-HINTED = {"softmax": {"EXP2"}, "layernorm": set(), "shared": {"EXP2"}, "mlp_step": set()}   # values the CONTIGUOUS must cover
+# values the CONTIGUOUS must cover: none fixed (priced on tinygrad's calibrated kernels, softmax stores its reduces where
+# callsat's CPU model stored its exp: which values is the calibration's call; where they go is what is tested)
+HINTED = {"softmax": set(), "layernorm": set(), "shared": set(), "mlp_step": set()}
+
+@pytest.fixture(autouse=True)
+def _unanchored(request, monkeypatch):
+  """The hint mechanics are tested with every hint the partition chooses (shadow.ANCHOR off); the anchor's own tests
+  (marked `anchored`) keep it."""
+  if "anchored" not in request.keywords: monkeypatch.setattr(shadow, "ANCHOR", False)
 
 def _run(name: str, mode: str | None, monkeypatch) -> tuple[list, int, dict]:
   """(values, kernels, bridge stats) of one program: stock tinygrad (mode None) or the strict bridge in `mode`."""
@@ -105,11 +114,9 @@ def test_kernel_counts_change_where_the_partition_stores(name, monkeypatch):
   _, on, st_on = _run(name, "cost", monkeypatch)
   _, store, _ = _run(name, "cost-store", monkeypatch)
   assert off == stock and st_off["hints"] == 0 and st_on["hints"] > 0
-  # mlp_step and layernorm: tinygrad already splits its kernels where the partition stores (layernorm's partition is
-  # the rules-like one since the time model charges hoisted broadcasts once per row, 258437d)
-  assert on >= stock
-  if name not in ("mlp_step", "layernorm"): assert on > stock
-  if name in ("softmax", "shared"): assert store > stock
+  # a hint never merges kernels; where it adds one depends on the calibration (priced on tinygrad's kernels, a kernel
+  # launch costs ~50 us and most hints land where tinygrad already ends a kernel)
+  assert on >= stock and store >= stock
 
 def _body(name: str, mode: str, monkeypatch):
   """The CALL body the bridge returns for one program's graph (callsat's pass called directly) and its hints."""
@@ -191,3 +198,45 @@ def test_no_hints_for_realize_points_on_two_devices():
     cv, roots = to_callsat(UOp.sink(y.uop, (x * 2).uop))
   h = cost_hints(cv, roots)
   assert not h.idents and "devices" in h.note
+
+# ---- the anchor (issue 28): priced on tinygrad's calibrated kernels, hints only past the model's error ----------------
+
+def _hints_of(name: str, monkeypatch):
+  build, _ = PROGRAMS[name](np.random.default_rng(7))
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  with Context(DEV=DEV):
+    outs = build()
+    cv, roots = to_callsat(UOp.sink(*[o.uop for o in outs]), consts=True)
+    return cost_hints(cv, roots), outs
+
+@pytest.mark.anchored
+def test_anchor_drops_hints_within_the_models_error(monkeypatch):
+  """With the calibration's error made huge no predicted gain exceeds it: no hints, the report says why and gives the
+  predicted stock and hinted times; with no error at all, the same graph's strictly better partition would be hinted."""
+  tm, err = shadow.tinygrad_model("CPU")
+  assert err > 0   # the shipped calibration measured its held-out error
+  monkeypatch.setattr(shadow, "_MODELS", {k: (tm, 50.0) for k in shadow._MODELS} | {shadow.tinygrad_device_key(
+    shadow.version("tinygrad"), "CPU"): (tm, 50.0)})
+  h, _ = _hints_of("softmax", monkeypatch)
+  assert not h.idents and "within the model's error" in h.note and h.stock_s is not None and h.hinted_s is not None
+  assert h.hinted_s <= h.stock_s   # the solver never chooses a partition predicted slower than the rules-like one
+
+@pytest.mark.anchored
+def test_uncalibrated_tinygrad_gets_no_hints_and_says_so(monkeypatch):
+  monkeypatch.setattr(shadow, "version", lambda name: "0.0.0-uncalibrated")
+  monkeypatch.setattr(shadow, "_MODELS", {})
+  h, _ = _hints_of("softmax", monkeypatch)
+  assert not h.idents and "no calibration of tinygrad 0.0.0-uncalibrated's kernels on CPU" in h.note
+
+@pytest.mark.anchored
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_anchored_cost_mode_gives_stock_values_and_never_more_kernels_without_hints(name, monkeypatch):
+  """Default cost mode on the test programs: values equal to stock exactly where no hint was given (the CALL is
+  strict's), and never more kernels than stock when the anchor dropped every hint."""
+  stock, nk_stock, _ = _run(name, None, monkeypatch)
+  ours, nk, st = _run(name, "cost", monkeypatch)
+  if st["hints"] == 0:
+    assert nk == nk_stock
+    for a, b in zip(ours, stock): np.testing.assert_array_equal(a, b)
+  else:
+    for a, b in zip(ours, stock): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
