@@ -6,10 +6,12 @@ the bridge hands them to tinygrad. Opt-in: CALLSAT_BRIDGE_FUSION=cost puts a CON
 The bridge's own conversion carries tinygrad's arithmetic as OPAQUE, which the time model cannot cost. So the hints
 come from a shadow of the converted graph used only for costing (`Shadow`): OPAQUE ALU ops (MULACC included), REDUCE and CONSTs
 rebuilt as callsat ops (tinygrad's implicit broadcasting made explicit, weak constants typed like their consumer,
-REDUCE's leading-axes form as a keepdim REDUCE and a RESHAPE), the device priced as callsat's calibrated CPU. Its
-cost-mode partition (egraph/fusion/solve.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the
-hints. The shadow is never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild
-stays OPAQUE."""
+REDUCE's leading-axes form as a keepdim REDUCE and a RESHAPE), priced by the time model of tinygrad's own kernels on
+that device (bench/calibrate_tinygrad.py, per tinygrad version; none: no hints). Its cost-mode partition
+(egraph/fusion/solve.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the hints, given only
+when the partition is predicted faster than the rules-like one (the shadow's stand-in for stock's schedule) by more
+than the calibration's held-out error (ANCHOR). Decided once per graph structure (egraph/bridge/cache.py). The shadow is
+never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild stays OPAQUE."""
 from __future__ import annotations
 import dataclasses, math, os, time
 from importlib.metadata import version, PackageNotFoundError
