@@ -28,7 +28,8 @@ from egraph.engine.build import view_over, bind_dims, build_call, has_bound_dims
 from egraph.engine.runner import (Runner, Limits, Schedule, StepHook, StopReason, OutOfBudget, LIMIT_PRESETS, SCHEDULE_PRESETS,
                            resolve)
 from egraph.engine.cost import CostModel, COST_PRESETS
-from egraph.engine.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, INF
+from egraph.engine.extract import EGraphView, ChosenIds, Unextractable, Terms, extract, decode, baseline_cost, reached_classes, INF
+from egraph.engine.exact import Certificate, EXACT_SECONDS, exact_extract, certify
 from egraph.engine.report import CallifyReport
 from egraph.fusion.solve import fusion_mode, cost_plan, partition_ids, solver_deadline
 from egraph.fusion.candidates import add_candidates, mark, temporaries
@@ -183,13 +184,16 @@ def _rebind(nodes: list[Node], m: dict[Node, Node]) -> list[Node]:
 
 def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule = "saturate",
             limits: str | Limits | None = None, cache: bool = True, assigns: str = "fresh",
-            fusion: str | None = None) -> CallifyResult:
+            fusion: str | None = None, extraction: str = "default") -> CallifyResult:
   """Turn the graph under `tensors` into one CALL by equality saturation. Pure: no tensor is changed.
   With `cache`, a graph equal to an earlier one up to its input buffers reuses that result without saturating.
   `assigns="realized"` reads an assign into a view of a realize point as tinygrad 0.14 does (see encode).
   `fusion` ("rules" | "cost", default env CALLSAT_FUSION, else "cost"): who decides which intermediates get a buffer,
-  lower/'s heuristics or the time model's partition (egraph/fusion/solve.py)."""
+  lower/'s heuristics or the time model's partition (egraph/fusion/solve.py). `extraction` ("default" | "certify" |
+  "exact"): "certify" checks the extracted DAG against an exact ILP (the report's `certificate`: "optimal (proven)",
+  "gap <= x %", "not optimal: ..." or "not proven (why)"); "exact" also takes the ILP's DAG where it is cheaper."""
   t0 = time.perf_counter()
+  if extraction not in EXTRACTIONS: raise CallsatError(f"callify: extraction must be one of {EXTRACTIONS}, got {extraction!r}")
   model: CostModel = resolve(cost, COST_PRESETS, "cost model")
   sched: Schedule = resolve(schedule, SCHEDULE_PRESETS, "schedule")
   lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
@@ -198,7 +202,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   t1 = time.perf_counter()
   topo = toposort(roots, enter_calls=False)
   topo_s = time.perf_counter() - t1
-  def cache_key() -> tuple: return (graph_key(roots, topo)[0], model, sched, lim, assigns, fus)
+  def cache_key() -> tuple: return (graph_key(roots, topo)[0], model, sched, lim, assigns, fus, extraction)
   key = None
   # the key costs a third of encoding: only a graph of a cached one's size can hit (a fallback needs no key at all)
   if cache and len(topo) in _SIZES:
@@ -208,7 +212,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
       return res
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
-  try: res = _callify(roots, topo, topo_s, model, sched, lim, t0, assigns, fus)
+  try: res = _callify(roots, topo, topo_s, model, sched, lim, t0, assigns, fus, extraction)
   finally:
     if was: gc.enable()
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
@@ -266,17 +270,29 @@ class Extraction:
   choice: list[int]
   cost: int
   reached: list[int] | None = None   # the classes the chosen DAG reaches (extract.chosen_dag; None: one has no choice)
+  certificate: Certificate | None = None   # extraction "certify" / "exact": the default choice against the ILP's
   @cached_property
   def terms(self) -> Terms: return decode(self.graph, self.choice, self.root_classes, self.reached)   # decoded on first use
 
-def extract_call(sat: Saturation, model: CostModel, deadline: float = INF) -> Extraction:
+EXTRACTIONS = ("default", "certify", "exact")
+
+def extract_call(sat: Saturation, model: CostModel, deadline: float = INF, extraction: str = "default") -> Extraction:
   """Extract the CALL form callify uses: pinned (storage-form) extraction with sharing-aware refinement (skipped past
-  `deadline`); past the Runner's `abort_at` it raises OutOfBudget."""
+  `deadline`); past the Runner's `abort_at` it raises OutOfBudget. `extraction` "certify" also solves the exact ILP
+  (egraph/engine/exact.py, at most EXACT_SECONDS and never past `deadline`) and says how the choice stands; "exact"
+  takes the ILP's choice where it is cheaper."""
   g, abort_at = sat.graph, sat.runner.abort_at
   costs = g.local_costs(model, abort_at)
   root_classes = [g.class_of_id[sat.enc.key_ids[k.id]] for k in sat.enc.keys]
-  choice, cost, reached = extract(g, costs, root_classes, g.pinned_allowed(), deadline=deadline, abort_at=abort_at)
-  return Extraction(g, costs, root_classes, choice, cost, reached)
+  allowed = g.pinned_allowed()
+  choice, cost, reached = extract(g, costs, root_classes, allowed, deadline=deadline, abort_at=abort_at)
+  cert = None
+  if extraction != "default":
+    cert = certify(cost, exact_extract(g, costs, root_classes, allowed, min(EXACT_SECONDS, deadline - time.perf_counter())))
+    if extraction == "exact" and cert.improves:
+      choice, cost = cert.exact.choice, cert.exact.cost
+      reached = reached_classes(choice, root_classes, g.kids, g.n_classes)
+  return Extraction(g, costs, root_classes, choice, cost, reached, cert)
 
 # ---- callify under its limits: the e-graph when it fits, else the all-materialized CALL built directly -----------------
 
@@ -328,7 +344,16 @@ def loaded_size(enc: Encoding) -> int:
   return terms + 2 * len(enc.fresh)
 
 def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits, t0: float,
-             assigns: str, fusion: str) -> CallifyResult:
+             assigns: str, fusion: str, extraction: str) -> CallifyResult:
+  res = _callify_paths(roots, topo, topo_s, model, sched, lim, t0, assigns, fusion, extraction)
+  if extraction != "default" and not res.report.certificate:   # no e-graph was extracted: say why nothing is certified
+    r = res.report
+    r.certificate = ("optimal (proven): no decision, one form" if r.settled else
+                     f"not proven (no e-graph: {r.fallback})" if r.fallback else "optimal (proven): nothing to realize")
+  return res
+
+def _callify_paths(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits,
+                   t0: float, assigns: str, fusion: str, extraction: str) -> CallifyResult:
   why = Budget.no_e_graph(lim, len(topo), topo_s)
   if why is not None and (res := _from_graph(roots, topo, topo_s, model, sched, lim, assigns, fusion, why)): return res
   if fusion != "cost" and SHORTCUT["on"] and settled_on_graph(roots, topo) and \
@@ -358,9 +383,13 @@ def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostMode
     report.seconds.update(st.seconds)
     t1 = time.perf_counter()
     report.e_nodes, report.e_classes = sat.graph.n_enodes, sat.graph.n_classes
-    ex = extract_call(sat, model, deadline=budget.start + lim.seconds)
+    ex = extract_call(sat, model, deadline=budget.start + lim.seconds, extraction=extraction)
     report.cost = ex.cost
-    report.seconds["extract"] = time.perf_counter() - t1
+    if (c := ex.certificate) is not None:
+      report.certificate, report.exact_cost, report.exact_seconds = c.verdict, c.exact.cost, c.exact.seconds
+      if extraction == "exact" and c.improves: report.certificate += "; the ILP's DAG taken"
+    report.seconds["extract"] = time.perf_counter() - t1 - report.exact_seconds
+    if report.exact_seconds: report.seconds["certify"] = report.exact_seconds
     ids = ChosenIds(sat.graph, ex.choice)
     if tm is not None:   # the partition gets what is left of the time budget
       t3 = time.perf_counter()

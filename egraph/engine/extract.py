@@ -329,7 +329,7 @@ def _switches(g: EGraphView, costs: list[int | None], allowed: list[bool] | None
         # only e-nodes over classes the DAG has anyway: one that brings new classes is what tree cost already weighed
         if e == choice[k] or not all(paid[c] for c in g.kids[e]): continue
         trial = choice.copy(); trial[k] = e
-        if not _acyclic(trial, roots, g.kids, g.n_classes): continue
+        if not acyclic(trial, roots, g.kids, g.n_classes): continue
         c, r = chosen_dag(g, costs, trial, roots)
         if r is not None and c < best:
           choice, best, reached, improved = trial, c, r, True
@@ -337,7 +337,7 @@ def _switches(g: EGraphView, costs: list[int | None], allowed: list[bool] | None
       if improved or time.perf_counter() > deadline: break
   return choice, best, reached
 
-def _acyclic(choice: list[int], roots: list[int], kids: list[tuple], n: int) -> bool:
+def acyclic(choice: list[int], roots: list[int], kids: list[tuple], n: int) -> bool:
   """Is the DAG `choice` picks under `roots` free of cycles (every chosen class finished before it is met again)?"""
   state, stack = bytearray(n), list(roots)   # 1 entered, 2 finished
   while stack:

@@ -59,6 +59,9 @@ class CallifyReport:
   fusion: str = "rules"     # who chose the kernel boundaries: "rules" (lower/'s heuristics) or "cost" (the partition)
   partition: PartitionReport | None = None   # fusion="cost": the partition's method, bound and gap
   fusion_note: str = ""     # why cost mode was asked for but the rules ran (no time model for the device, too big to cost)
+  certificate: str = ""     # extraction "certify"/"exact": how `cost` stands against the exact ILP (egraph/engine/exact.py)
+  exact_cost: int | None = None   # the ILP's DAG cost (None: not solved)
+  exact_seconds: float = 0.0      # the ILP's build and solve time (`seconds`' "certify"; not in "extract")
   scalars: dict[int, object] = field(default_factory=dict)   # CALL arg slot -> the Python scalar a 1-element host
                                                               # argument holds (the front end's scalar arguments)
   fresh_uids: set[int] = field(default_factory=set, repr=False)
@@ -78,6 +81,8 @@ class CallifyReport:
       *([f"  settled   all-materialized CALL built without the e-graph ({self.settled})"] if self.settled else []),
       f"  rules     {rules}",
       f"  cost      {self.cost} ({self.cost_model}) vs {self.baseline_cost} all-materialized baseline ({saved:.0%} saved)",
+      *([f"  extract   {self.certificate}" + (f" (ILP {self.exact_seconds * 1e3:.0f}ms)" if self.exact_seconds else "")]
+        if self.certificate else []),
       f"  CALL      {self.buffers} fresh buffers" + (f" ({self.temps} of them temporaries)" if self.temps else "")
       + f", {self.stores} stores, {self.views} zero-copy views",
       f"  fusion    {self.fusion}" + (f" ({self.fusion_note})" if self.fusion_note else "") + (f": {self.partition}" if self.partition else ""),

@@ -15,16 +15,6 @@ MIP_GAP = 0.01            # HiGHS stops within 1 % of its bound: the model is no
 class TooBig(Exception):
   """The ILP outgrew MILP_MAX_TERMS while being built."""
 
-def scipy_milp():
-  """(milp, LinearConstraint, Bounds, csr_array), or None where scipy (a dependency) cannot be imported: the greedy
-  then runs. Imported here, where the solver runs (~0.45 s): neither rules mode, a few candidates, nor this module's
-  import pays for it."""
-  try:
-    from scipy.optimize import milp, LinearConstraint, Bounds
-    from scipy.sparse import csr_array
-  except ImportError: return None
-  return milp, LinearConstraint, Bounds, csr_array
-
 class Ilp:
   """The partition as a MILP under the time model, solved by HiGHS (scipy.optimize.milp). Binary s_c: candidate c stored.
   Per kernel k (each STORE value; each candidate c, which exists iff s_c) over its all-fused cone, with reach = the OR

@@ -26,7 +26,8 @@ from egraph.engine.report import PartitionReport
 from egraph.fusion.timemodel import TimeModel, NoTimeModel
 from egraph.fusion.greedy import Late, search as _search, worth_flipping
 from egraph.fusion.candidates import COST_S_PER_CLASS, SHARED_MAX_NODES, SOLVER_FLOOR_S, SOLVER_SHARE, StoredIds, stored_members
-from egraph.fusion.milp import Ilp, MILP_MAX_TERMS, TooBig, scipy_milp
+from egraph.fusion.milp import Ilp, MILP_MAX_TERMS, TooBig
+from egraph.engine.exact import scipy_milp
 from egraph.fusion.partition import Partition, rules_like, rules_like_ids
 
 MODES = ("rules", "cost")

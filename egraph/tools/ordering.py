@@ -104,6 +104,10 @@ class Run:
   views: int
   iterations: int
   predicted_s: float | None = None   # fusion="cost": the chosen partition's predicted run time (egraph/fusion/solve.py)
+  extract_ms: float = 0.0            # the default extraction's time
+  certificate: str = ""              # certify: the default extraction against the exact ILP (egraph/engine/exact.py)
+  exact_cost: int | None = None      # certify: the ILP's DAG cost (None: not solved)
+  exact_ms: float = 0.0              # certify: the ILP's build and solve time
 
 @dataclass
 class GraphResult:
@@ -134,23 +138,30 @@ class GraphResult:
             "order_dependent": self.order_dependent, "saturated_best": self.saturated_best,
             "saturated_e_nodes": self.saturated.e_nodes, "reference_e_nodes": self.reference.e_nodes,
             "saturated_ms": round(1e3 * self.saturated.seconds, 2), "reference_ms": round(1e3 * self.reference.seconds, 2),
-            "orders_mean_ms": round(1e3 * sum(r.seconds for r in self.orders) / max(1, len(self.orders)), 2)}
+            "orders_mean_ms": round(1e3 * sum(r.seconds for r in self.orders) / max(1, len(self.orders)), 2),
+            **({"certificate": self.saturated.certificate, "exact_cost": self.saturated.exact_cost,
+                "extract_ms": self.saturated.extract_ms, "exact_ms": self.saturated.exact_ms}
+               if self.saturated.certificate else {})}
 
-def _run(roots, schedule, fusion: str | None = None) -> tuple[Run, object]:
+def _run(roots, schedule, fusion: str | None = None, extraction: str = "default") -> tuple[Run, object]:
   t0 = time.perf_counter()
-  res = callify(*roots, schedule=schedule, cache=False, fusion=fusion)
+  res = callify(*roots, schedule=schedule, cache=False, fusion=fusion, extraction=extraction)
   rep = res.report
-  return Run(rep.schedule, rep.cost, rep.e_nodes, time.perf_counter() - t0, rep.stores, rep.views, rep.iterations,
-             rep.partition.predicted_s if rep.partition is not None else None), rep
+  return Run(rep.schedule, rep.cost, rep.e_nodes, time.perf_counter() - t0 - rep.exact_seconds, rep.stores, rep.views,
+             rep.iterations, rep.partition.predicted_s if rep.partition is not None else None,
+             round(1e3 * rep.seconds.get("extract", 0.0), 2), rep.certificate, rep.exact_cost,
+             round(1e3 * rep.exact_seconds, 2)), rep
 
-def run_graph(name: str, k: int = 8, seed: int = 0, record: str | None = None, fusion: str | None = None) -> GraphResult:
+def run_graph(name: str, k: int = 8, seed: int = 0, record: str | None = None, fusion: str | None = None,
+              certify: bool = False) -> GraphResult:
   """`name` (a corpus entry, or the graph of a corpus-file `record`) under saturation, the reference order,
   materialize-first and `k` random orders. `fusion` (default: env CALLSAT_FUSION): with "cost" the candidates' stored
-  forms (store_candidate) join the orders and each run reports its partition's predicted time."""
+  forms (store_candidate) join the orders and each run reports its partition's predicted time. `certify`: the
+  saturated run's extraction is checked against the exact ILP (its verdict, cost and time in the result)."""
   roots = corpus_file.loads(record).roots if record is not None else build(name)[0]
   schedule = "saturate"
   try:   # an engine error names the graph and the schedule: in a sweep of hundreds it is otherwise anonymous
-    sat, rep = _run(roots, schedule, fusion)
+    sat, rep = _run(roots, schedule, fusion, "certify" if certify else "default")
     ref, _ = _run(roots, schedule := SCHEDULE_PRESETS["reference"], fusion)
     mf, _ = _run(roots, schedule := SCHEDULE_PRESETS["materialize_first"], fusion)
     orders = [_run(roots, schedule := ordered_schedule(o, name=f"random{i}"), fusion)[0] for i, o in enumerate(random_orders(k, seed))]
@@ -172,7 +183,8 @@ def _job(args):
     raise
 
 def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: str | None = None, progress=None,
-          corpus: str | None = None, failures: list | None = None, fusion: str | None = None) -> list[GraphResult]:
+          corpus: str | None = None, failures: list | None = None, fusion: str | None = None,
+          certify: bool = False) -> list[GraphResult]:
   """Every corpus entry (with `corpus`, a file: graph names in it); with workers > 1 the entries run in separate
   processes, with `ray` (an address) as tasks on a Ray cluster. Either way a job is a corpus name, or a corpus file's
   record text: each worker builds its own graph (egglog objects do not pickle) and sends back a GraphResult. Results
@@ -181,10 +193,10 @@ def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: st
   list: then each such graph is appended to it as a Failure (also passed to `progress`) and left out of the results."""
   keep = failures is not None
   if corpus is not None:
-    jobs = [(keep, n, k, seed, line, fusion) for n, line in corpus_file.pick(corpus, names)]   # an unknown name: one line, before any work
+    jobs = [(keep, n, k, seed, line, fusion, certify) for n, line in corpus_file.pick(corpus, names)]   # an unknown name: one line, before any work
   else:
     for n in names: check_name(n)      # a bad entry fails before hours of work, not after
-    jobs = [(keep, n, k, seed, None, fusion) for n in names]
+    jobs = [(keep, n, k, seed, None, fusion, certify) for n in names]
   note = progress or (lambda i, n, r: None)
   if ray is not None: out = sweep_ray(jobs, ray, note)
   elif workers <= 1:
@@ -278,6 +290,26 @@ def table(results: list[GraphResult]) -> str:
   widths = [max(len(str(x)) for x in col) for col in zip(heads, *body)]
   fmt = lambda xs: "  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(xs, widths)))
   return "\n".join([fmt(heads), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
+
+def certificate_summary(results: list[GraphResult]) -> str:
+  """With certify: how the default extraction stood against the exact ILP over the sweep (proven optimal, not optimal,
+  not proven), its worst gap and the two extractions' times, as extraction-gym compares extractors; then each graph
+  not proven optimal."""
+  runs = [(r.graph, r.saturated) for r in results if r.saturated.certificate]
+  if not runs: return ""
+  proven = [g for g, s in runs if s.certificate.startswith("optimal (proven)")]
+  worse = [(g, s) for g, s in runs if s.certificate.startswith("not optimal")]
+  gaps = [(s.cost - s.exact_cost) / s.cost for _, s in worse if s.exact_cost is not None and s.cost]
+  solved = [s for _, s in runs if s.exact_ms]
+  ilp = sum(s.certificate == "optimal (proven)" for _, s in runs)   # the others had no e-graph to choose in
+  lines = [f"default extraction vs exact ILP: proven optimal on {len(proven)}/{len(runs)} graphs ({ilp} by the ILP, "
+           f"{len(proven) - ilp} with one form or nothing to realize), not optimal on {len(worse)}"
+           + (f" (worst gap {max(gaps):.1%})" if gaps else "") + f", not proven on {len(runs) - len(proven) - len(worse)}",
+           f"  time per graph: default extraction mean {sum(s.extract_ms for _, s in runs) / len(runs):.2f} ms, "
+           f"max {max(s.extract_ms for _, s in runs):.2f} ms; ILP mean "
+           f"{sum(s.exact_ms for s in solved) / max(1, len(solved)):.2f} ms, max {max((s.exact_ms for s in solved), default=0):.2f} ms"]
+  lines += [f"  {g}: cost {s.cost}, {s.certificate}" for g, s in runs if g not in proven]
+  return "\n".join(lines)
 
 def to_csv(results: list[GraphResult]) -> str:
   out = io.StringIO()

@@ -219,10 +219,10 @@ def test_single_member_walk_is_knuths_choice(which, monkeypatch):
 def test_acyclic_finds_cycles_through_chosen_e_nodes_only():
   # classes 0..3; e-node e's child classes in kids[e]; choice[k] is class k's chosen e-node
   kids = [(1, 2), (3,), (3,), (), (0,)]   # e-node 4 (a member of class 3) reads class 0: a cycle when chosen
-  assert ext._acyclic([0, 1, 2, 3], [0], kids, 4)        # a diamond 0 -> {1, 2} -> 3: shared, no cycle
-  assert not ext._acyclic([0, 1, 2, 4], [0], kids, 4)    # 3 chose e-node 4: 0 -> 1 -> 3 -> 0
-  assert ext._acyclic([0, 1, -1, 3], [0], kids, 4)       # a class with no choice is not a cycle (chosen_dag says so)
-  assert ext._acyclic([0, 1, 2, 4], [1], [(1, 2), (3,), (3,), (), ()], 4)
+  assert ext.acyclic([0, 1, 2, 3], [0], kids, 4)        # a diamond 0 -> {1, 2} -> 3: shared, no cycle
+  assert not ext.acyclic([0, 1, 2, 4], [0], kids, 4)    # 3 chose e-node 4: 0 -> 1 -> 3 -> 0
+  assert ext.acyclic([0, 1, -1, 3], [0], kids, 4)       # a class with no choice is not a cycle (chosen_dag says so)
+  assert ext.acyclic([0, 1, 2, 4], [1], [(1, 2), (3,), (3,), (), ()], 4)
 
 def test_switches_only_ever_lower_the_dag_cost():
   # on saturated e-graphs the choice after the switch search is a well-founded DAG costing the refined choice or less
@@ -236,7 +236,7 @@ def test_switches_only_ever_lower_the_dag_cost():
     costs, allowed = g.local_costs(COST_PRESETS["bytes"]), g.pinned_allowed()
     roots = [g.class_of_id[enc.key_ids[k.id]] for k in enc.keys]
     choice, best, reached = ext.extract(g, costs, roots, allowed)
-    assert reached is not None and ext._acyclic(choice, roots, g.kids, g.n_classes)
+    assert reached is not None and ext.acyclic(choice, roots, g.kids, g.n_classes)
     assert best == ext.dag_cost(g, costs, choice, roots)
     before = ext.SWITCH_BELOW
     try:

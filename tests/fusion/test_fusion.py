@@ -15,6 +15,7 @@ from egraph.fusion import milp as fmilp
 from egraph.fusion import partition
 from egraph.fusion import policy
 from egraph.fusion.solve import solve, fusion_mode
+from egraph.engine.exact import scipy_milp
 from egraph.fusion.partition import Partition
 from egraph.fusion.candidates import mark
 from egraph.fusion.greedy import worth_flipping
@@ -152,7 +153,7 @@ def test_milp_is_the_brute_force_optimum_on_random_programs():
   reduce and elementwise rates equal the share does not matter and the formulation is exact), combine max and sum."""
   tm = TimeModel.load("CPU")
   lin = dataclasses.replace(tm, throughput={**tm.throughput, "reduce": tm.throughput["elementwise"]})
-  sp, sizes, stored = fmilp.scipy_milp(), [], 0
+  sp, sizes, stored = scipy_milp(), [], 0
   for seed in range(12):
     stores, cands = _random_program(seed)
     sizes.append(len(cands))
@@ -227,7 +228,7 @@ def test_time_budget_reaches_the_solver():
   p = Partition(TimeModel.load("CPU"), [], {})
   assert solve(p, deadline=float("inf"))[1].budget_s is None and solve(p, deadline=time.perf_counter() + 2)[1].budget_s <= 2
   _, p = _shared_partition()
-  fmilp.scipy_milp()   # imported already: the deadline below is the solver's alone
+  scipy_milp()   # imported already: the deadline below is the solver's alone
   S, rep = solve(p, deadline=time.perf_counter() + 1e-4, method="milp")   # no time: HiGHS's limit, or the greedy, says so
   assert rep.budget_s <= 1e-4   # past the deadline nothing more is costed: the first start is the answer, uncosted
   assert rep.predicted_s == pytest.approx(p.cost(S)) if rep.predicted_s is not None else "out of time" in rep.note, rep
@@ -239,7 +240,7 @@ def test_cost_mode_without_scipy_falls_back_to_the_greedy(monkeypatch):
   """Where scipy cannot be imported cost mode runs the greedy, says why, and the values are right."""
   monkeypatch.setitem(sys.modules, "scipy.optimize", None)
   monkeypatch.setattr(fusion, "EXHAUSTIVE_MAX", 0)   # attention's 6 candidates would be costed every way, scipy or not
-  assert fmilp.scipy_milp() is None
+  assert scipy_milp() is None
   got, res = run(attention, "cost", monkeypatch)
   want, _ = run(attention, "rules", monkeypatch)
   p = res.report.partition

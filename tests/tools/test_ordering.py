@@ -79,6 +79,16 @@ def test_cli_order(tmp_path, capsys):
   data = json.load(open(j))
   assert len(data[1]["runs"]["orders"]) == 3 and data[1]["reference_cost"] > data[1]["saturated_cost"]
 
+def test_cli_order_certify(tmp_path, capsys):
+  # --certify: the saturated run's extraction checked by the exact ILP, per graph (CSV) and over the sweep (summary)
+  from egraph.tools.cli import main
+  c = tmp_path / "o.csv"
+  assert main(["order", "--graph", "model:views", "--graph", "gen:1", "-k", "1", "--certify", "--csv", str(c)]) == 0
+  out = capsys.readouterr().out
+  assert "default extraction vs exact ILP: proven optimal on 2/2 graphs (2 by the ILP" in out and "ILP mean" in out
+  rows = list(csv.DictReader(open(c)))
+  assert all(r["certificate"] == "optimal (proven)" and int(r["exact_cost"]) == int(r["saturated_cost"]) for r in rows)
+
 def test_cli_order_workers(capsys):
   from egraph.tools.cli import main
   assert main(["order", "--graph", "gen:0", "--graph", "gen:1", "-k", "2", "--workers", "2"]) == 0
