@@ -1,14 +1,21 @@
-"""Build the committed tinygrad graph corpus (notes/corpus.md): the programs below, run on tinygrad 0.14's NULL device
+"""Build the committed tinygrad graph corpora (notes/corpus.md): the programs below, run on tinygrad 0.14's NULL device
 (graphs only, no compute) under egraph.bridge.capture, each graph named <program>/<k>; with --tests, also the graphs of
 tinygrad's own NULL-device tests (pytest with -p egraph.bridge.capture), named <test id>/<k>, repeats across tests dropped.
+With --models, the graphs of bench/models.py's models (tinygrad's own example and model code: GPT-2 prefill of
+8 tokens and decode steps, the MNIST training step, ResNet-18, BERT, the eager MLP's steps), the calls after the model
+is built (its weight loading left out), named <model>/<k>, then the programs below (--only: some; --only with no name:
+none). Records carry tinygrad's arithmetic as callsat ops where
+callsat can say them (Capture's default; --opaque keeps it OPAQUE).
 
     python bench/capture_corpus.py [--out bench/corpus/tinygrad.jsonl.gz] [--tests ../shared/tinygrad-tests]
         [--test-files test/null/test_schedule.py ...] [--max-test-graphs 400] [--max-nodes 10000] [--only NAME ...]
+    python bench/capture_corpus.py --models [--out bench/corpus/models.jsonl.gz] [--tinygrad ../shared/tinygrad-tests]
 
 Same tinygrad, same programs: same bytes (seeded RNG, buffers numbered per record, gzip without a time stamp)."""
 from __future__ import annotations
 import os
 os.environ["DEV"] = "NULL"     # before tinygrad is imported: every tensor lives on NULL unless a program says otherwise
+os.environ["NULL_ALLOW_COPYOUT"] = "1"   # the models read their outputs back (.item(), .tolist()): NULL gives zeros
 import argparse, json, subprocess, sys, tempfile, time
 import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -201,13 +208,36 @@ PROGRAMS = {f.__name__: f for f in (
   resnet_train, cat, gather, fancy_index, arange, cumsum, rand, pools, assign_slices, bitcast, softmax, views, reductions,
   movement, dtypes_mix, matmul, host_input, symbolic, rnn, topk_sort)}
 
+OPAQUE = {"on": False}   # --opaque
+
 def capture_program(name: str, max_nodes: int) -> tuple[list[str], str]:
   """(records, summary line) of one program; graphs over max_nodes nodes are dropped (the corpus stays small)."""
   Tensor.manual_seed(0)
-  cap = Capture(name, unique=True)
+  cap = Capture(name, unique=True, opaque=OPAQUE["on"])
   with cap: PROGRAMS[name]()
   keep = [r for r in cap.records if len(json.loads(r)["nodes"]) <= max_nodes]
   return keep, cap.summary() + (f"; {len(cap.records) - len(keep)} over {max_nodes} nodes dropped" if len(keep) < len(cap.records) else "")
+
+def capture_models(tinygrad: str, names: list[str] | None, calls: int, max_nodes: int, opaque: bool) -> list[str]:
+  """The graphs of bench/models.py's models on NULL: `calls` calls of each after it is built (gpt2-gen's first call is
+  also an 8-token prefill through model.forward), repeats within a model dropped."""
+  sys.path[:0] = [tinygrad, os.path.join(ROOT, "bench")]
+  import models as bench_models
+  out = []
+  for name in names or bench_models.MODELS:
+    t0 = time.perf_counter()
+    Tensor.manual_seed(0)
+    cap = Capture(name, unique=True, opaque=opaque)
+    call = bench_models.MODELS[name](calls, np.random.default_rng(0))
+    with cap:
+      if name == "gpt2-gen":   # a prompt of 8 tokens in one forward: the prefill graph
+        model = call.__closure__[[c.cell_contents.__class__.__name__ for c in call.__closure__].index("Transformer")].cell_contents
+        model.forward(Tensor([[13, 7, 99, 4, 250, 31, 8, 17]]), 0, 0.0).realize()
+      for i in range(calls): call(i)
+    keep = [r for r in cap.records if len(json.loads(r)["nodes"]) <= max_nodes]
+    print(f"{name}: {cap.summary()}; {len(keep)} kept ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    out += keep
+  return out
 
 def capture_tests(tests: str, files: list[str], limit: int, max_nodes: int, seen: set[str]) -> list[str]:
   """Graphs of tinygrad's own tests (each file one pytest run, DEV=NULL), first occurrences only, at most `limit` in all.
@@ -239,8 +269,25 @@ def main() -> None:
                                                       "test/null/test_schedule_cache.py"])
   ap.add_argument("--max-test-graphs", type=int, default=400)
   ap.add_argument("--max-nodes", type=int, default=10000, help="drop graphs with more nodes than this")
+  ap.add_argument("--models", nargs="*", help="capture bench/models.py's models instead (all, or the ones named)")
+  ap.add_argument("--calls", type=int, default=3, help="--models: calls of each model captured")
+  ap.add_argument("--tinygrad", default=os.path.join(os.path.dirname(ROOT), "shared", "tinygrad-tests"),
+                  help="--models: tinygrad's example and model code (put on sys.path)")
+  ap.add_argument("--opaque", action="store_true", help="keep tinygrad's arithmetic OPAQUE (corpus version 1's content)")
   args = ap.parse_args()
+  if args.models is not None:
+    if args.out == ap.get_default("out"): args.out = os.path.join(ROOT, "bench", "corpus", "models.jsonl.gz")
+    records = capture_models(os.path.abspath(args.tinygrad), args.models, args.calls, args.max_nodes, args.opaque)
+    OPAQUE["on"] = args.opaque
+    for name in args.only if args.only is not None else PROGRAMS:   # the programs too, with their arithmetic
+      recs, line = capture_program(name, args.max_nodes)
+      print(f"{name}: {line}", file=sys.stderr)
+      records += recs
+    n = corpus.save(args.out, records)
+    print(f"{n} graphs written to {args.out} ({os.path.getsize(args.out)} bytes)")
+    return
   records, seen = [], set()
+  OPAQUE["on"] = args.opaque
   for name in args.only or PROGRAMS:
     t0 = time.perf_counter()
     recs, line = capture_program(name, args.max_nodes)

@@ -1,7 +1,11 @@
 """Capture tinygrad programs as a callsat graph corpus (egraph/ir/corpus.py): a hook on tinygrad 0.14's module global
 `tinygrad.tensor.transform_to_call` converts every graph tinygrad is about to callify (egraph.bridge.convert), keeps
 its callsat roots as a named record, then calls the pass that was installed before it (tinygrad's own, or callsat's
-bridge), so the program runs unchanged. A graph the converter refuses is counted by reason and not recorded.
+bridge), so the program runs unchanged. A graph the converter refuses is counted by reason and not recorded. By default
+tinygrad's arithmetic (ALU ops, REDUCE, CONST) is recorded as callsat ops wherever callsat can say them (the cost-mode
+shadow's rebuild, egraph/bridge/shadow.py; the graph's device priced as callsat's CPU), so the study's cost mode has
+something to price; what stays OPAQUE is counted per record (meta "opaque" of "nodes"). `opaque=True` records the
+bridge's plain conversion (every compute op OPAQUE).
 
     python -m egraph.bridge.capture --script prog.py [--entry build] --out corpus.jsonl [--name PREFIX] [--device NULL]
     python -m pytest -p egraph.bridge.capture ...        (CALLSAT_CAPTURE=out.jsonl: one record per graph, named <test id>/<k>)
@@ -14,15 +18,18 @@ import tinygrad.tensor as tg_tensor
 from tinygrad import Tensor as TgTensor
 from tinygrad.helpers import Context
 from egraph.ir.errors import CallsatError
-from egraph.bridge.convert import BridgeRefusal, to_callsat
+from egraph.ir.ops import Node, Ops, toposort
+from egraph.bridge.convert import BridgeRefusal, Conversion, to_callsat
+from egraph.bridge.shadow import Shadow
 from egraph.ir.corpus import Graph, dumps, save
 from egraph.tools.cli import capture_arguments
 
 class Capture:
   """Records the callsat image of each graph tinygrad passes to transform_to_call, named `<prefix>/<k>` (k counts the
-  records of that prefix). With `unique`, a graph equal to one already recorded (same nodes and roots) is skipped."""
-  def __init__(self, prefix: str = "graph", unique: bool = False):
-    self.prefix, self.unique = prefix, unique
+  records of that prefix). With `unique`, a graph equal to one already recorded (same nodes and roots) is skipped;
+  `opaque`: tinygrad's arithmetic stays OPAQUE (the bridge's conversion as it is)."""
+  def __init__(self, prefix: str = "graph", unique: bool = False, opaque: bool = False):
+    self.prefix, self.unique, self.opaque = prefix, unique, opaque
     self.records: list[str] = []                    # corpus lines, in capture order
     self.calls, self.repeats = 0, 0
     self.refused: Counter = Counter()               # converter refusal reason -> graphs not recorded
@@ -36,12 +43,16 @@ class Capture:
     with self._lock:
       self.calls += 1
       try:
-        _, roots = to_callsat(big_sink)
+        cv, roots = to_callsat(big_sink)
+        if not self.opaque: roots = arithmetic(cv, roots)
         if self.unique:
           if (key := dumps(Graph("", roots))) in self._seen: self.repeats += 1; return
           self._seen.add(key)
         k = self._count[self.prefix]
-        self.records.append(dumps(Graph(f"{self.prefix}/{k}", roots, {"uops": len(big_sink.toposort()), "call": self.calls - 1})))
+        nodes = toposort(roots, enter_calls=False)
+        meta = {"uops": len(big_sink.toposort()), "call": self.calls - 1, "nodes": len(nodes),
+                "opaque": sum(n.op is Ops.OPAQUE for n in nodes), "arithmetic": not self.opaque}
+        self.records.append(dumps(Graph(f"{self.prefix}/{k}", roots, meta)))
         self._count[self.prefix] += 1
       except Exception as e:   # a capture never breaks the program: the graph is counted, not recorded
         self.refused[e.reason if isinstance(e, BridgeRefusal) else f"error:{type(e).__name__}"] += 1
@@ -67,6 +78,13 @@ class Capture:
     if self.repeats: line += f", {self.repeats} repeat(s) skipped"
     if self.refused: line += "; refused by the converter: " + ", ".join(f"{r} x{n}" for r, n in self.refused.most_common())
     return line
+
+def arithmetic(cv: Conversion, roots: list[Node]) -> list[Node]:
+  """cv's roots with tinygrad's ALU/REDUCE/CONST ops rebuilt as callsat ops where callsat can say them (the cost-mode
+  shadow), the realize points' device as callsat's CPU; a graph on several devices keeps its conversion as it is."""
+  devs = {r.device for r in roots if r.device is not None}
+  if len(devs) != 1 or not isinstance(d := next(iter(devs)), str) or d.startswith("DISK"): return roots
+  return Shadow(cv, d).build(roots)
 
 def realize_all(res) -> int:
   """Realize what an entry function returned: a tinygrad Tensor, a list/tuple of them or a dict; returns the count."""
@@ -97,7 +115,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="callsat capture", description="Run a tinygrad program and save every graph it callifies as a corpus.")
   capture_arguments(p)
   args = p.parse_args(argv)
-  cap = Capture(args.name or os.path.splitext(os.path.basename(args.script))[0], unique=args.unique)
+  cap = Capture(args.name or os.path.splitext(os.path.basename(args.script))[0], unique=args.unique, opaque=args.opaque)
   try:
     try: run_script(args.script, cap, args.entry, args.device)
     except CallsatError: raise
@@ -118,7 +136,8 @@ _PLUGIN: dict = {}
 def pytest_configure(config) -> None:
   out = os.environ.get("CALLSAT_CAPTURE")
   if not out: raise CallsatError("the capture plugin needs CALLSAT_CAPTURE=<corpus file to write>")
-  cap = _PLUGIN["cap"] = Capture(unique=os.environ.get("CALLSAT_CAPTURE_UNIQUE", "1") != "0")
+  cap = _PLUGIN["cap"] = Capture(unique=os.environ.get("CALLSAT_CAPTURE_UNIQUE", "1") != "0",
+                                 opaque=os.environ.get("CALLSAT_CAPTURE_OPAQUE", "0") == "1")
   _PLUGIN["out"] = out
   cap.install()
 

@@ -25,7 +25,8 @@ from egraph.engine.extract import EGraphView, INF
 from egraph.engine.report import PartitionReport
 from egraph.fusion.timemodel import TimeModel, NoTimeModel
 from egraph.fusion.greedy import Late, search as _search, worth_flipping
-from egraph.fusion.candidates import COST_S_PER_CLASS, SHARED_MAX_NODES, SOLVER_FLOOR_S, SOLVER_SHARE, StoredIds, stored_members
+from egraph.fusion.candidates import COST_S_PER_CLASS, SHARED_MAX_NODES, StoredIds, stored_members
+from egraph.fusion import candidates as solver_settings   # SOLVER_FLOOR_S / SOLVER_SHARE read per call: a study may raise them
 from egraph.fusion.milp import Ilp, MILP_MAX_TERMS, TooBig
 from egraph.engine.exact import scipy_milp
 from egraph.fusion.partition import Partition, rules_like, rules_like_ids
@@ -45,7 +46,7 @@ MARGIN = 0.10             # a partition other than the rules-like one must be pr
 def solver_deadline(spent: float, budget_deadline: float = INF) -> float:
   """When the partition search stops: callify's remaining budget, and a share of what callify spent so far (the
   extraction must stay a small part of callify: the local search's last passes rarely pay for themselves)."""
-  return min(budget_deadline, time.perf_counter() + max(SOLVER_FLOOR_S, SOLVER_SHARE * spent))
+  return min(budget_deadline, time.perf_counter() + max(solver_settings.SOLVER_FLOOR_S, solver_settings.SOLVER_SHARE * spent))
 
 def fusion_mode(value: str | None = None) -> str:
   """`value`, else env CALLSAT_FUSION (read now, when callify runs), else "cost"."""

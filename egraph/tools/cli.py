@@ -47,6 +47,7 @@ def at_least(name: str, v: int, lo: int) -> None:
 
 def order(args) -> int:
   at_least("--orders/-k", args.orders, 0); at_least("--workers", args.workers, 1); at_least("--generated", args.generated, 0)
+  if args.solver_s is not None and not args.solver_s > 0: raise CallsatError(f"--solver-s must be > 0, got {args.solver_s}")
   if args.corpus: names = [n for n, _ in corpus.pick(args.corpus, args.graphs)] if args.graphs else corpus.names(args.corpus)
   else: names = [ordering.check_name(g) for g in args.graphs] if args.graphs else ordering.corpus_names(args.generated)
   outputs(args.csv, args.json, args.plot and ordering.plot_path(args.plot))
@@ -60,11 +61,13 @@ def order(args) -> int:
           f"{max((o.cost for o in r.orders), default='-')}", file=sys.stderr, flush=True)
   failures = [] if args.keep_going else None
   results = ordering.sweep(names, k=args.orders, seed=args.seed, workers=args.workers, ray=args.ray, progress=progress,
-                           corpus=args.corpus, failures=failures, certify=args.certify)
+                           corpus=args.corpus, failures=failures, certify=args.certify, fusion=args.fusion,
+                           solver_s=args.solver_s)
   print(ordering.table(results))
   dep = sum(r.order_dependent for r in results)
   print(f"\n{dep}/{len(results)} graphs depend on the rule order; saturation is never worse than an order on "
         f"{sum(r.saturated_best for r in results)}/{len(results)}")
+  if args.fusion == "cost": print(ordering.predicted_summary(results))
   if args.certify: print(ordering.certificate_summary(results))
   if args.csv:
     with open(args.csv, "w") as f: f.write(ordering.to_csv(results))
@@ -169,7 +172,7 @@ def capture(args) -> int:
   if importlib.util.find_spec("tinygrad") is None:
     raise CallsatError("capture needs tinygrad 0.14.0: pip install -e '.[tinygrad]' (or pip install tinygrad==0.14.0)")
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])}   # this egraph
-  argv = ["--script", args.script, "--out", args.out] + (["--unique"] if args.unique else [])
+  argv = ["--script", args.script, "--out", args.out] + (["--unique"] if args.unique else []) + (["--opaque"] if args.opaque else [])
   for k in ("entry", "name", "device"):
     if getattr(args, k): argv += [f"--{k}", getattr(args, k)]
   if args.device: env["DEV"] = args.device
@@ -184,6 +187,8 @@ def capture_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--name", metavar="PREFIX", help="records are named PREFIX/0, PREFIX/1, ... (default: the script's name)")
   p.add_argument("--device", metavar="DEV", help="tinygrad's default device, e.g. NULL (graphs only, no compute)")
   p.add_argument("--unique", action="store_true", help="skip a graph equal to one already captured")
+  p.add_argument("--opaque", action="store_true", help="keep tinygrad's arithmetic OPAQUE (default: ALU/REDUCE/CONST "
+                                                       "ops recorded as callsat ops where callsat can say them)")
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="callsat", description="Schedule tensor graphs by equality saturation.")
@@ -203,6 +208,11 @@ def main(argv=None) -> int:
                                                                "instead of stopping the sweep")
   o.add_argument("--certify", action="store_true", help="check the saturated run's extraction against an exact ILP "
                                                            "(HiGHS): proven optimal, its gap, or not proven; with both times")
+  o.add_argument("--fusion", choices=("rules", "cost"), help="who decides the kernel boundaries (default: env CALLSAT_FUSION, "
+                 "else cost); with cost every schedule's partition is priced by the time model and the orders include "
+                 "store_candidate")
+  o.add_argument("--solver-s", type=float, metavar="S", help="with --fusion cost: each run's partition search gets at "
+                 "least S seconds (callify's own share of its time varies with load; a study should not)")
   o.add_argument("--seed", type=int, default=0)
   o.add_argument("--workers", type=int, default=1, help="processes")
   o.add_argument("--ray", metavar="ADDRESS", help="run the sweep as Ray tasks, one per graph: ray://HOST:10001, auto, or "

@@ -7,7 +7,7 @@ cluster with `ray` (an address; needs `pip install -e '.[ray]'`). The corpus is 
 graphs) or a corpus file (egraph/ir/corpus.py, e.g. graphs captured from tinygrad). Only costs are compared: no graph is
 executed, so graphs with OPAQUE host ops (which no executor runs) sweep like any other."""
 from __future__ import annotations
-import csv, io, json, logging, math, multiprocessing, os, time
+import csv, io, json, logging, math, multiprocessing, os, statistics, time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, asdict
 import numpy as np
@@ -17,6 +17,9 @@ from egraph.ir.dtype import dtypes
 from egraph.ir.storage import Storage
 from egraph.engine.runner import SCHEDULE_PRESETS, ordered_schedule
 from egraph.engine.driver import callify
+from egraph.fusion.solve import fusion_mode
+from egraph.fusion.milp import MIP_GAP
+from egraph.fusion import candidates as solver_settings
 from egraph.frontend.models import MODELS
 from egraph.ir import corpus as corpus_file
 from rules.registry import RULES
@@ -128,6 +131,22 @@ class GraphResult:
   def saturated_best(self) -> bool:
     return all(self.saturated.cost <= r.cost for r in self.orders + [self.reference, self.materialize_first])
 
+  def predicted(self) -> dict:
+    """fusion="cost": each schedule's predicted run time (us) and how saturation stands against the orders' best and
+    median (order / saturated: above 1, saturation's partition is predicted faster)."""
+    us = lambda r: None if r.predicted_s is None else round(r.predicted_s * 1e6, 3)
+    ps = sorted(p for p in (r.predicted_s for r in self.orders + [self.reference]) if p is not None)
+    sat = self.saturated.predicted_s
+    ratio = lambda p: round(p / sat, 4) if sat else None
+    return {"saturated_us": us(self.saturated), "reference_us": us(self.reference),
+            "materialize_first_us": us(self.materialize_first),
+            "orders_best_us": round(ps[0] * 1e6, 3) if ps else None,
+            "orders_median_us": round(statistics.median(ps) * 1e6, 3) if ps else None,
+            "orders_worst_us": round(ps[-1] * 1e6, 3) if ps else None,
+            "best_order_vs_saturated": ratio(ps[0]) if ps else None,
+            "median_order_vs_saturated": ratio(statistics.median(ps)) if ps else None,
+            "time_order_dependent": len({round(p, 12) for p in ps + [sat]}) > 1}
+
   def row(self) -> dict:
     oc = self.order_costs or [self.reference.cost]
     return {"graph": self.graph, "graph_nodes": self.graph_nodes, "baseline_cost": self.baseline_cost,
@@ -139,6 +158,7 @@ class GraphResult:
             "saturated_e_nodes": self.saturated.e_nodes, "reference_e_nodes": self.reference.e_nodes,
             "saturated_ms": round(1e3 * self.saturated.seconds, 2), "reference_ms": round(1e3 * self.reference.seconds, 2),
             "orders_mean_ms": round(1e3 * sum(r.seconds for r in self.orders) / max(1, len(self.orders)), 2),
+            **(self.predicted() if self.saturated.predicted_s is not None else {}),
             **({"certificate": self.saturated.certificate, "exact_cost": self.saturated.exact_cost,
                 "extract_ms": self.saturated.extract_ms, "exact_ms": self.saturated.exact_ms}
                if self.saturated.certificate else {})}
@@ -153,20 +173,29 @@ def _run(roots, schedule, fusion: str | None = None, extraction: str = "default"
              round(1e3 * rep.exact_seconds, 2)), rep
 
 def run_graph(name: str, k: int = 8, seed: int = 0, record: str | None = None, fusion: str | None = None,
-              certify: bool = False) -> GraphResult:
+              certify: bool = False, solver_s: float | None = None) -> GraphResult:
   """`name` (a corpus entry, or the graph of a corpus-file `record`) under saturation, the reference order,
   materialize-first and `k` random orders. `fusion` (default: env CALLSAT_FUSION): with "cost" the candidates' stored
-  forms (store_candidate) join the orders and each run reports its partition's predicted time. `certify`: the
-  saturated run's extraction is checked against the exact ILP (its verdict, cost and time in the result)."""
+  forms (store_candidate) join the orders, last in the reference and materialize-first orders (tinygrad's pass has no
+  such rule: without it they could store no intermediate, and their partition would recompute everything), and each
+  run reports its partition's predicted time; `solver_s` gives each run's partition search at least that long (callify
+  gives it a share of its own time, so under load the same graph would get another partition: a study compares
+  schedules, not machine noise). `certify`: the saturated run's extraction is checked against the exact ILP (its
+  verdict, cost and time in the result)."""
   roots = corpus_file.loads(record).roots if record is not None else build(name)[0]
-  schedule = "saturate"
+  fusion = fusion_mode(fusion)
+  fixed = {n: SCHEDULE_PRESETS[n] if fusion != "cost" else ordered_schedule(SCHEDULE_PRESETS[n].ordered + ("store_candidate",), name=n)
+           for n in ("reference", "materialize_first")}
+  schedule, floor = "saturate", solver_settings.SOLVER_FLOOR_S
+  if solver_s is not None: solver_settings.SOLVER_FLOOR_S = solver_s
   try:   # an engine error names the graph and the schedule: in a sweep of hundreds it is otherwise anonymous
     sat, rep = _run(roots, schedule, fusion, "certify" if certify else "default")
-    ref, _ = _run(roots, schedule := SCHEDULE_PRESETS["reference"], fusion)
-    mf, _ = _run(roots, schedule := SCHEDULE_PRESETS["materialize_first"], fusion)
+    ref, _ = _run(roots, schedule := fixed["reference"], fusion)
+    mf, _ = _run(roots, schedule := fixed["materialize_first"], fusion)
     orders = [_run(roots, schedule := ordered_schedule(o, name=f"random{i}"), fusion)[0] for i, o in enumerate(random_orders(k, seed))]
   except CallsatError as e:
     raise CallsatError(f"graph {name!r}, schedule {getattr(schedule, 'name', schedule)}: {type(e).__name__}: {_line(e)}") from e
+  finally: solver_settings.SOLVER_FLOOR_S = floor
   return GraphResult(name, len(toposort(roots, enter_calls=False)), rep.baseline_cost, sat, ref, mf, orders)
 
 @dataclass
@@ -184,7 +213,7 @@ def _job(args):
 
 def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: str | None = None, progress=None,
           corpus: str | None = None, failures: list | None = None, fusion: str | None = None,
-          certify: bool = False) -> list[GraphResult]:
+          certify: bool = False, solver_s: float | None = None) -> list[GraphResult]:
   """Every corpus entry (with `corpus`, a file: graph names in it); with workers > 1 the entries run in separate
   processes, with `ray` (an address) as tasks on a Ray cluster. Either way a job is a corpus name, or a corpus file's
   record text: each worker builds its own graph (egglog objects do not pickle) and sends back a GraphResult. Results
@@ -193,10 +222,11 @@ def sweep(names: list[str], k: int = 8, seed: int = 0, workers: int = 1, ray: st
   list: then each such graph is appended to it as a Failure (also passed to `progress`) and left out of the results."""
   keep = failures is not None
   if corpus is not None:
-    jobs = [(keep, n, k, seed, line, fusion, certify) for n, line in corpus_file.pick(corpus, names)]   # an unknown name: one line, before any work
+    # an unknown name: one line, before any work
+    jobs = [(keep, n, k, seed, line, fusion, certify, solver_s) for n, line in corpus_file.pick(corpus, names)]
   else:
     for n in names: check_name(n)      # a bad entry fails before hours of work, not after
-    jobs = [(keep, n, k, seed, None, fusion, certify) for n in names]
+    jobs = [(keep, n, k, seed, None, fusion, certify, solver_s) for n in names]
   note = progress or (lambda i, n, r: None)
   if ray is not None: out = sweep_ray(jobs, ray, note)
   elif workers <= 1:
@@ -287,9 +317,29 @@ def table(results: list[GraphResult]) -> str:
            r["materialize_first_cost"], f'{r["order_cost_min"]}..{r["order_cost_max"]}', r["distinct_order_costs"],
            f'{r["orders_matching_saturated"]}/{r["orders"]}', "yes" if r["order_dependent"] else "no",
            r["saturated_e_nodes"], r["saturated_ms"], r["reference_ms"]] for r in rows]
+  if any("saturated_us" in r for r in rows):   # fusion cost: the partitions' predicted times
+    heads += ["sat us", "ref us", "orders us best/median/worst"]
+    for b, r in zip(body, rows):
+      b += [r.get("saturated_us", "-"), r.get("reference_us", "-"),
+            f'{r.get("orders_best_us", "-")}/{r.get("orders_median_us", "-")}/{r.get("orders_worst_us", "-")}']
   widths = [max(len(str(x)) for x in col) for col in zip(heads, *body)]
   fmt = lambda xs: "  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(xs, widths)))
   return "\n".join([fmt(heads), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
+
+def predicted_summary(results: list[GraphResult]) -> str:
+  """fusion="cost": over the sweep, on how many graphs the predicted time depends on the order, and saturation's
+  predicted time against the best, median and worst order (geomeans of order / saturated)."""
+  rows = [r.predicted() for r in results if r.saturated.predicted_s]
+  if not rows: return "fusion cost: no graph had a partition to price"
+  geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+  best = [x["best_order_vs_saturated"] for x in rows if x["best_order_vs_saturated"]]
+  med = [x["median_order_vs_saturated"] for x in rows if x["median_order_vs_saturated"]]
+  worst = [x["orders_worst_us"] / x["saturated_us"] for x in rows if x["orders_worst_us"] and x["saturated_us"]]
+  faster = [b for b in best if b < 1 - 1e-9]
+  return (f"fusion cost: predicted time depends on the order on {sum(x['time_order_dependent'] for x in rows)}/{len(rows)} "
+          f"graphs; order / saturated, geomean: best order {geo(best):.3f}x, median {geo(med):.3f}x, worst {geo(worst):.3g}x; "
+          f"an order predicted faster than saturation on {len(faster)}"
+          + (f" (at most {1 - min(faster):.1%} faster; the partition's MILP stops within {MIP_GAP:.0%} of its bound)" if faster else ""))
 
 def certificate_summary(results: list[GraphResult]) -> str:
   """With certify: how the default extraction stood against the exact ILP over the sweep (proven optimal, not optimal,
@@ -313,9 +363,10 @@ def certificate_summary(results: list[GraphResult]) -> str:
 
 def to_csv(results: list[GraphResult]) -> str:
   out = io.StringIO()
-  w = csv.DictWriter(out, fieldnames=list(results[0].row()) if results else list(COLUMNS))
+  rows = [r.row() for r in results]
+  w = csv.DictWriter(out, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) if rows else list(COLUMNS))
   w.writeheader()
-  for r in results: w.writerow(r.row())
+  for r in rows: w.writerow(r)
   return out.getvalue()
 
 def to_json(results: list[GraphResult]) -> str:
@@ -337,21 +388,32 @@ def plot_path(path: str) -> str:
   return path if os.path.splitext(path)[1] else path + ".png"
 
 def plot(results: list[GraphResult], path: str) -> str:
-  """A PNG: per graph, each schedule's cost relative to the all-materialized baseline (random orders as dots). Returns
-  the path written (plot_path)."""
+  """A PNG: per graph, each schedule's cost relative to the all-materialized baseline (random orders as dots); with
+  fusion cost, a second panel: each schedule's predicted time relative to saturation's, for the graphs with a
+  partition (log scale). Returns the path written (plot_path)."""
   path = plot_path(path)
   plt = require_matplotlib()
-  fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(results) + 2), 4.5))
-  xs = range(len(results))
+  timed = [r for r in results if r.saturated.predicted_s]
+  fig, axes = plt.subplots(2 if timed else 1, 1, figsize=(max(6, 0.22 * len(results) + 3), 9 if timed else 4.5), squeeze=False)
   rel = lambda r, c: c / r.baseline_cost if r.baseline_cost else 1.0
-  for i, r in enumerate(results):
-    ax.scatter([i] * len(r.orders), [rel(r, o.cost) for o in r.orders], color="tab:gray", alpha=.5, s=18,
-               label="random orders" if i == 0 else None)
-  ax.plot(xs, [rel(r, r.saturated.cost) for r in results], "o", color="tab:green", label="saturated", ms=9, mfc="none", mew=2)
-  ax.plot(xs, [rel(r, r.reference.cost) for r in results], "x", color="tab:blue", label="reference order", ms=8, mew=2)
-  ax.plot(xs, [rel(r, r.materialize_first.cost) for r in results], "s", color="tab:red", label="materialize first", ms=5)
-  ax.set_xticks(list(xs)); ax.set_xticklabels([r.graph for r in results], rotation=45, ha="right")
-  ax.set_ylabel("extracted cost / all-materialized baseline"); ax.set_title("callify: saturation vs rule orders")
-  ax.axhline(1.0, color="k", lw=.5); ax.legend(fontsize=8); fig.tight_layout()
-  fig.savefig(path, dpi=110); plt.close(fig)
+  _panel(axes[0][0], results, rel, "extracted cost / all-materialized baseline", "callify: saturation vs rule orders (bytes)")
+  if timed:
+    ax = axes[1][0]
+    _panel(ax, timed, lambda r, p: (p or float("nan")) / r.saturated.predicted_s, "predicted time / saturated's",
+           "cost mode: the partition's predicted time under each schedule", attr="predicted_s")
+    ax.set_yscale("log")
+  fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
   return path
+
+def _panel(ax, results: list[GraphResult], rel, ylabel: str, title: str, attr: str = "cost") -> None:
+  xs = range(len(results))
+  v = lambda r, run: rel(r, getattr(run, attr))
+  for i, r in enumerate(results):
+    ax.scatter([i] * len(r.orders), [v(r, o) for o in r.orders], color="tab:gray", alpha=.5, s=18,
+               label="random orders" if i == 0 else None)
+  ax.plot(xs, [v(r, r.saturated) for r in results], "o", color="tab:green", label="saturated", ms=9, mfc="none", mew=2)
+  ax.plot(xs, [v(r, r.reference) for r in results], "x", color="tab:blue", label="reference order", ms=8, mew=2)
+  ax.plot(xs, [v(r, r.materialize_first) for r in results], "s", color="tab:red", label="materialize first", ms=5)
+  ax.set_xticks(list(xs)); ax.set_xticklabels([r.graph for r in results], rotation=60, ha="right", fontsize=7)
+  ax.set_ylabel(ylabel); ax.set_title(title)
+  ax.axhline(1.0, color="k", lw=.5); ax.legend(fontsize=8)

@@ -229,7 +229,7 @@ def test_capture_records_every_graph(tmp_path):
   pytest.importorskip("tinygrad")
   from egraph.bridge.capture import Capture, run_script
   prog = tmp_path / "prog.py"; prog.write_text(PROGRAM)
-  cap = Capture("p")
+  cap = Capture("p", opaque=True)   # the bridge's conversion as it is: tinygrad's compute OPAQUE, its devices kept
   run_script(str(prog), cap, device="NULL")
   assert [json.loads(r)["name"] for r in cap.records] == ["p/0", "p/1", "p/2"] and cap.calls == 3
   out = str(tmp_path / "c.jsonl")
@@ -238,6 +238,26 @@ def test_capture_records_every_graph(tmp_path):
   devices = {n.device for g in gs for n in toposort(g.roots) if n.op is Ops.BUFFER}
   assert "EXT:NULL" in devices and all(g.meta["uops"] > 0 for g in gs)
   assert any(n.op is Ops.OPAQUE for n in toposort(gs[2].roots))
+
+def test_capture_records_arithmetic_as_callsat_ops(tmp_path):
+  # by default tinygrad's ALU/REDUCE/CONST ops are recorded as callsat ops (what cost mode can price), the rest OPAQUE
+  # and counted; the record reads back to the same text, and cost mode prices the graph
+  pytest.importorskip("tinygrad")
+  from egraph.bridge.capture import Capture, run_script
+  prog = tmp_path / "prog.py"
+  prog.write_text("from tinygrad import Tensor\nx = Tensor.ones(8, 16).contiguous().realize()\n"
+                  "def build(): return (x * 2 + 1).exp().sum(axis=1) / 3\n")
+  cap, plain = Capture("a"), Capture("o", opaque=True)
+  run_script(str(prog), cap, device="NULL"); run_script(str(prog), plain, device="NULL")
+  g, o = corpus.loads(cap.records[-1]), corpus.loads(plain.records[-1])
+  assert {Ops.MUL, Ops.ADD, Ops.EXP2, Ops.REDUCE} <= {n.op for n in toposort(g.roots)}
+  nodes = toposort(g.roots)
+  assert g.meta["arithmetic"] and g.meta["nodes"] == len(nodes) and g.meta["opaque"] == sum(n.op is Ops.OPAQUE for n in nodes)
+  assert g.meta["opaque"] < sum(n.op is Ops.OPAQUE for n in toposort(o.roots)) and not o.meta["arithmetic"]
+  assert corpus.dumps(corpus.loads(cap.records[-1])) == cap.records[-1]
+  from egraph.engine.driver import callify
+  rep = callify(*g.roots, cache=False, fusion="cost").report
+  assert rep.fusion == "cost" and rep.partition is not None and rep.partition.predicted_s > 0
 
 def test_cli_capture_then_order(tmp_path, capfd):
   pytest.importorskip("tinygrad")

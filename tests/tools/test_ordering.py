@@ -123,3 +123,27 @@ def test_saturation_never_worse_on_captured_graphs(name):
   best_order = min([r.reference.cost, r.materialize_first.cost, *(o.cost for o in r.orders)])
   assert r.saturated.cost <= best_order, (r.saturated.cost, best_order)
   if name in BITCAST_GRAPHS: assert r.saturated.cost == r.reference.cost == {"bitcast/1": 333}.get(name, 20)
+
+MODELS_CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "corpus", "models.jsonl.gz")
+
+def test_models_corpus_is_shipped_with_arithmetic():
+  from egraph.ir import corpus as corpus_file
+  names = corpus_file.names(MODELS_CORPUS)
+  assert os.path.getsize(MODELS_CORPUS) < 1_000_000 and len(set(names)) == len(names)
+  assert {"gpt2-gen", "gpt2-decode", "mnist", "resnet18", "bert", "eager-mlp", "mlp", "attention"} <= {n.split("/")[0] for n in names}
+  g = corpus_file.get(MODELS_CORPUS, "bert/0")
+  assert g.meta["arithmetic"] and g.meta["opaque"] < g.meta["nodes"] / 4   # most of BERT's ops are callsat ops
+
+def test_run_graph_prices_fusion_decisions_under_every_schedule():
+  # fusion cost: every schedule's partition has a predicted time; the fixed orders end with store_candidate (else they
+  # could store no intermediate); the study's solver time is restored afterwards
+  from egraph.ir import corpus as corpus_file
+  from egraph.fusion import candidates
+  floor = candidates.SOLVER_FLOOR_S
+  (line,) = [ln for _, ln in corpus_file.pick(MODELS_CORPUS, ["gpt2-decode/2"])]
+  r = run_graph("gpt2-decode/2", k=2, record=line, fusion="cost", solver_s=0.2)
+  assert candidates.SOLVER_FLOOR_S == floor
+  row = r.row()
+  for k in ("saturated_us", "reference_us", "materialize_first_us", "orders_best_us", "orders_median_us"): assert 0 < row[k] < 1e4, k
+  assert row["best_order_vs_saturated"] == pytest.approx(row["orders_best_us"] / row["saturated_us"], rel=1e-3)
+  assert r.saturated.predicted_s <= r.reference.predicted_s * 1.01   # within the partition MILP's 1 % gap
