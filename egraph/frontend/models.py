@@ -27,4 +27,18 @@ def views():
   s = (rows * 2).sum(axis=1)
   return s, (na[2:6] * 2).sum(axis=1)
 
-MODELS = {"mlp": mlp, "views": views}
+def ema():
+  """An exponential moving average of weights, as EMA training keeps one: the average is assigned in place, and the
+  step reads a gradient-stopping snapshot of it (`.contiguous_backward().contiguous()`) in a layer. Saturation serves
+  the snapshot with the assign's own write; an order that removes the marker only after materializing (tinygrad's
+  pass order) stores a second copy of the average."""
+  Tensor.manual_seed(3)
+  w, x = Tensor.randn(128, 128).realize(), Tensor.randn(16, 128).realize()
+  avg = (Tensor.randn(128, 128) * 0.5).contiguous().realize()
+  nw, nx, navg = (t.numpy().astype(np.float64) for t in (w, x, avg))
+  new = avg.assign(avg * 0.99 + w * 0.01)
+  snap = new.contiguous_backward().contiguous()
+  out = (x @ snap).relu()
+  return out, np.maximum(nx @ (navg * 0.99 + nw * 0.01), 0)
+
+MODELS = {"ema": ema, "mlp": mlp, "views": views}

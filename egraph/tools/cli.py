@@ -27,6 +27,8 @@ def demo(args) -> int:
   res = callify(out, cost=args.cost, schedule=args.schedule)
   print(f"model: {args.model}   output {out.shape} {out.dtype.name} on {out.device}")
   print(res.report)
+  if args.schedule == "saturate":   # what saturation wins over applying the same rules in tinygrad's order
+    print(ordering.versus_order(res, callify(out, cost=args.cost, schedule="reference", cache=False)))
   print(f"  buffer_map {len(res.buffer_map)} entries; CALL has {len(res.call.src) - 1} args")
   t1 = time.perf_counter()
   got = out.numpy()
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="callsat", description="Schedule tensor graphs by equality saturation.")
   sub = p.add_subparsers(dest="cmd", required=True)
   d = sub.add_parser("demo", help="callify a small model, print the report, execute it and check it against numpy")
-  d.add_argument("--model", choices=sorted(MODELS), default="mlp")
+  d.add_argument("--model", choices=sorted(MODELS), default="ema")
   d.add_argument("--cost", default="bytes", help="cost model preset: bytes, kernels, buffers, nodes")
   d.add_argument("--schedule", default="saturate", help="schedule preset: saturate, once, baseline")
   o = sub.add_parser("order", help="run a corpus under saturation and under K random rule orders (ordered, destructive mode)")
