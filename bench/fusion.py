@@ -17,7 +17,7 @@ runs every kernel on one thread (the time model then splits none either: egraph/
 partitions with that noise gone. Every kernel is also timed alone (lower/schedule/work.step_seconds) against its predicted time: the
 Spearman rank correlation, and a scatter plot with --plot.
 
-  python bench/fusion.py --rounds 5 [--pairs 3] [--more 2] [--modes rules,cost] [--only substr] [--out notes/benchmarks.md]
+  python bench/fusion.py --rounds 5 [--pairs 3] [--more 2] [--modes rules,cost] [--only substr] [--group NAME] [--out notes/benchmarks.md]
       [--plot notes/fusion_kernels.png]
   python bench/fusion.py --solver [--solver-floor 0.05] [--only substr]   # the partition solver alone: method, time, gaps
 
@@ -135,13 +135,15 @@ def main():
   ap.add_argument("--more", type=int, default=2, help="programs whose modes lower to different kernels: this many times --pairs more pairs")
   ap.add_argument("--min-ms", type=float, default=30.0, help="each sample is run_call repeated to last at least this")
   ap.add_argument("--only", default=None, help="programs whose name contains this")
+  ap.add_argument("--group", default=None, help="programs of this group (bench/fusion_programs.py: models, softmax, ...)")
   ap.add_argument("--out", default=None, help="append the table to this markdown file")
   ap.add_argument("--no-kernels", action="store_true", help="skip timing every kernel alone (no rank correlation)")
   ap.add_argument("--plot", default=None, help="write the predicted-vs-measured kernel scatter plot (PNG) here")
   ap.add_argument("--solver", action="store_true", help="only the partition solver's report per program (no realize)")
   ap.add_argument("--solver-floor", type=float, default=candidates.SOLVER_FLOOR_S, help="--solver: the solver's minimum time (s)")
   args = ap.parse_args()
-  if args.solver: return solver_table([p for p in PROGRAMS if args.only is None or args.only in p.name], args.solver_floor)
+  chosen = lambda p: (args.only is None or args.only in p.name) and (args.group is None or p.group == args.group)
+  if args.solver: return solver_table([p for p in PROGRAMS if chosen(p)], args.solver_floor)
   modes = [m for m in args.modes.split(",") if m]
   notes = []
   if "cost" in modes and not has_fusion():
@@ -150,7 +152,7 @@ def main():
     modes = [m for m in modes if m != "cost"]
   if not modes: raise SystemExit("no mode to run")
   model = TimeModel.load("CPU")
-  progs = [p for p in PROGRAMS if args.only is None or args.only in p.name]
+  progs = [p for p in PROGRAMS if chosen(p)]
   cases: dict = {}
   rng = np.random.default_rng(0)
   for p in progs:

@@ -5,7 +5,8 @@ Tensor. Committed before any tuning of the cost mode. Each program: a name, a gr
 Groups: patterns (bench/patterns.py rows, smaller), block (bench/block.py), attention, norm, softmax, mlp (forward and a
 hand-built backward), lerp (tinygrad issue #5527's two forms), threshold (both sides of tinygrad's remove_bufferize: a
 value reading more than 3 buffers, a reduce inside reading a buffer, the PCONTIG size ratio of 10), conv (expand
-reductions), random (DAGs with shared expensive subexpressions, fixed seed)."""
+reductions), random (DAGs with shared expensive subexpressions, fixed seed), models (issue 28: 18 programs written from
+tinygrad's model code, committed before the cost mode was tuned on them)."""
 from __future__ import annotations
 import os, sys
 from dataclasses import dataclass
@@ -294,6 +295,227 @@ def random_dag(seed: int, R: int = 512, C: int = 1024):
   return build
 
 for _s in range(12): program(f"random DAG seed {_s}", "random", rtol=5e-3)(random_dag(_s))
+
+# ---- written from tinygrad's model code (issue 28), before any tuning on them -----------------------------------------
+# tinygrad's nn layers and examples as callsat Tensor code: scaled_dot_product_attention's masks, nn.LayerNorm /
+# GroupNorm / BatchNorm forward and backward, conv blocks (3x3 as shifted matmuls, depthwise), nn.Embedding's one-hot
+# form, GPT-2's input, residual MLP and llama FFN blocks, sparse_categorical_crossentropy's backward, optim's SGD/Adam.
+
+def _np_gelu(z): return 0.5 * z * (1 + np.tanh(0.7978845608 * (z + 0.044715 * z ** 3)))
+def _gelu(z): return 0.5 * z * (1 + (0.7978845608 * (z + 0.044715 * z * z * z)).tanh())
+
+@program("causal sdpa 4 heads T=128 d=32 (where mask)", "models")
+def _(rng):
+  H, T, d = 4, 128, 32
+  (q, qn), (k, kn), (v, vn) = (_data(rng, H, T, d) for _ in range(3))
+  keep = Tensor.arange(T).reshape(T, 1) >= Tensor.arange(T).reshape(1, T)   # tinygrad: ones(T, T).tril() as a bool mask
+  s = (q @ k.transpose(1, 2)) * (1 / np.sqrt(d))
+  out = keep.where(s, -1e9).softmax() @ v
+  mn = np.tril(np.ones((T, T), bool))
+  return [out], lambda: [_np_softmax(np.where(mn, qn @ kn.transpose(0, 2, 1) / np.sqrt(d), -1e9)) @ vn]
+
+@program("BERT attention, padding mask 2x4 heads T=64", "models")
+def _(rng):
+  B, H, T, d = 2, 4, 64, 16
+  (q, qn), (k, kn), (v, vn) = (_data(rng, B, H, T, d) for _ in range(3))
+  valid = np.array([64, 40]); pad = np.where(np.arange(T)[None, :] < valid[:, None], 0.0, -10000.0).astype(np.float32)
+  m = Tensor(pad).realize().reshape(B, 1, 1, T)   # extended attention mask: (1 - mask) * -10000
+  out = ((q @ k.transpose(2, 3)) * 0.25 + m).softmax() @ v
+  return [out], lambda: [_np_softmax(qn @ kn.transpose(0, 1, 3, 2) * 0.25 + pad[:, None, None, :]) @ vn]
+
+@program("layernorm forward+backward 1024x512", "models")
+def _(rng):
+  (x, xn), (g, gn), (dy, dyn) = _data(rng, 1024, 512), _data(rng, 512), _data(rng, 1024, 512)
+  mu = x.mean(axis=-1, keepdim=True); c = x - mu
+  rstd = ((c * c).mean(axis=-1, keepdim=True) + 1e-5).rsqrt()
+  xh = c * rstd; y = xh * g
+  dxh = dy * g
+  dx = rstd * (dxh - dxh.mean(axis=-1, keepdim=True) - xh * (dxh * xh).mean(axis=-1, keepdim=True))
+  dg = (dy * xh).sum(axis=0)
+  def ref():
+    cn = xn - xn.mean(-1, keepdims=True); rn = 1 / np.sqrt((cn * cn).mean(-1, keepdims=True) + 1e-5); xhn = cn * rn
+    dxhn = dyn * gn
+    return [xhn * gn, rn * (dxhn - dxhn.mean(-1, keepdims=True) - xhn * (dxhn * xhn).mean(-1, keepdims=True)), (dyn * xhn).sum(0)]
+  return [y, dx, dg], ref
+
+@program("batchnorm train forward NCHW 32x32x16x16", "models")
+def _(rng):
+  (x, xn), (g, gn), (b, bn) = _data(rng, 32, 32, 16, 16), _data(rng, 32), _data(rng, 32)
+  mu = x.mean(axis=(0, 2, 3), keepdim=True); c = x - mu
+  var = (c * c).mean(axis=(0, 2, 3), keepdim=True)
+  y = c * (var + 1e-5).rsqrt() * g.reshape(1, 32, 1, 1) + b.reshape(1, 32, 1, 1)
+  def ref():
+    cn = xn - xn.mean((0, 2, 3), keepdims=True)
+    return [cn / np.sqrt((cn * cn).mean((0, 2, 3), keepdims=True) + 1e-5) * gn.reshape(1, 32, 1, 1) + bn.reshape(1, 32, 1, 1)]
+  return [y.relu()], lambda: [np.maximum(ref()[0], 0)]
+
+@program("batchnorm backward NCHW 32x32x16x16", "models")
+def _(rng):
+  (x, xn), (g, gn), (dy, dyn) = _data(rng, 32, 32, 16, 16), _data(rng, 32), _data(rng, 32, 32, 16, 16)
+  ax = (0, 2, 3)
+  c = x - x.mean(axis=ax, keepdim=True); rstd = ((c * c).mean(axis=ax, keepdim=True) + 1e-5).rsqrt(); xh = c * rstd
+  dxh = dy * g.reshape(1, 32, 1, 1)
+  dx = rstd * (dxh - dxh.mean(axis=ax, keepdim=True) - xh * (dxh * xh).mean(axis=ax, keepdim=True))
+  def ref():
+    cn = xn - xn.mean(ax, keepdims=True); rn = 1 / np.sqrt((cn * cn).mean(ax, keepdims=True) + 1e-5); xhn = cn * rn
+    dxhn = dyn * gn.reshape(1, 32, 1, 1)
+    return [rn * (dxhn - dxhn.mean(ax, keepdims=True) - xhn * (dxhn * xhn).mean(ax, keepdims=True)), (dyn * xhn).sum(ax)]
+  return [dx, (dy * xh).sum(axis=ax)], ref
+
+@program("groupnorm 8 groups 16x64x16x16 + SiLU", "models")
+def _(rng):
+  (x, xn), (g, gn), (b, bn) = _data(rng, 16, 64, 16, 16), _data(rng, 64), _data(rng, 64)
+  xg = x.reshape(16, 8, 8 * 16 * 16)
+  c = xg - xg.mean(axis=-1, keepdim=True)
+  y = (c * ((c * c).mean(axis=-1, keepdim=True) + 1e-5).rsqrt()).reshape(16, 64, 16, 16) * g.reshape(1, 64, 1, 1) + b.reshape(1, 64, 1, 1)
+  def ref():
+    xgn = xn.reshape(16, 8, -1); cn = xgn - xgn.mean(-1, keepdims=True)
+    yn = (cn / np.sqrt((cn * cn).mean(-1, keepdims=True) + 1e-5)).reshape(16, 64, 16, 16) * gn.reshape(1, 64, 1, 1) + bn.reshape(1, 64, 1, 1)
+    return [yn * _sig(yn)]
+  return [y * y.sigmoid()], ref
+
+def _shifts(t, H: int, W: int):
+  """The 9 (dy, dx) shifted windows of a zero-padded NHWC tensor (3x3, stride 1, padding 1)."""
+  p = t.pad(((0, 0), (1, 1), (1, 1), (0, 0)))
+  return [p.shrink(((0, t.shape[0]), (i, i + H), (j, j + W), (0, t.shape[3]))) for i in range(3) for j in range(3)]
+
+def _np_shifts(a, H, W):
+  p = np.pad(a, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  return [p[:, i:i + H, j:j + W, :] for i in range(3) for j in range(3)]
+
+@program("conv block 3x3 (shifted matmuls) + bias + relu NHWC 8x16x16x32->32", "models")
+def _(rng):
+  N, H, W, C, O = 8, 16, 16, 32, 32
+  (x, xn), (w, wn), (b, bn) = _data(rng, N, H, W, C), _data(rng, 9, C, O, scale=1 / np.sqrt(9 * C)), _data(rng, O)
+  acc = None
+  for t, wi in zip(_shifts(x, H, W), range(9)):
+    term = t.reshape(N * H * W, C) @ w.shrink(((wi, wi + 1), (0, C), (0, O))).reshape(C, O)
+    acc = term if acc is None else acc + term
+  y = (acc + b).relu().reshape(N, H, W, O)
+  def ref():
+    accn = sum(t.reshape(-1, C) @ wn[i] for i, t in enumerate(_np_shifts(xn, H, W)))
+    return [np.maximum(accn + bn, 0).reshape(N, H, W, O)]
+  return [y], ref
+
+@program("depthwise 3x3 + pointwise residual NHWC 4x32x32x64", "models")
+def _(rng):
+  N, H, W, C = 4, 32, 32, 64
+  (x, xn), (k, kn), (pw, pwn) = _data(rng, N, H, W, C), _data(rng, 9, C, scale=0.3), _data(rng, C, C, scale=1 / 8)
+  acc = None
+  for i, t in enumerate(_shifts(x, H, W)):
+    term = t * k.shrink(((i, i + 1), (0, C))).reshape(1, 1, 1, C)
+    acc = term if acc is None else acc + term
+  y = x + (acc.relu().reshape(N * H * W, C) @ pw).reshape(N, H, W, C)
+  def ref():
+    accn = sum(t * kn[i] for i, t in enumerate(_np_shifts(xn, H, W)))
+    return [xn + (np.maximum(accn, 0).reshape(-1, C) @ pwn).reshape(N, H, W, C)]
+  return [y], ref
+
+@program("embedding one-hot gather (nn.Embedding) V=512 D=64, 128 tokens", "models")
+def _(rng):
+  V, D, T = 512, 64, 128
+  w, wn = _data(rng, V, D)
+  idn = rng.integers(0, V, T).astype(np.int32); ids = Tensor(idn).realize()
+  hot = ids.reshape(T, 1, 1) == Tensor.arange(V).reshape(1, V, 1)   # tinygrad 0.14's Embedding: arange == idx, where, sum
+  return [hot.where(w.reshape(1, V, D), 0.0).sum(axis=1)], lambda: [wn[idn]]
+
+@program("GPT-2 input: token + position embeddings + layernorm", "models")
+def _(rng):
+  V, P, D, T = 256, 64, 64, 64
+  (wte, wten), (wpe, wpen) = _data(rng, V, D), _data(rng, P, D)
+  idn = rng.integers(0, V, T).astype(np.int32); ids = Tensor(idn).realize()
+  tok = (ids.reshape(T, 1, 1) == Tensor.arange(V).reshape(1, V, 1)).where(wte.reshape(1, V, D), 0.0).sum(axis=1)
+  pos = (Tensor.arange(T).reshape(T, 1, 1) == Tensor.arange(P).reshape(1, P, 1)).where(wpe.reshape(1, P, D), 0.0).sum(axis=1)
+  return [_ln(tok + pos)], lambda: [_np_ln(wten[idn] + wpen[:T])]
+
+@program("pre-LN residual GELU MLP 256x256x1024", "models")
+def _(rng):
+  (x, xn), (w1, w1n), (w2, w2n) = _data(rng, 256, 256), _data(rng, 256, 1024, scale=1 / 16), _data(rng, 1024, 256, scale=1 / 32)
+  return [x + _gelu(_ln(x) @ w1) @ w2], lambda: [xn + _np_gelu(_np_ln(xn) @ w1n) @ w2n]
+
+@program("llama FFN: RMSNorm + SwiGLU 128x256x512", "models")
+def _(rng):
+  (x, xn), (g, gn) = _data(rng, 128, 256), _data(rng, 256)
+  (w1, w1n), (w3, w3n), (w2, w2n) = _data(rng, 256, 512, scale=1 / 16), _data(rng, 256, 512, scale=1 / 16), _data(rng, 512, 256, scale=1 / 22)
+  h = x * ((x * x).mean(axis=-1, keepdim=True) + 1e-6).rsqrt() * g
+  a = h @ w1
+  def ref():
+    hn = xn / np.sqrt((xn * xn).mean(-1, keepdims=True) + 1e-6) * gn; an = hn @ w1n
+    return [xn + (an * _sig(an) * (hn @ w3n)) @ w2n]
+  return [x + (a * a.sigmoid() * (h @ w3)) @ w2], ref
+
+@program("softmax cross-entropy forward+backward 512x1000", "models")
+def _(rng):
+  N, K = 512, 1000
+  z, zn = _data(rng, N, K)
+  yn = rng.integers(0, K, N).astype(np.int32); y = Tensor(yn).realize()
+  hot = (y.reshape(N, 1) == Tensor.arange(K).reshape(1, K)).where(1.0, 0.0)
+  m = z - z.max(axis=1, keepdim=True)
+  lse = m.exp().sum(axis=1, keepdim=True).log()
+  loss = -((m - lse) * hot).sum() * (1 / N)
+  dz = ((m - lse).exp() - hot) * (1 / N)
+  def ref():
+    pn = _np_softmax(zn); hn = np.eye(K, dtype=np.float32)[yn]
+    return [np.array(-np.log(pn[np.arange(N), yn]).mean()), (pn - hn) / N]
+  return [loss, dz], ref
+
+@program("SGD momentum+nesterov update, 3 tensors 1M", "models")
+def _(rng):
+  ps = [(_data(rng, 512, 1024), _data(rng, 512, 1024), _data(rng, 512, 1024, scale=0.1)) for _ in range(3)]
+  outs, refs = [], []
+  for (w, wn), (g, gn), (b, bn) in ps:
+    gw = g + w * 1e-4                      # weight decay
+    nb = b * 0.9 + gw                      # momentum buffer
+    outs += [w - (gw + nb * 0.9) * 0.01, nb]   # nesterov step
+    gwn = gn + wn * 1e-4; nbn = bn * 0.9 + gwn
+    refs += [wn - (gwn + nbn * 0.9) * 0.01, nbn]
+  return outs, lambda: refs
+
+@program("Adam update 2 tensors 1M", "models")
+def _(rng):
+  outs, refs = [], []
+  for _ in range(2):
+    (w, wn), (g, gn), (m, mn) = _data(rng, 1024, 1024), _data(rng, 1024, 1024), _data(rng, 1024, 1024, scale=0.1)
+    vn = np.abs(rng.standard_normal((1024, 1024))).astype(np.float32) * 0.01
+    v = Tensor(vn).realize()
+    m2, v2 = m * 0.9 + g * 0.1, v * 0.999 + g * g * 0.001
+    outs += [w - (m2 * (1 / (1 - 0.9 ** 3))) / ((v2 * (1 / (1 - 0.999 ** 3))).sqrt() + 1e-8) * 1e-3, m2, v2]
+    m2n, v2n = mn * 0.9 + gn * 0.1, vn * 0.999 + gn * gn * 0.001
+    refs += [wn - (m2n / (1 - 0.9 ** 3)) / (np.sqrt(v2n / (1 - 0.999 ** 3)) + 1e-8) * 1e-3, m2n, v2n]
+  return outs, lambda: refs
+
+@program("clip grads by global norm then SGD, 3 tensors", "models")
+def _(rng):
+  gs = [_data(rng, 256, 1024) for _ in range(3)]; ws = [_data(rng, 256, 1024) for _ in range(3)]
+  norm = sum((g * g).sum() for g, _ in gs).sqrt()
+  scale = (norm + 1e-6).reciprocal().minimum(1.0)
+  outs = [w - g * scale * 0.05 for (g, _), (w, _) in zip(gs, ws)]
+  def ref():
+    nn_ = np.sqrt(sum((gn * gn).sum() for _, gn in gs)); sc = min(1 / (nn_ + 1e-6), 1.0)
+    return [wn - gn * sc * 0.05 for (_, gn), (_, wn) in zip(gs, ws)]
+  return outs, ref
+
+@program("GELU MLP backward (hand-built) 256x512x1024", "models")
+def _(rng):
+  (x, xn), (w1, w1n), (w2, w2n), (dy, dyn) = (_data(rng, 256, 512), _data(rng, 512, 1024, scale=0.05),
+                                              _data(rng, 1024, 256, scale=0.05), _data(rng, 256, 256))
+  z = x @ w1
+  t = (0.7978845608 * (z + 0.044715 * z * z * z)).tanh()
+  dgelu = 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * 0.7978845608 * (1 + 3 * 0.044715 * z * z)
+  dz = (dy @ w2.transpose(1, 0)) * dgelu
+  h = 0.5 * z * (1 + t)
+  def ref():
+    zn = xn @ w1n; tn = np.tanh(0.7978845608 * (zn + 0.044715 * zn ** 3))
+    dgn = 0.5 * (1 + tn) + 0.5 * zn * (1 - tn * tn) * 0.7978845608 * (1 + 3 * 0.044715 * zn * zn)
+    dzn = (dyn @ w2n.T) * dgn
+    return [xn.T @ dzn, (0.5 * zn * (1 + tn)).T @ dyn, dzn @ w1n.T]
+  return [x.transpose(1, 0) @ dz, h.transpose(1, 0) @ dy, dz @ w1.transpose(1, 0)], ref
+
+@program("max pool 2x2 + relu NCHW 16x32x32x32", "models")
+def _(rng):
+  x, xn = _data(rng, 16, 32, 32, 32)
+  p = x.reshape(16, 32, 16, 2, 16, 2).max(axis=(3, 5))
+  return [(p * 1.5 - 0.2).relu()], lambda: [np.maximum(xn.reshape(16, 32, 16, 2, 16, 2).max((3, 5)) * 1.5 - 0.2, 0)]
 
 def by_name(name: str) -> FusionProgram:
   for p in PROGRAMS:

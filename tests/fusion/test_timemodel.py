@@ -92,7 +92,9 @@ def test_kernel_work_of_a_snapshot_free_program_is_per_step():
   res = callify((x + 1).node, (x * 2).sum().node)
   assert [kernel_work(s.kernel, s.mems).kind for s in program_of(res.call).steps] == [w.kind for w in program_work(res.call)]
 
-@pytest.mark.parametrize("name", ["lerp a+(b-a)*w 4M", "shared value reads 4 buffers, broadcast", "random DAG seed 3"])
+@pytest.mark.parametrize("name", ["lerp a+(b-a)*w 4M", "shared value reads 4 buffers, broadcast", "random DAG seed 3",
+                                  "batchnorm backward NCHW 32x32x16x16", "embedding one-hot gather (nn.Embedding) V=512 D=64, 128 tokens",
+                                  "softmax cross-entropy forward+backward 512x1000"])
 def test_corpus_values_match_numpy(name):
   p = fusion_programs.by_name(name)
   roots, ref = p.build(np.random.default_rng(0))
@@ -108,3 +110,4 @@ def test_corpus_is_complete():
   assert len(ps) >= 30 and len({p.name for p in ps}) == len(ps)
   assert {"patterns", "block", "attention", "norm", "softmax", "mlp", "lerp", "threshold", "conv", "random"} <= groups
   assert sum(p.group == "random" for p in ps) >= 10
+  assert sum(p.group == "models" for p in ps) >= 15   # written from tinygrad's model code (issue 28)
