@@ -147,3 +147,11 @@ def test_run_graph_prices_fusion_decisions_under_every_schedule():
   for k in ("saturated_us", "reference_us", "materialize_first_us", "orders_best_us", "orders_median_us"): assert 0 < row[k] < 1e4, k
   assert row["best_order_vs_saturated"] == pytest.approx(row["orders_best_us"] / row["saturated_us"], rel=1e-3)
   assert r.saturated.predicted_s <= r.reference.predicted_s * 1.01   # within the partition MILP's 1 % gap
+
+@pytest.mark.parametrize("name", ["gpt2-gen/0", "kv_cache/0", "views/1", "bitcast/1"])
+def test_saturation_never_worse_on_model_graphs(name):
+  # the models corpus's order-dependent graphs (the KV cache's assign into a slice among them): no order beats saturation
+  from egraph.ir import corpus as corpus_file
+  (line,) = [ln for _, ln in corpus_file.pick(MODELS_CORPUS, [name])]
+  r = run_graph(name, k=6, record=line)
+  assert r.order_dependent and r.saturated_best, (r.saturated.cost, r.order_costs, r.reference.cost)
