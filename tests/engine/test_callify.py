@@ -209,8 +209,8 @@ def test_the_time_budget_covers_extraction(monkeypatch):
   CALL is still the extracted, valid one."""
   import egraph.engine.driver as drv
   real = drv.extract_call
-  def slow(sat, model, deadline=float("inf")):
-    out = real(sat, model, deadline)
+  def slow(sat, model, deadline=float("inf"), **kw):
+    out = real(sat, model, deadline, **kw)
     time.sleep(0.4)
     return out
   monkeypatch.setattr(drv, "extract_call", slow)
