@@ -231,8 +231,7 @@ def capture_models(tinygrad: str, names: list[str] | None, calls: int, max_nodes
     call = bench_models.MODELS[name](calls, np.random.default_rng(0))
     with cap:
       if name == "gpt2-gen":   # a prompt of 8 tokens in one forward: the prefill graph
-        model = call.__closure__[[c.cell_contents.__class__.__name__ for c in call.__closure__].index("Transformer")].cell_contents
-        model.forward(Tensor([[13, 7, 99, 4, 250, 31, 8, 17]]), 0, 0.0).realize()
+        call.model.forward(Tensor([[13, 7, 99, 4, 250, 31, 8, 17]]), 0, 0.0).realize()
       for i in range(calls): call(i)
     keep = [r for r in cap.records if len(json.loads(r)["nodes"]) <= max_nodes]
     print(f"{name}: {cap.summary()}; {len(keep)} kept ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)

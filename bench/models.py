@@ -95,6 +95,7 @@ def gpt2_gen(steps: int, rng):
     out = model.forward_jit(Variable("tokens", 0, GPT2["vocab_size"] - 1).bind(tok[-1]), start_pos, 0.8).tolist()
     tok.append(out[0])
     return out
+  call.model = model   # bench/capture_corpus.py --models also runs a prefill through it
   return call
 
 def gpt2_decode(steps: int, rng):

@@ -215,6 +215,9 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   try: res = _callify(roots, topo, topo_s, model, sched, lim, t0, assigns, fus, extraction)
   finally:
     if was: gc.enable()
+  if extraction != "default" and not (r := res.report).certificate:   # no e-graph was extracted: say why nothing is certified
+    r.certificate = ("optimal (proven): no decision, one form" if r.settled else
+                     f"not proven (no e-graph: {r.fallback})" if r.fallback else "optimal (proven): nothing to realize")
   if cache and res.report.fallback is None:   # a fallback answers this call's time, not the graph: the next call may saturate
     key = key if key is not None else cache_key()
     with _CACHE.lock:
@@ -345,15 +348,6 @@ def loaded_size(enc: Encoding) -> int:
 
 def _callify(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits, t0: float,
              assigns: str, fusion: str, extraction: str) -> CallifyResult:
-  res = _callify_paths(roots, topo, topo_s, model, sched, lim, t0, assigns, fusion, extraction)
-  if extraction != "default" and not res.report.certificate:   # no e-graph was extracted: say why nothing is certified
-    r = res.report
-    r.certificate = ("optimal (proven): no decision, one form" if r.settled else
-                     f"not proven (no e-graph: {r.fallback})" if r.fallback else "optimal (proven): nothing to realize")
-  return res
-
-def _callify_paths(roots: list[Node], topo: list[Node], topo_s: float, model: CostModel, sched: Schedule, lim: Limits,
-                   t0: float, assigns: str, fusion: str, extraction: str) -> CallifyResult:
   why = Budget.no_e_graph(lim, len(topo), topo_s)
   if why is not None and (res := _from_graph(roots, topo, topo_s, model, sched, lim, assigns, fusion, why)): return res
   if fusion != "cost" and SHORTCUT["on"] and settled_on_graph(roots, topo) and \

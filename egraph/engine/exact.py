@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 import numpy as np
-from egraph.engine.extract import INF, dag_cost, reached_classes, acyclic
+from egraph.engine.extract import INF, dag_cost, reached_classes, acyclic, usable_members
 
 EXACT_MAX_CLASSES = 5_000    # reachable e-classes above which no ILP is built (certification says "not proven")
 EXACT_SECONDS = 5.0          # HiGHS's time limit when the caller gives none
@@ -27,7 +27,7 @@ def scipy_milp():
 @dataclass
 class Exact:
   """The ILP's answer: `status` "optimal" (proven), "feasible" (time limit, an incumbent and HiGHS's dual bound),
-  "unknown" (no incumbent in time), "too big" or "no scipy" (not built); `choice` one e-node per class the DAG
+  "unknown" (no incumbent in time), "infeasible" (no DAG under the roots), "too big" or "no scipy" (not built); `choice` one e-node per class the DAG
   reaches (-1 elsewhere), None without an incumbent."""
   status: str
   cost: int | None = None
@@ -41,9 +41,7 @@ class Exact:
 def _usable(g, costs, allowed, roots) -> tuple[list[int], dict[int, list[int]]]:
   """(the classes reachable from `roots` through usable e-nodes, class -> its usable e-nodes). An e-node is usable when
   it has a cost and is allowed; reachability goes through every usable e-node's children."""
-  members: dict[int, list[int]] = {}
-  for e, k in enumerate(g.cls):
-    if costs[e] is not None and (allowed is None or allowed[e]): members.setdefault(k, []).append(e)
+  members = usable_members(g, costs, allowed)
   seen, order, stack = set(), [], list(roots)
   while stack:
     k = stack.pop()

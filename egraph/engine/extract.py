@@ -317,9 +317,7 @@ def _switches(g: EGraphView, costs: list[int | None], allowed: list[bool] | None
   the cost of every e-node the current DAG pays for, the chosen ones included, so they cannot see that a class could
   read a term the DAG has anyway (a BITCAST of a PARAM another branch reads) instead of its own (a bitcast view, a
   second PARAM)."""
-  members: dict[int, list[int]] = collections.defaultdict(list)
-  for e, k in enumerate(g.cls):
-    if costs[e] is not None and (allowed is None or allowed[e]): members[k].append(e)
+  members = usable_members(g, costs, allowed)
   improved = True
   while improved and time.perf_counter() < deadline:
     improved, paid = False, bytearray(g.n_classes)
@@ -336,6 +334,13 @@ def _switches(g: EGraphView, costs: list[int | None], allowed: list[bool] | None
           break
       if improved or time.perf_counter() > deadline: break
   return choice, best, reached
+
+def usable_members(g, costs: list[int | None], allowed: list[bool] | None) -> dict[int, list[int]]:
+  """Class -> its usable e-nodes (a cost, allowed), ascending; a class with none is not a key."""
+  members: dict[int, list[int]] = {}
+  for e, k in enumerate(g.cls):
+    if costs[e] is not None and (allowed is None or allowed[e]): members.setdefault(k, []).append(e)
+  return members
 
 def acyclic(choice: list[int], roots: list[int], kids: list[tuple], n: int) -> bool:
   """Is the DAG `choice` picks under `roots` free of cycles (every chosen class finished before it is met again)?"""

@@ -136,15 +136,15 @@ class GraphResult:
     median (order / saturated: above 1, saturation's partition is predicted faster)."""
     us = lambda r: None if r.predicted_s is None else round(r.predicted_s * 1e6, 3)
     ps = sorted(p for p in (r.predicted_s for r in self.orders + [self.reference]) if p is not None)
-    sat = self.saturated.predicted_s
+    sat, med = self.saturated.predicted_s, statistics.median(ps) if ps else None
     ratio = lambda p: round(p / sat, 4) if sat else None
     return {"saturated_us": us(self.saturated), "reference_us": us(self.reference),
             "materialize_first_us": us(self.materialize_first),
             "orders_best_us": round(ps[0] * 1e6, 3) if ps else None,
-            "orders_median_us": round(statistics.median(ps) * 1e6, 3) if ps else None,
+            "orders_median_us": round(med * 1e6, 3) if ps else None,
             "orders_worst_us": round(ps[-1] * 1e6, 3) if ps else None,
             "best_order_vs_saturated": ratio(ps[0]) if ps else None,
-            "median_order_vs_saturated": ratio(statistics.median(ps)) if ps else None,
+            "median_order_vs_saturated": ratio(med) if ps else None,
             "time_order_dependent": len({round(p, 12) for p in ps + [sat]}) > 1}
 
   def row(self) -> dict:
