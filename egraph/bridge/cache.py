@@ -143,17 +143,17 @@ class StructureCache:
     with self._lock:
       if (e := self._d.get(key)) is None: self.misses += 1; return None
       self._d.move_to_end(key); self.hits += 1
-      return e
+      return e[0]
 
-  def put(self, key, value) -> None:
-    n = len(key[0])
+  def put(self, key, value, nodes: int) -> None:
+    """Keep value under key; `nodes`: the size of the graph it is for (what the node bound counts)."""
     with self._lock:
       if value is None: self.uncacheable += 1; return
-      if n > self.max_nodes or self.max_entries == 0: return
-      if key in self._d: self._nodes -= len(key[0]); del self._d[key]
-      self._d[key] = value; self._nodes += n; self.stored += 1
+      if nodes > self.max_nodes or self.max_entries == 0: return
+      if key in self._d: self._nodes -= self._d.pop(key)[1]
+      self._d[key] = (value, nodes); self._nodes += nodes; self.stored += 1
       while len(self._d) > self.max_entries or self._nodes > self.max_nodes:
-        k, _ = self._d.popitem(last=False); self._nodes -= len(k[0]); self.evicted += 1
+        _, (_, n) = self._d.popitem(last=False); self._nodes -= n; self.evicted += 1
 
   def clear(self) -> None:
     with self._lock: self._d.clear(); self._nodes = 0

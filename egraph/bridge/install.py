@@ -3,7 +3,7 @@ extraction; `install()` swaps it in for tinygrad's own pass (strict: never fall 
 take runs tinygrad's pass and is counted with its reason). Also a pytest plugin: `python -m pytest -p egraph.tinygrad`
 installs it for the session (mode from CALLSAT_BRIDGE=strict|fallback) and prints a closing count."""
 from __future__ import annotations
-import contextlib, os, threading
+import contextlib, dataclasses, os, threading
 from collections import Counter
 from importlib.metadata import version, PackageNotFoundError
 from egraph.ir.errors import CallsatError
@@ -27,7 +27,8 @@ import tinygrad.tensor as _tg_tensor   # noqa: E402  (only once the version is k
 from tinygrad.uop.ops import UOp   # noqa: E402
 from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.engine.driver import callify   # noqa: E402
-from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints   # noqa: E402
+from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints, env_value   # noqa: E402
+from egraph.bridge.measure import ENV as MEASURE_ENV, MARGIN, measure, measure_on   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
@@ -39,44 +40,67 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   cost-store as STOREs of the CALL (egraph/bridge/shadow.py). A graph whose structure was decided before (other
   buffers, other bound values) is rebound from the structural cache (egraph/bridge/cache.py; CALLSAT_BRIDGE_CACHE)."""
   mode = bridge_fusion()
+  measuring = mode != "rules" and measure_on(env_value(MEASURE_ENV))
   cache = _cache()
-  if cache is None: return _decide(big_sink, mode)[:2]
+  if cache is None: return _decide(big_sink, mode, measuring)[:2]
   st = structure(big_sink)
-  key = (mode, st.key)   # the option changes the CALL: part of the key
+  key = (mode, measuring, st.key)   # the options change the CALL: part of the key
   if (hit := cache.get(key)) is not None:
     if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
     if hit.extra is not None: _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
     return rebind(hit, st)
   # the key's walk is the whole toposort unless it stopped at a binding (stripped): the conversion walks it once
-  try: call, bmap, hints = _decide(big_sink, mode, None if st.stripped else st.topo)
+  try: call, bmap, hints = _decide(big_sink, mode, measuring, None if st.stripped else st.topo)
   except BridgeRefusal as e:
-    cache.put(key, BridgeRefusal(e.reason, e.detail))   # refused by structure alone: refused again without converting
+    cache.put(key, BridgeRefusal(e.reason, e.detail), len(st.topo))   # refused by structure alone: refused again without converting
     raise
   # a CALL without the hints that failed is fallback mode's answer for this call: strict must meet the error again
-  if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None))
+  if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None), len(st.topo))
   return call, bmap
 
-def _decide(big_sink: UOp, mode: str, topo=None):
-  """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `topo`: its toposort, if walked already."""
+def _decide(big_sink: UOp, mode: str, measuring: bool, topo=None):
+  """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `measuring`: hints are checked by running
+  the hinted and unhinted CALLs (egraph/bridge/measure.py); `topo`: the graph's toposort, if walked already."""
   cv, roots = to_callsat(big_sink, topo, consts=mode != "rules")   # cost mode's shadow prices the constants
   hints = _hints(cv, roots) if mode != "rules" else Hints()
-  if mode == "cost-store": roots = realize_hints(cv, roots, hints.idents)   # stored by callify, as a program's own CONTIGUOUS
+  res = _callify(realize_hints(cv, roots, hints.idents) if mode == "cost-store" else roots)
+  call, bmap = to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
+  if hints.idents and measuring:   # the prediction checked once per structure, by running both
+    plain = res if mode == "cost" else _callify(roots)
+    stock = to_tinygrad(cv, plain.call, plain.buffer_map)
+    hints = _measured(hints, stock[0], call, next(iter({r.device for r in roots if r.device is not None})))
+    if not hints.idents: call, bmap = stock
+  if mode != "rules": _count_hints(hints)
+  return call, bmap, hints
+
+def _callify(roots):
   # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an
   # assign into a realize point as a write into that point's storage; what gets stored beyond the graph's own realize
   # points is the bridge option's choice (CALLSAT_BRIDGE_FUSION, above), never CALLSAT_FUSION's
-  res = callify(*roots, cache=False, assigns="realized", fusion="rules")
-  call, bmap = to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
-  return call, bmap, hints
+  return callify(*roots, cache=False, assigns="realized", fusion="rules")
+
+def _measured(hints: Hints, stock: UOp, hinted: UOp, device) -> Hints:
+  """hints with the measured check's verdict (egraph/bridge/measure.py): kept when they win, else none and why. An error
+  while measuring drops them in fallback mode (the unhinted CALL is strict's own) and is counted; strict raises it."""
+  try: m = measure(stock, hinted, device)
+  except Exception as e:
+    if _STATE["mode"] != "fallback": raise
+    with _LOCK: _COUNTS["measure_errors"] += 1
+    return dataclasses.replace(hints, idents=frozenset(), uops=[], note=f"hints dropped: measuring failed: {type(e).__name__}: {e}")
+  with _LOCK:
+    _COUNTS["measured"] += 1; _COUNTS["measure_seconds"] += m.seconds; _COUNTS["measure_dropped"] += not m.keep
+  if m.keep: return dataclasses.replace(hints, measured=m)
+  return dataclasses.replace(hints, idents=frozenset(), uops=[], measured=m,
+                             note=f"{len(hints.idents)} hints dropped: {m}, not faster by more than {MARGIN:.0%}")
 
 def _hints(cv, roots) -> Hints:
-  """cost_hints, counted. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
+  """cost_hints. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
   is counted; strict (and a direct call) raises it."""
   try: h = cost_hints(cv, roots)
   except Exception as e:
     if _STATE["mode"] != "fallback": raise
     h = Hints(note=f"{type(e).__name__}: {e}", failed=True)
     with _LOCK: _COUNTS["hint_errors"] += 1
-  _count_hints(h)
   return h
 
 def _count_hints(h: Hints, seconds: bool = True) -> None:
@@ -124,7 +148,7 @@ def _count(kind: str, reason: str | None = None) -> None:
 def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
-  bridge_fusion()   # a bad CALLSAT_BRIDGE_FUSION is the user's error in both modes, never a fallback
+  bridge_fusion(); measure_on(env_value(MEASURE_ENV))   # a bad setting is the user's error in both modes, never a fallback
   try: out = transform_to_call(big_sink)
   except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
     _count("bridged")
@@ -166,13 +190,17 @@ def installed(strict: bool = False):
 def stats() -> dict:
   """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
   mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
-  hint_seconds (choosing them); cache: the structural cache's counts (cache_stats)."""
+  hint_seconds (choosing them); the measured check's measured (structures checked), measure_dropped (their hints
+  measured no faster), measure_errors (fallback mode: measuring failed, hints dropped) and measure_seconds; cache: the
+  structural cache's counts (cache_stats)."""
   cache = cache_stats()   # outside _LOCK: making the cache takes it
   with _LOCK:
     return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
             "refused": _COUNTS["refused"], "reasons": dict(_REASONS.most_common()),
             "hinted": _COUNTS["hinted"], "unhinted": _COUNTS["unhinted"], "hints": _COUNTS["hints"],
-            "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "cache": cache}
+            "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "measured": _COUNTS["measured"],
+            "measure_dropped": _COUNTS["measure_dropped"], "measure_errors": _COUNTS["measure_errors"],
+            "measure_seconds": _COUNTS["measure_seconds"], "cache": cache}
 
 def reset_stats() -> None:
   with _LOCK: _COUNTS.clear(); _REASONS.clear(); _LAST.clear()
@@ -184,6 +212,8 @@ def summary(top: int = 5) -> str:
   if c := s["cache"]: line += f"; structural cache: {c['hits']} hits, {c['misses']} misses, {c['uncacheable']} uncacheable"
   if s["hinted"] + s["unhinted"]:   # CALLSAT_BRIDGE_FUSION=cost or cost-store ran
     line += f"; cost mode: {s['hinted']} calls hinted, {s['hints']} realize points, {s['hint_errors']} errors, {s['hint_seconds']:.1f}s"
+    if s["measured"] + s["measure_errors"]:
+      line += f"; measured {s['measured']} (dropped {s['measure_dropped']}, {s['measure_errors']} errors, {s['measure_seconds']:.1f}s)"
   reasons = list(s["reasons"].items())[:top]
   return line + "".join(f"\n  {n:6d}  {r}" for r, n in reasons)
 

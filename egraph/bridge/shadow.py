@@ -41,7 +41,7 @@ _ALU = {i.tinygrad or o.name: o for o, i in ALU_OPS.items()}   # tinygrad's ALU 
 _REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
 _WEAKS = (tdt.weakint, tdt.weakfloat)
 
-def _getenv(name: str) -> str:
+def env_value(name: str) -> str:
   """os.environ.get(name, ""), without the KeyError it raises and catches inside when name is unset (~25 us after a
   full GC, on every bridged call): CPython's POSIX os.environ keeps its bytes in `_data`, updated by every set/del."""
   data = getattr(os.environ, "_data", None)
@@ -51,7 +51,7 @@ def _getenv(name: str) -> str:
 
 def bridge_fusion(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_FUSION (read when the bridge runs), else "rules"."""
-  m = value if value is not None else (_getenv(ENV) or "rules")
+  m = value if value is not None else (env_value(ENV) or "rules")
   if m not in MODES: raise CallsatError(f"{ENV} must be one of {MODES}, got {m!r}")
   return m
 
@@ -68,6 +68,7 @@ class Hints:
   failed: bool = False   # choosing them raised (fallback mode goes on without): this call's answer, never cached
   stock_s: float | None = None    # the shadow's predicted time of the stock schedule (its rules-like partition)
   hinted_s: float | None = None   # ... and of the partition it chose; hints only when it beats stock by more than the error
+  measured: object = None   # the measured check's verdict (egraph/bridge/measure.Measured), where it ran
 
 def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
 

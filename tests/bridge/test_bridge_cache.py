@@ -141,10 +141,10 @@ def test_entries_keep_no_buffer_alive(cache):
 
 def test_bounded_least_recently_used():
   c = StructureCache(entries=2)
-  for k in "abc": c.put((k,), object())
+  for k in "abc": c.put((k,), object(), 1)
   assert c.get(("a",)) is None and c.get(("c",)) is not None and c.stats()["evicted"] == 1
   c = StructureCache(entries=10, nodes=5)
-  c.put((tuple(range(4)),), object()); c.put((tuple(range(3)),), object())
+  c.put("a", object(), 4); c.put("b", object(), 3)
   assert c.stats()["entries"] == 1 and c.stats()["nodes"] == 3
   with pytest.raises(CallsatError, match="limits"): StructureCache(entries=-1)
 

@@ -1,0 +1,87 @@
+"""The bridge's measured check of cost-mode hints (issue 28): the first time a graph structure gets hints, tinygrad
+compiles and runs the hinted and the unhinted CALL on scratch copies of their buffers, interleaved, and the bridge keeps
+the faster (the hints only when they win by more than MARGIN). The decision is then cached with the structure
+(egraph/bridge/cache.py), so a wrong prediction costs one measurement, not a slow step on every call.
+
+The scratch copies make the check side-effect free: every storage BUFFER of both CALLs (inputs, outputs, assign targets)
+is replaced by a fresh buffer of the same device, dtype and size, filled with the original's bytes where it holds data
+(timing on the program's own values: denormals and NaNs cost what they cost), so an assign is never applied twice and no
+live buffer is written. Times are wall clock over the whole schedule (its launches included: more kernels cost a user
+their dispatch too), the minimum over rounds. Off with CALLSAT_BRIDGE_MEASURE=0."""
+from __future__ import annotations
+import dataclasses, time
+from dataclasses import dataclass
+from tinygrad import Context, Device
+from tinygrad.uop.ops import UOp, Ops as TOps
+from tinygrad.dtype import AddrSpace
+from tinygrad.engine.realize import ExecContext, compile_linear, pm_exec
+from tinygrad.schedule import create_linear_with_vars
+from egraph.ir.errors import CallsatError
+
+ENV = "CALLSAT_BRIDGE_MEASURE"
+MARGIN = 0.03         # hints are kept only when measured faster than the unhinted CALL by more than this share
+ROUNDS = (3, 15)      # interleaved rounds of both schedules: at least, at most ...
+BUDGET_S = 0.3        # ... stopping past this much time spent running them (compiling not counted)
+
+@dataclass(frozen=True)
+class Measured:
+  """Both schedules' best wall time (s) over `rounds` interleaved rounds, and whether the hints are kept."""
+  stock_s: float
+  hinted_s: float
+  rounds: int
+  seconds: float   # the whole check: scratch buffers, scheduling, compiling, running
+
+  @property
+  def keep(self) -> bool: return self.hinted_s < self.stock_s * (1 - MARGIN)
+
+  def __str__(self) -> str:
+    return (f"measured {self.stock_s * 1e6:.0f} -> {self.hinted_s * 1e6:.0f} us ({1 - self.hinted_s / self.stock_s:+.1%}, "
+            f"best of {self.rounds})")
+
+def measure_on(value: str) -> bool:
+  """The setting's value (env CALLSAT_BRIDGE_MEASURE, read by the bridge): "" or "1" on, "0" off."""
+  if value not in ("", "0", "1"): raise CallsatError(f"{ENV} must be 0 or 1, got {value!r}")
+  return value != "0"
+
+def _storage(u: UOp) -> bool: return u.op is TOps.BUFFER and u.arg.addrspace is AddrSpace.GLOBAL
+
+def scratch(calls: list[UOp]) -> list[UOp]:
+  """`calls` over fresh buffers: one per distinct storage BUFFER (shared by the calls, as the originals are), with the
+  original's bytes where it has any. CallsatError for storage a scratch copy cannot stand in for (several devices in one
+  buffer, a DISK)."""
+  subs: dict = {}
+  for c in calls:
+    for u in c.toposort():
+      if not _storage(u) or u in subs: continue
+      if not isinstance(u.device, str) or u.device.startswith("DISK"):
+        raise CallsatError(f"cannot measure over a buffer on {u.device}")
+      new = subs[u] = UOp(TOps.BUFFER, u.dtype, u.src, dataclasses.replace(u.arg, slot=next(UOp.unique_num)))
+      if (old := u.realized) is not None and old.is_initialized():
+        new.buffer.ensure_allocated().copy_from(old)
+  return [c.substitute(subs) for c in calls]
+
+def _prepare(call: UOp):
+  """The compiled schedule of one CALL (never captured by a TinyJit being recorded) and its variable values."""
+  with Context(CAPTURING=0):
+    linear, var_vals = create_linear_with_vars(call)
+    return compile_linear(linear), var_vals
+
+def _run(linear: UOp, var_vals: dict, device: str) -> float:
+  ctx = ExecContext(var_vals, update_stats=False)
+  t0 = time.perf_counter()
+  for c in linear.src: pm_exec.rewrite(c, ctx)
+  Device[device].synchronize()
+  return time.perf_counter() - t0
+
+def measure(stock: UOp, hinted: UOp, device: str) -> Measured:
+  """Run both CALLs' schedules on scratch buffers, interleaved (which goes first alternates), and report the best times."""
+  t0 = time.perf_counter()
+  runs = [_prepare(c) for c in scratch([stock, hinted])]
+  for lin, vv in runs: _run(lin, vv, device)   # warm: first-touch allocation, the runtime's own first-call work
+  best, spent, k = [float("inf")] * 2, 0.0, 0
+  while k < ROUNDS[1] and (k < ROUNDS[0] or spent < BUDGET_S):
+    for i in ((0, 1) if k % 2 == 0 else (1, 0)):
+      t = _run(*runs[i], device)
+      best[i], spent = min(best[i], t), spent + t
+    k += 1
+  return Measured(best[0], best[1], k, time.perf_counter() - t0)
