@@ -13,7 +13,7 @@ from egraph import tinygrad as bridge   # noqa: E402
 from egraph.ir.errors import CallsatError   # noqa: E402
 from egraph.ir.ops import Ops   # noqa: E402
 from egraph.bridge.convert import to_callsat   # noqa: E402
-from egraph.bridge import shadow   # noqa: E402
+from egraph.bridge import shadow, measure   # noqa: E402
 from egraph.bridge.shadow import Shadow, bridge_fusion, cost_hints   # noqa: E402
 
 def _compiles() -> bool:
@@ -74,9 +74,16 @@ HINTED = {"softmax": set(), "layernorm": set(), "shared": set(), "mlp_step": set
 
 @pytest.fixture(autouse=True)
 def _unanchored(request, monkeypatch):
-  """The hint mechanics are tested with every hint the partition chooses (shadow.ANCHOR off); the anchor's own tests
-  (marked `anchored`) keep it."""
+  """The hint mechanics are tested with every hint the partition chooses (shadow.ANCHOR off, no measured check); the
+  anchor's own tests (marked `anchored`) keep the anchor, the measured check's (marked `measured`) the check."""
   if "anchored" not in request.keywords: monkeypatch.setattr(shadow, "ANCHOR", False)
+  if "measured" not in request.keywords:
+    monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "0")
+    yield
+    return
+  bridge.set_cache(bridge.StructureCache())   # each its own: a verdict cached under another test's margin is not its own
+  yield
+  bridge.set_cache(bridge.from_env())
 
 def _run(name: str, mode: str | None, monkeypatch) -> tuple[list, int, dict]:
   """(values, kernels, bridge stats) of one program: stock tinygrad (mode None) or the strict bridge in `mode`."""
@@ -240,3 +247,88 @@ def test_anchored_cost_mode_gives_stock_values_and_never_more_kernels_without_hi
     for a, b in zip(ours, stock): np.testing.assert_array_equal(a, b)
   else:
     for a, b in zip(ours, stock): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+# ---- the measured check (issue 28): hints kept only when tinygrad runs them faster ---------------------------------------
+
+@pytest.mark.measured
+@pytest.mark.parametrize("name", ["softmax", "mlp_step"])
+def test_measured_check_drops_hints_that_do_not_win(name, monkeypatch):
+  """A margin no schedule can beat: every structure with hints is measured, its hints dropped, and the CALL is the
+  rules-mode one (stock's values exactly, stock's kernels), the report saying why with both times. mlp_step assigns
+  its weights: the measurement ran on scratch copies, so the SGD update is applied once."""
+  monkeypatch.setattr(measure, "MARGIN", 0.999)
+  stock, nk_stock, _ = _run(name, None, monkeypatch)
+  ours, nk, st = _run(name, "cost", monkeypatch)
+  assert st["measured"] >= 1 and st["measure_dropped"] == st["measured"] and st["hints"] == 0, st
+  assert nk == nk_stock
+  for a, b in zip(ours, stock): np.testing.assert_array_equal(a, b)
+  h = bridge.last_hints()
+  assert not h.idents and "measured" in h.note and h.measured.stock_s > 0 and h.measured.hinted_s > 0
+
+@pytest.mark.measured
+@pytest.mark.parametrize("name", ["softmax", "mlp_step"])
+def test_measured_check_keeps_hints_that_win(name, monkeypatch):
+  """A margin every schedule beats: the hints stay (CONTIGUOUS in the CALL, more kernels), values still stock's within
+  float reassociation, the weights updated once."""
+  monkeypatch.setattr(measure, "MARGIN", -100.0)
+  stock, _, _ = _run(name, None, monkeypatch)
+  ours, _, st = _run(name, "cost", monkeypatch)
+  assert st["measured"] >= 1 and st["measure_dropped"] == 0 and st["hints"] > 0, st
+  for a, b in zip(ours, stock): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert bridge.last_hints().measured is not None
+
+@pytest.mark.measured
+def test_a_measured_decision_is_reused_for_the_same_structure(monkeypatch):
+  """The second graph of the same structure (other buffers) is a structural-cache hit: no second measurement, the
+  same verdict."""
+  monkeypatch.setattr(measure, "MARGIN", 0.999)
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  with Context(DEV=DEV), bridge.installed(strict=True):
+    bridge.reset_stats()
+    outs = []
+    for seed in range(3):
+      x = np.random.default_rng(seed).standard_normal((64, 128)).astype(np.float32)
+      outs.append((Tensor(x).softmax(-1).numpy(), _np_softmax(x)))
+    st = bridge.stats()
+  assert st["measured"] == 1 and st["cache"]["hits"] >= 2, st
+  for a, r in outs: np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+
+@pytest.mark.measured
+def test_measuring_failure_drops_hints_in_fallback_and_raises_in_strict(monkeypatch):
+  import egraph.tinygrad as br
+  def broken(stock, hinted, device): raise RuntimeError("no timer today")
+  monkeypatch.setattr(br, "measure", broken)
+  stock, _, _ = _run("softmax", None, monkeypatch)
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  bridge.set_cache(None)   # fallback's answer after a failed measurement is cached; strict must meet the error again
+  build, _ = PROGRAMS["softmax"](np.random.default_rng(7))
+  with Context(DEV=DEV):
+    bridge.reset_stats()
+    with bridge.installed(strict=False):
+      out = build()[0].numpy()
+    st = bridge.stats()
+    np.testing.assert_array_equal(out, stock[0])
+    assert st["measure_errors"] == 1 and st["hints"] == 0 and "measuring failed" in bridge.last_hints().note
+    with bridge.installed(strict=True), pytest.raises(RuntimeError, match="no timer today"): build()[0].numpy()
+
+def test_scratch_copies_buffers_and_leaves_the_originals_alone():
+  with Context(DEV=DEV):
+    x = Tensor(np.arange(8, dtype=np.float32)).realize()
+    y = (x * 2).realize()
+    call = UOp.sink(x.uop.base, y.uop.base)
+    (new,) = measure.scratch([call])
+  olds = {u for u in call.toposort() if u.op is TOps.BUFFER}
+  news = [u for u in new.toposort() if u.op is TOps.BUFFER]
+  assert len(news) == 2 and not olds & set(news)
+  np.testing.assert_array_equal(news[0].buffer.numpy(), np.arange(8, dtype=np.float32))
+  np.testing.assert_array_equal(news[1].buffer.numpy(), np.arange(8, dtype=np.float32) * 2)
+  with Context(DEV=DEV):
+    news[0].buffer.copy_from(Tensor(np.zeros(8, np.float32)).realize().uop.base.buffer)
+    np.testing.assert_array_equal(x.numpy(), np.arange(8, dtype=np.float32))
+  np.testing.assert_array_equal(news[0].buffer.numpy(), np.zeros(8, np.float32))
+
+def test_measure_setting_is_checked(monkeypatch):
+  monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "yes")
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  with Context(DEV=DEV), bridge.installed(strict=False), pytest.raises(CallsatError, match="CALLSAT_BRIDGE_MEASURE"):
+    (Tensor([1.0, 2.0]) + 1).numpy()
