@@ -33,6 +33,9 @@ MODES = ("rules", "cost", "cost-store")
 ENV = "CALLSAT_BRIDGE_FUSION"
 COST_DEVICE = "CPU"   # the only calibrated device: a tinygrad graph on one device is priced as callsat's CPU
 SOLVER_S_PER_NODE, SOLVER_S = 2e-4, 0.25   # the partition's time: per shadow node, at most SOLVER_S (decided once per structure)
+# the greedy search (exhaustive up to a few candidates): the measured check has the last word on every hint, and the MILP
+# cost a first call scipy's import (~0.6 s) and its model's build (~60 ms a graph on GPT-2) for candidates it then drops
+SOLVER = "greedy"
 # hints only where the partition is predicted faster than stock's schedule by more than the calibration's held-out error;
 # False gives every hint the partition chooses (what the time model alone would do: for studying it, and the tests of
 # how hints reach tinygrad)
@@ -154,7 +157,7 @@ def cost_hints(cv: Conversion, roots: list[Node]) -> Hints:
   sat = saturate(enc)
   ex = extract_call(sat, COST_PRESETS["bytes"])
   budget = min(SOLVER_S, SOLVER_S_PER_NODE * len(enc.nodes))   # scales with the graph: a 10-node graph decides in 2 ms
-  ids, rep = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm, time.perf_counter() + budget)
+  ids, rep = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm, time.perf_counter() + budget, SOLVER)
   keys, cls = {k.id for k in enc.keys}, sat.graph.class_of_id
   chosen = [enc.nodes[i] for i in sorted(cands) if cls[i] in ids.stored and enc.nodes[i].id not in keys]
   idents = {sh.origin[n.id] for n in chosen if n.id in sh.origin}
