@@ -28,7 +28,8 @@ from tinygrad.uop.ops import UOp   # noqa: E402
 from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.engine.driver import callify   # noqa: E402
 from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints, env_value   # noqa: E402
-from egraph.bridge.measure import ENV as MEASURE_ENV, MARGIN, measure, measure_on   # noqa: E402
+from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure, measure_on   # noqa: E402
+from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
@@ -50,7 +51,7 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
     if hit.extra is not None: _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
     return rebind(hit, st)
   # the key's walk is the whole toposort unless it stopped at a binding (stripped): the conversion walks it once
-  try: call, bmap, hints = _decide(big_sink, mode, measuring, None if st.stripped else st.topo)
+  try: call, bmap, hints = _decide(big_sink, mode, measuring, st)
   except BridgeRefusal as e:
     cache.put(key, BridgeRefusal(e.reason, e.detail), len(st.topo))   # refused by structure alone: refused again without converting
     raise
@@ -58,20 +59,35 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None), len(st.topo))
   return call, bmap
 
-def _decide(big_sink: UOp, mode: str, measuring: bool, topo=None):
+def _decide(big_sink: UOp, mode: str, measuring: bool, st=None):
   """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `measuring`: hints are checked by running
-  the hinted and unhinted CALLs (egraph/bridge/measure.py); `topo`: the graph's toposort, if walked already."""
-  cv, roots = to_callsat(big_sink, topo, consts=mode != "rules")   # cost mode's shadow prices the constants
-  hints = _hints(cv, roots) if mode != "rules" else Hints()
+  the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
+  the graph's structure, if made already."""
+  cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
+  store = verdict_store() if measuring else None
+  name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
+  known = store.get(name) if store is not None else None
+  if known is not None:
+    with _LOCK: _COUNTS["verdicts_reused"] += 1
+  if known is not None and not known.keep:   # lost when measured before: not chosen again
+    hints = Hints(measured=_as_measured(known), note=f"{len(known.idents)} hints dropped: {_as_measured(known)} before, kept per user")
+  else: hints = _hints(cv, roots) if mode != "rules" else Hints()
   res = _callify(realize_hints(cv, roots, hints.idents) if mode == "cost-store" else roots)
   call, bmap = to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
-  if hints.idents and measuring:   # the prediction checked once per structure, by running both
+  tried = tuple(sorted(hints.idents))
+  if tried and measuring and known is not None and known.idents == tried:   # won when measured before
+    hints = dataclasses.replace(hints, measured=_as_measured(known))
+  elif tried and measuring:   # the prediction checked once per structure, by running both
     plain = res if mode == "cost" else _callify(roots)
     stock = to_tinygrad(cv, plain.call, plain.buffer_map)
     hints = _measured(hints, stock[0], call, next(iter({r.device for r in roots if r.device is not None})))
     if not hints.idents: call, bmap = stock
+    if store is not None and (m := hints.measured) is not None:
+      store.put(name, Verdict(bool(hints.idents), tried, m.stock_s, m.hinted_s, m.rounds))
   if mode != "rules": _count_hints(hints)
   return call, bmap, hints
+
+def _as_measured(v: Verdict) -> Measured: return Measured(v.stock_s, v.hinted_s, v.rounds, 0.0)
 
 def _callify(roots):
   # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an
@@ -91,7 +107,7 @@ def _measured(hints: Hints, stock: UOp, hinted: UOp, device) -> Hints:
     _COUNTS["measured"] += 1; _COUNTS["measure_seconds"] += m.seconds; _COUNTS["measure_dropped"] += not m.keep
   if m.keep: return dataclasses.replace(hints, measured=m)
   return dataclasses.replace(hints, idents=frozenset(), uops=[], measured=m,
-                             note=f"{len(hints.idents)} hints dropped: {m}, not faster by more than {MARGIN:.0%}")
+                             note=f"{len(hints.idents)} hints dropped: {m}, not faster by more than {margin():.0%}")
 
 def _hints(cv, roots) -> Hints:
   """cost_hints. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
@@ -148,7 +164,7 @@ def _count(kind: str, reason: str | None = None) -> None:
 def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
-  bridge_fusion(); measure_on(env_value(MEASURE_ENV))   # a bad setting is the user's error in both modes, never a fallback
+  bridge_fusion(); measure_on(env_value(MEASURE_ENV)); verdicts_enabled()   # a bad setting is the user's error, never a fallback
   try: out = transform_to_call(big_sink)
   except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
     _count("bridged")
@@ -191,8 +207,8 @@ def stats() -> dict:
   """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
   mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
   hint_seconds (choosing them); the measured check's measured (structures checked), measure_dropped (their hints
-  measured no faster), measure_errors (fallback mode: measuring failed, hints dropped) and measure_seconds; cache: the
-  structural cache's counts (cache_stats)."""
+  measured no faster), measure_errors (fallback mode: measuring failed, hints dropped), measure_seconds and
+  verdicts_reused (structures whose verdict a former process measured); cache: the structural cache's counts."""
   cache = cache_stats()   # outside _LOCK: making the cache takes it
   with _LOCK:
     return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
@@ -200,7 +216,7 @@ def stats() -> dict:
             "hinted": _COUNTS["hinted"], "unhinted": _COUNTS["unhinted"], "hints": _COUNTS["hints"],
             "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "measured": _COUNTS["measured"],
             "measure_dropped": _COUNTS["measure_dropped"], "measure_errors": _COUNTS["measure_errors"],
-            "measure_seconds": _COUNTS["measure_seconds"], "cache": cache}
+            "measure_seconds": _COUNTS["measure_seconds"], "verdicts_reused": _COUNTS["verdicts_reused"], "cache": cache}
 
 def reset_stats() -> None:
   with _LOCK: _COUNTS.clear(); _REASONS.clear(); _LAST.clear()

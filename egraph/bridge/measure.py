@@ -38,6 +38,8 @@ class Measured:
     return (f"measured {self.stock_s * 1e6:.0f} -> {self.hinted_s * 1e6:.0f} us ({1 - self.hinted_s / self.stock_s:+.1%}, "
             f"best of {self.rounds})")
 
+def margin() -> float: return MARGIN   # read when asked (a verdict's key names the margin it was decided under)
+
 def measure_on(value: str) -> bool:
   """The setting's value (env CALLSAT_BRIDGE_MEASURE, read by the bridge): "" or "1" on, "0" off."""
   if value not in ("", "0", "1"): raise CallsatError(f"{ENV} must be 0 or 1, got {value!r}")

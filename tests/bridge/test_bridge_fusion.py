@@ -73,7 +73,7 @@ PROGRAMS = {"softmax": _softmax, "layernorm": _layernorm, "shared": _shared, "ml
 HINTED = {"softmax": set(), "layernorm": set(), "shared": set(), "mlp_step": set()}
 
 @pytest.fixture(autouse=True)
-def _unanchored(request, monkeypatch):
+def _unanchored(request, monkeypatch, tmp_path):
   """The hint mechanics are tested with every hint the partition chooses (shadow.ANCHOR off, no measured check); the
   anchor's own tests (marked `anchored`) keep the anchor, the measured check's (marked `measured`) the check."""
   if "anchored" not in request.keywords: monkeypatch.setattr(shadow, "ANCHOR", False)
@@ -81,7 +81,9 @@ def _unanchored(request, monkeypatch):
     monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "0")
     yield
     return
-  bridge.set_cache(bridge.StructureCache())   # each its own: a verdict cached under another test's margin is not its own
+  # each its own caches: a verdict cached under another test's margin is not its own
+  bridge.set_cache(bridge.StructureCache())
+  monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS_DIR", str(tmp_path / "verdicts"))
   yield
   bridge.set_cache(bridge.from_env())
 
@@ -331,4 +333,58 @@ def test_measure_setting_is_checked(monkeypatch):
   monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "yes")
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
   with Context(DEV=DEV), bridge.installed(strict=False), pytest.raises(CallsatError, match="CALLSAT_BRIDGE_MEASURE"):
+    (Tensor([1.0, 2.0]) + 1).numpy()
+
+# ---- verdicts kept per user (egraph/bridge/verdicts.py) ------------------------------------------------------------------
+
+def _fresh_process():
+  """What a new process starts with: no structural cache entry (the verdict directory is the user's, kept)."""
+  bridge.set_cache(bridge.StructureCache())
+
+@pytest.mark.measured
+@pytest.mark.parametrize("margin", [0.999, -100.0])
+def test_a_verdict_is_kept_for_the_next_process(margin, monkeypatch):
+  """Measured once, the verdict is reused by a later process: no second measurement; a lost verdict does not even
+  choose the hints again (cost_hints is not called), a won one applies them again; values are stock's."""
+  import egraph.tinygrad as br
+  monkeypatch.setattr(measure, "MARGIN", margin)
+  stock, _, _ = _run("softmax", None, monkeypatch)
+  first, _, st1 = _run("softmax", "cost", monkeypatch)
+  assert st1["measured"] == 1 and st1["verdicts_reused"] == 0
+  _fresh_process()
+  if margin > 0:
+    def no_choice(cv, roots): raise AssertionError("hints chosen again after a lost verdict")
+    monkeypatch.setattr(br, "cost_hints", no_choice)
+  second, _, st2 = _run("softmax", "cost", monkeypatch)
+  assert st2["measured"] == 0 and st2["verdicts_reused"] == 1 and (st2["hints"] > 0) == (margin < 0), st2
+  assert bridge.last_hints().measured is not None
+  for a, b, c in zip(first, second, stock):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+
+@pytest.mark.measured
+def test_a_tampered_verdict_is_measured_again(monkeypatch, tmp_path):
+  monkeypatch.setattr(measure, "MARGIN", 0.999)
+  _run("softmax", "cost", monkeypatch)
+  d = tmp_path / "verdicts"
+  names = [p for p in d.iterdir() if len(p.name) == 64]
+  assert len(names) == 1
+  raw = bytearray(names[0].read_bytes()); raw[-3] ^= 1; names[0].write_bytes(bytes(raw))
+  _fresh_process()
+  _, _, st = _run("softmax", "cost", monkeypatch)
+  assert st["measured"] == 1 and st["verdicts_reused"] == 0, st
+
+def test_verdicts_are_bounded_and_read_back(tmp_path):
+  from egraph.bridge.verdicts import Verdicts, Verdict, digest
+  vs = Verdicts(str(tmp_path / "v"), max_entries=3)
+  names = [digest("graph", i) for i in range(5)]
+  for i, n in enumerate(names): vs.put(n, Verdict(i % 2 == 0, (i, i + 1), 1e-3, 2e-3, 5))
+  kept = {i for i, n in enumerate(names) if vs.get(n) is not None}
+  assert len(kept) == 3   # which go depends on the file system's mtime resolution: the oldest, ties in any order
+  for i in kept: assert vs.get(names[i]) == Verdict(i % 2 == 0, (i, i + 1), 1e-3, 2e-3, 5)
+
+def test_verdict_setting_is_checked(monkeypatch):
+  monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS", "maybe")
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  with Context(DEV=DEV), bridge.installed(strict=False), pytest.raises(CallsatError, match="CALLSAT_BRIDGE_VERDICTS"):
     (Tensor([1.0, 2.0]) + 1).numpy()
