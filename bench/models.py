@@ -19,7 +19,8 @@ and inputs (nothing is downloaded):
 
 Each (model, mode, round) is a fresh process (`--worker MODEL MODE`) printing one JSON line, on DEV=CPU (clang) with
 tinygrad's disk cache off (CACHELEVEL=0: every process compiles its kernels, so the first call is scheduling + compile +
-run in every mode; --disk-cache keeps it). Per round and model the modes run in a rotated order, so drift hits all
+run in every mode) and the bridge's measured verdicts not kept (cost mode measures its hints anew in every process);
+--disk-cache keeps both across the run's processes (the verdicts in a directory of the run's own). Per round and model the modes run in a rotated order, so drift hits all
 modes. In a worker the bridge is installed before the model is built (weight init realizes through it too), then:
   first call  call 0, timed: scheduling, compile, run (a JIT model's plain first run)
   warm call   call 1, not in the steady numbers (TinyJit captures here)
@@ -39,7 +40,7 @@ over rounds; "speed, CPU time" is the same ratio in the process's CPU time per s
 Time: each process mostly schedules and compiles its model (mnist's first train_step alone is 20-35 s on 2 cores), so
 one round of 6 models x 4 modes takes about 6-9 minutes here; --models/--modes/--rounds trim it."""
 from __future__ import annotations
-import argparse, datetime, json, math, os, signal, statistics, subprocess, sys, time, traceback
+import argparse, atexit, datetime, json, math, os, shutil, signal, statistics, subprocess, sys, tempfile, time, traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINYGRAD_TESTS = os.path.join(os.path.dirname(ROOT), "shared", "tinygrad-tests")
 MODES = ["stock", "strict", "fallback", "cost"]
@@ -213,7 +214,10 @@ def worker(model: str, mode: str, steps: int, tinygrad_tests: str) -> dict:
 
 def run_one(model: str, mode: str, steps: int, args) -> dict:
   env = {**os.environ, "DEV": "CPU", "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-  if not args.disk_cache: env["CACHELEVEL"] = "0"
+  # no cache outlives a process unless asked: tinygrad's compile cache, and the bridge's measured verdicts (those in a
+  # directory of this bench run's own, so the first round measures and the user's are neither read nor written)
+  if not args.disk_cache: env["CACHELEVEL"], env["CALLSAT_BRIDGE_VERDICTS"] = "0", "0"
+  else: env["CALLSAT_BRIDGE_VERDICTS_DIR"] = args.verdicts_dir
   env.pop("CALLSAT_BRIDGE_FUSION", None)
   if mode == "cost": env["CALLSAT_BRIDGE_FUSION"] = "cost"
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, mode, "--steps", str(steps), "--tinygrad", args.tinygrad]
@@ -245,7 +249,8 @@ def compare(a: list, b: list) -> tuple[bool, float, float, int | None, bool]:
       close = close and isinstance(x, float) and isinstance(y, float) and d <= ATOL + RTOL * abs(y)
   return same, dabs, drel, first, close
 
-COUNTED = ("calls", "bridged", "fallback", "refused", "hinted", "hints", "hint_errors", "cache.hits", "cache.misses",
+COUNTED = ("calls", "bridged", "fallback", "refused", "hinted", "hints", "hint_errors", "measured", "measure_dropped",
+           "measure_seconds", "verdicts_reused", "cache.hits", "cache.misses",
            "cache.uncacheable", "cache.evicted")
 
 def _flat(stats: dict) -> dict:
@@ -253,6 +258,10 @@ def _flat(stats: dict) -> dict:
   out = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
   out.update({f"cache.{k}": v for k, v in (stats.get("cache") or {}).items() if isinstance(v, (int, float))})
   return out
+
+def _secs(runs: list[dict], part: str) -> str:
+  vs = [r[part].get("measure_seconds") or 0.0 for r in runs]
+  return f"{min(vs):.1f}" if min(vs) == max(vs) else f"{min(vs):.1f}-{max(vs):.1f}"
 
 def counts(runs: list[dict]) -> str:
   """The bridge's counts of a (model, mode), whole process and steady steps: one number where every round agrees,
@@ -267,6 +276,9 @@ def counts(runs: list[dict]) -> str:
     if cell(part, "cache.uncacheable") not in (None, "0"): out += f" / {c('cache.uncacheable')} uncacheable"
     if cell(part, "hinted") not in (None, "0"): out += f", {c('hinted')} hinted ({c('hints')} points)"
     if cell(part, "hint_errors") not in (None, "0"): out += f", {c('hint_errors')} hint errors"
+    if cell(part, "measured") not in (None, "0"):
+      out += f", {c('measured')} measured ({c('measure_dropped')} dropped, {cell(part, 'measure_seconds') and _secs(runs, part)} s)"
+    if cell(part, "verdicts_reused") not in (None, "0"): out += f", {c('verdicts_reused')} verdicts reused"
     return out
   if not runs[0]["total"].get("calls"): return "-"
   reasons = {k: v for r in runs for k, v in r["stats"].get("reasons", {}).items()}
@@ -316,7 +328,8 @@ def main() -> None:
   ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
   ap.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
   ap.add_argument("--tinygrad", default=TINYGRAD_TESTS, help="tinygrad's source tree with examples/ and extra/")
-  ap.add_argument("--disk-cache", action="store_true", help="keep tinygrad's compile cache (CACHELEVEL) across processes")
+  ap.add_argument("--disk-cache", action="store_true",
+                  help="keep tinygrad's compile cache (CACHELEVEL) and the bridge's measured verdicts across processes")
   ap.add_argument("--timeout", type=int, default=300, help="seconds per worker process")
   ap.add_argument("--out", help="append the table to this markdown file")
   ap.add_argument("--json", help="write every process's result (values, timings, stats) to this file")
@@ -325,6 +338,8 @@ def main() -> None:
   if args.worker:
     print(json.dumps(worker(*args.worker, args.steps or STEPS[args.worker[0]], args.tinygrad))); return
   if "stock" not in args.modes: args.modes = ["stock", *args.modes]   # the reference for values and ratios
+  args.verdicts_dir = tempfile.mkdtemp(prefix="callsat-bench-verdicts-")   # --disk-cache: this run's, gone at the end
+  atexit.register(shutil.rmtree, args.verdicts_dir, True)
   t_start, load0, results = time.perf_counter(), os.getloadavg()[0], {}
   for rnd in range(args.rounds):
     for mi, model in enumerate(args.models):
