@@ -21,7 +21,8 @@ Each (model, mode, round) is a fresh process (`--worker MODEL MODE`) printing on
 tinygrad's disk cache off (CACHELEVEL=0: every process compiles its kernels, so the first call is scheduling + compile +
 run in every mode) and the bridge's measured verdicts not kept (cost mode measures its hints anew in every process);
 --disk-cache keeps both across the run's processes (the verdicts in a directory of the run's own). Per round and
-model the modes run in a rotated order, so drift hits all modes. In a worker the bridge is installed before the model is built (weight init realizes through it too), then:
+model the modes run in a rotated order, so drift hits all modes. In a worker the bridge is installed before the model
+is built (weight init realizes through it too), then:
   first call  call 0, timed: scheduling, compile, run (a JIT model's plain first run)
   warm call   call 1, not in the steady numbers (TinyJit captures here)
   steady      calls 2 .. steps+1, each timed; the worker reports their median. A JIT model replays its captured
