@@ -83,11 +83,11 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None):
     hints = _measured(hints, stock[0], call, next(iter({r.device for r in roots if r.device is not None})))
     if not hints.idents: call, bmap = stock
     if store is not None and (m := hints.measured) is not None:
-      store.put(name, Verdict(bool(hints.idents), tried, m.stock_s, m.hinted_s, m.rounds))
+      store.put(name, Verdict(bool(hints.idents), tried, m.stock_s, m.hinted_s, m.rounds, m.ratio))
   if mode != "rules": _count_hints(hints)
   return call, bmap, hints
 
-def _as_measured(v: Verdict) -> Measured: return Measured(v.stock_s, v.hinted_s, v.rounds, 0.0)
+def _as_measured(v: Verdict) -> Measured: return Measured(v.stock_s, v.hinted_s, v.rounds, 0.0, v.ratio)
 
 def _callify(roots):
   # tinygrad's schedule cache keys on the body (a callsat result cache would only hold buffers); tinygrad 0.14 reads an

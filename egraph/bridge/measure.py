@@ -1,15 +1,16 @@
 """The bridge's measured check of cost-mode hints (issue 28): the first time a graph structure gets hints, tinygrad
 compiles and runs the hinted and the unhinted CALL on scratch copies of their buffers, interleaved, and the bridge keeps
-the faster (the hints only when they win by more than MARGIN). The decision is then cached with the structure
-(egraph/bridge/cache.py), so a wrong prediction costs one measurement, not a slow step on every call.
+the faster (the hints only when the median of the rounds' time ratios says they win by more than MARGIN). The decision
+is then cached with the structure (egraph/bridge/cache.py) and kept per user (egraph/bridge/verdicts.py), so a wrong
+prediction costs one measurement, not a slow step on every call.
 
 The scratch copies make the check side-effect free: every storage BUFFER of both CALLs (inputs, outputs, assign targets)
 is replaced by a fresh buffer of the same device, dtype and size, filled with the original's bytes where it holds data
 (timing on the program's own values: denormals and NaNs cost what they cost), so an assign is never applied twice and no
 live buffer is written. Times are wall clock over the whole schedule (its launches included: more kernels cost a user
-their dispatch too), the minimum over rounds. Off with CALLSAT_BRIDGE_MEASURE=0."""
+their dispatch too); each round runs both, which one first alternating. Off with CALLSAT_BRIDGE_MEASURE=0."""
 from __future__ import annotations
-import dataclasses, time
+import dataclasses, statistics, time
 from dataclasses import dataclass
 from tinygrad import Context, Device
 from tinygrad.uop.ops import UOp, Ops as TOps
@@ -20,23 +21,26 @@ from egraph.ir.errors import CallsatError
 
 ENV = "CALLSAT_BRIDGE_MEASURE"
 MARGIN = 0.03         # hints are kept only when measured faster than the unhinted CALL by more than this share
-ROUNDS = (3, 15)      # interleaved rounds of both schedules: at least, at most ...
+ROUNDS = (5, 41)      # interleaved rounds of both schedules: at least, at most ...
 BUDGET_S = 0.3        # ... stopping past this much time spent running them (compiling not counted)
 
 @dataclass(frozen=True)
 class Measured:
-  """Both schedules' best wall time (s) over `rounds` interleaved rounds, and whether the hints are kept."""
+  """Both schedules' best wall time (s) over `rounds` interleaved rounds, the median of the rounds' hinted/stock ratios
+  (each round runs both back to back: drift between rounds cancels), and whether the hints are kept: by the median
+  ratio, which one lucky round cannot move."""
   stock_s: float
   hinted_s: float
   rounds: int
   seconds: float   # the whole check: scratch buffers, scheduling, compiling, running
+  ratio: float = 1.0
 
   @property
-  def keep(self) -> bool: return self.hinted_s < self.stock_s * (1 - MARGIN)
+  def keep(self) -> bool: return self.ratio < 1 - MARGIN
 
   def __str__(self) -> str:
-    return (f"measured {self.stock_s * 1e6:.0f} -> {self.hinted_s * 1e6:.0f} us ({1 - self.hinted_s / self.stock_s:+.1%}, "
-            f"best of {self.rounds})")
+    return (f"measured {self.stock_s * 1e6:.0f} -> {self.hinted_s * 1e6:.0f} us (best of {self.rounds}; median ratio "
+            f"{self.ratio:.3f})")
 
 def margin() -> float: return MARGIN   # read when asked (a verdict's key names the margin it was decided under)
 
@@ -80,10 +84,11 @@ def measure(stock: UOp, hinted: UOp, device: str) -> Measured:
   t0 = time.perf_counter()
   runs = [_prepare(c) for c in scratch([stock, hinted])]
   for lin, vv in runs: _run(lin, vv, device)   # warm: first-touch allocation, the runtime's own first-call work
-  best, spent, k = [float("inf")] * 2, 0.0, 0
-  while k < ROUNDS[1] and (k < ROUNDS[0] or spent < BUDGET_S):
-    for i in ((0, 1) if k % 2 == 0 else (1, 0)):
-      t = _run(*runs[i], device)
-      best[i], spent = min(best[i], t), spent + t
-    k += 1
-  return Measured(best[0], best[1], k, time.perf_counter() - t0)
+  best, spent, ratios = [float("inf")] * 2, 0.0, []
+  while len(ratios) < ROUNDS[1] and (len(ratios) < ROUNDS[0] or spent < BUDGET_S):
+    t = [0.0, 0.0]
+    for i in ((0, 1) if len(ratios) % 2 == 0 else (1, 0)):
+      t[i] = _run(*runs[i], device)
+      best[i], spent = min(best[i], t[i]), spent + t[i]
+    ratios.append(t[1] / t[0])
+  return Measured(best[0], best[1], len(ratios), time.perf_counter() - t0, statistics.median(ratios))

@@ -17,7 +17,7 @@ from egraph.ir.errors import CallsatError
 
 ENV, DIR_ENV = "CALLSAT_BRIDGE_VERDICTS", "CALLSAT_BRIDGE_VERDICTS_DIR"
 MAX_ENTRIES = 4096
-FORMAT = 1
+FORMAT = 2
 
 @dataclass(frozen=True)
 class Verdict:
@@ -26,17 +26,19 @@ class Verdict:
   stock_s: float
   hinted_s: float
   rounds: int
+  ratio: float      # the median of the rounds' hinted/stock time ratios
 
   def to_bytes(self) -> bytes:
     return json.dumps({"format": FORMAT, "keep": self.keep, "idents": list(self.idents), "stock_s": self.stock_s,
-                       "hinted_s": self.hinted_s, "rounds": self.rounds}).encode()
+                       "hinted_s": self.hinted_s, "rounds": self.rounds, "ratio": self.ratio}).encode()
 
   @staticmethod
   def from_bytes(data: bytes) -> Verdict | None:
     try:
       d = json.loads(data)
       if d.get("format") != FORMAT: return None
-      v = Verdict(bool(d["keep"]), tuple(int(i) for i in d["idents"]), float(d["stock_s"]), float(d["hinted_s"]), int(d["rounds"]))
+      v = Verdict(bool(d["keep"]), tuple(int(i) for i in d["idents"]), float(d["stock_s"]), float(d["hinted_s"]), int(d["rounds"]),
+                  float(d["ratio"]))
     except (ValueError, KeyError, TypeError): return None
     return v
 

@@ -378,10 +378,10 @@ def test_verdicts_are_bounded_and_read_back(tmp_path):
   from egraph.bridge.verdicts import Verdicts, Verdict, digest
   vs = Verdicts(str(tmp_path / "v"), max_entries=3)
   names = [digest("graph", i) for i in range(5)]
-  for i, n in enumerate(names): vs.put(n, Verdict(i % 2 == 0, (i, i + 1), 1e-3, 2e-3, 5))
+  for i, n in enumerate(names): vs.put(n, Verdict(i % 2 == 0, (i, i + 1), 1e-3, 2e-3, 5, 2.0))
   kept = {i for i, n in enumerate(names) if vs.get(n) is not None}
   assert len(kept) == 3   # which go depends on the file system's mtime resolution: the oldest, ties in any order
-  for i in kept: assert vs.get(names[i]) == Verdict(i % 2 == 0, (i, i + 1), 1e-3, 2e-3, 5)
+  for i in kept: assert vs.get(names[i]) == Verdict(i % 2 == 0, (i, i + 1), 1e-3, 2e-3, 5, 2.0)
 
 def test_verdict_setting_is_checked(monkeypatch):
   monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS", "maybe")
