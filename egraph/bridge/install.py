@@ -97,12 +97,14 @@ def _callify(roots):
 
 def _measured(hints: Hints, stock: UOp, hinted: UOp, device) -> Hints:
   """hints with the measured check's verdict (egraph/bridge/measure.py): kept when they win, else none and why. An error
-  while measuring drops them in fallback mode (the unhinted CALL is strict's own) and is counted; strict raises it."""
+  while measuring drops them in fallback mode (the unhinted CALL is strict's own; counted, not cached, so strict meets
+  the error again); strict raises it."""
   try: m = measure(stock, hinted, device)
   except Exception as e:
     if _STATE["mode"] != "fallback": raise
     with _LOCK: _COUNTS["measure_errors"] += 1
-    return dataclasses.replace(hints, idents=frozenset(), uops=[], note=f"hints dropped: measuring failed: {type(e).__name__}: {e}")
+    return dataclasses.replace(hints, idents=frozenset(), uops=[], failed=True,   # this call's answer, never cached
+                               note=f"hints dropped: measuring failed: {type(e).__name__}: {e}")
   with _LOCK:
     _COUNTS["measured"] += 1; _COUNTS["measure_seconds"] += m.seconds; _COUNTS["measure_dropped"] += not m.keep
   if m.keep: return dataclasses.replace(hints, measured=m)

@@ -302,7 +302,6 @@ def test_measuring_failure_drops_hints_in_fallback_and_raises_in_strict(monkeypa
   monkeypatch.setattr(br, "measure", broken)
   stock, _, _ = _run("softmax", None, monkeypatch)
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
-  bridge.set_cache(None)   # fallback's answer after a failed measurement is cached; strict must meet the error again
   build, _ = PROGRAMS["softmax"](np.random.default_rng(7))
   with Context(DEV=DEV):
     bridge.reset_stats()
@@ -311,6 +310,7 @@ def test_measuring_failure_drops_hints_in_fallback_and_raises_in_strict(monkeypa
     st = bridge.stats()
     np.testing.assert_array_equal(out, stock[0])
     assert st["measure_errors"] == 1 and st["hints"] == 0 and "measuring failed" in bridge.last_hints().note
+    assert st["cache"]["stored"] == 0   # fallback's answer for this call only: strict, same structure, meets the error
     with bridge.installed(strict=True), pytest.raises(RuntimeError, match="no timer today"): build()[0].numpy()
 
 def test_scratch_copies_buffers_and_leaves_the_originals_alone():
