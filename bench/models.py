@@ -260,16 +260,12 @@ def _flat(stats: dict) -> dict:
   out.update({f"cache.{k}": v for k, v in (stats.get("cache") or {}).items() if isinstance(v, (int, float))})
   return out
 
-def _secs(runs: list[dict], part: str) -> str:
-  vs = [r[part].get("measure_seconds") or 0.0 for r in runs]
-  return f"{min(vs):.1f}" if min(vs) == max(vs) else f"{min(vs):.1f}-{max(vs):.1f}"
-
 def counts(runs: list[dict]) -> str:
   """The bridge's counts of a (model, mode), whole process and steady steps: one number where every round agrees,
   else min-max."""
-  def cell(part, k):
+  def cell(part, k, fmt=str):
     vs = [r[part].get(k) for r in runs if r[part].get(k) is not None]
-    return None if not vs else str(vs[0]) if min(vs) == max(vs) else f"{min(vs)}-{max(vs)}"
+    return None if not vs else fmt(vs[0]) if min(vs) == max(vs) else f"{fmt(min(vs))}-{fmt(max(vs))}"
   def line(part):
     c = lambda k: cell(part, k) or "0"
     out = f"{c('calls')} calls, {c('bridged')} bridged, {c('fallback')} fb, {c('refused')} ref"
@@ -278,7 +274,7 @@ def counts(runs: list[dict]) -> str:
     if cell(part, "hinted") not in (None, "0"): out += f", {c('hinted')} hinted ({c('hints')} points)"
     if cell(part, "hint_errors") not in (None, "0"): out += f", {c('hint_errors')} hint errors"
     if cell(part, "measured") not in (None, "0"):
-      out += f", {c('measured')} measured ({c('measure_dropped')} dropped, {cell(part, 'measure_seconds') and _secs(runs, part)} s)"
+      out += f", {c('measured')} measured ({c('measure_dropped')} dropped, {cell(part, 'measure_seconds', lambda v: f'{v:.1f}')} s)"
     if cell(part, "verdicts_reused") not in (None, "0"): out += f", {c('verdicts_reused')} verdicts reused"
     return out
   if not runs[0]["total"].get("calls"): return "-"

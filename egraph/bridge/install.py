@@ -27,8 +27,8 @@ import tinygrad.tensor as _tg_tensor   # noqa: E402  (only once the version is k
 from tinygrad.uop.ops import UOp   # noqa: E402
 from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.engine.driver import callify   # noqa: E402
-from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints, env_value   # noqa: E402
-from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure, measure_on   # noqa: E402
+from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints, env_switch   # noqa: E402
+from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
 
@@ -41,7 +41,7 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   cost-store as STOREs of the CALL (egraph/bridge/shadow.py). A graph whose structure was decided before (other
   buffers, other bound values) is rebound from the structural cache (egraph/bridge/cache.py; CALLSAT_BRIDGE_CACHE)."""
   mode = bridge_fusion()
-  measuring = mode != "rules" and measure_on(env_value(MEASURE_ENV))
+  measuring = mode != "rules" and env_switch(MEASURE_ENV)
   cache = _cache()
   if cache is None: return _decide(big_sink, mode, measuring)[:2]
   st = structure(big_sink)
@@ -166,7 +166,7 @@ def _count(kind: str, reason: str | None = None) -> None:
 def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
-  bridge_fusion(); measure_on(env_value(MEASURE_ENV)); verdicts_enabled()   # a bad setting is the user's error, never a fallback
+  bridge_fusion(); env_switch(MEASURE_ENV); verdicts_enabled()   # a bad setting is the user's error, never a fallback
   try: out = transform_to_call(big_sink)
   except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
     _count("bridged")

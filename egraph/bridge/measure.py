@@ -44,11 +44,6 @@ class Measured:
 
 def margin() -> float: return MARGIN   # read when asked (a verdict's key names the margin it was decided under)
 
-def measure_on(value: str) -> bool:
-  """The setting's value (env CALLSAT_BRIDGE_MEASURE, read by the bridge): "" or "1" on, "0" off."""
-  if value not in ("", "0", "1"): raise CallsatError(f"{ENV} must be 0 or 1, got {value!r}")
-  return value != "0"
-
 def _storage(u: UOp) -> bool: return u.op is TOps.BUFFER and u.arg.addrspace is AddrSpace.GLOBAL
 
 def scratch(calls: list[UOp]) -> list[UOp]:

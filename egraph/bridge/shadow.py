@@ -52,6 +52,12 @@ def env_value(name: str) -> str:
   v = data.get(name.encode())
   return "" if v is None else os.fsdecode(v)
 
+def env_switch(name: str) -> bool:
+  """Env `name` as an on/off setting, read when the bridge runs: "" or "1" on, "0" off, anything else the user's error."""
+  v = env_value(name)
+  if v not in ("", "0", "1"): raise CallsatError(f"{name} must be 0 or 1, got {v!r}")
+  return v != "0"
+
 def bridge_fusion(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_FUSION (read when the bridge runs), else "rules"."""
   m = value if value is not None else (env_value(ENV) or "rules")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib, json, os, threading
 from dataclasses import dataclass
 from lower.device.securefs import SignedDir, say_once, user_cache_root
-from egraph.ir.errors import CallsatError
+from egraph.bridge.shadow import env_switch, env_value
 
 ENV, DIR_ENV = "CALLSAT_BRIDGE_VERDICTS", "CALLSAT_BRIDGE_VERDICTS_DIR"
 MAX_ENTRIES = 4096
@@ -49,7 +49,7 @@ def digest(*parts) -> str:
 class Verdicts:
   """The directory's verdicts: get/put by digest, bounded to `max_entries` files."""
   def __init__(self, path: str, max_entries: int = MAX_ENTRIES):
-    self.dir, self.max_entries, self.puts = SignedDir(path), max_entries, 0
+    self.dir, self.max_entries = SignedDir(path), max_entries
     self._lock = threading.Lock()
 
   def get(self, name: str) -> Verdict | None:
@@ -60,7 +60,6 @@ class Verdicts:
     with self._lock:
       try:
         self.dir.put(name, v.to_bytes())
-        self.puts += 1
         self._bound()
       except OSError as e: say_once(f"cannot write a bridge verdict in {self.dir.path}: {e.strerror or e}")
 
@@ -76,16 +75,14 @@ class Verdicts:
 
 _STORE: dict = {}   # (path) -> Verdicts, or None where it was refused
 
-def enabled(env=os.environ) -> bool:
-  """Does the environment ask for kept verdicts (CALLSAT_BRIDGE_VERDICTS: "" or 1 on, 0 off; CALLSAT_CACHE=0 off)?"""
-  on = env.get(ENV, "")
-  if on not in ("", "0", "1"): raise CallsatError(f"{ENV} must be 0 or 1, got {on!r}")
-  return on != "0" and env.get("CALLSAT_CACHE", "") != "0"
+def enabled() -> bool:
+  """Does the environment ask for kept verdicts (CALLSAT_BRIDGE_VERDICTS on, CALLSAT_CACHE not 0)? Read per call."""
+  return env_switch(ENV) and env_value("CALLSAT_CACHE") != "0"
 
-def store(env=os.environ) -> Verdicts | None:
+def store() -> Verdicts | None:
   """The verdict store the environment asks for (read per call: tests and benches switch it), or None (off, refused)."""
-  if not enabled(env): return None
-  path = env.get(DIR_ENV) or os.path.join(user_cache_root(env), "bridge-verdicts")
+  if not enabled(): return None
+  path = env_value(DIR_ENV) or os.path.join(user_cache_root(), "bridge-verdicts")
   if path not in _STORE:
     try: _STORE[path] = Verdicts(path)
     except OSError as e:
