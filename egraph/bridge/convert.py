@@ -202,7 +202,8 @@ def _retype(cv: Conversion, x: Node, dtype: DType) -> Node:
   cv.opaque[arg.ident] = (None, (0,))
   return Node(Ops.OPAQUE, dtype, (x,), arg)
 
-def _movement(cv: Conversion, u: UOp, x: Node) -> Node:
+def movement(cv: Conversion, u: UOp, x: Node) -> Node:
+  """tinygrad movement op `u` over x (u.src[0]'s image) as callsat's; BridgeRefusal for a form it cannot say."""
   shape = cv.shape(u.shape)
   if u.op is TOps.RESHAPE: return Node(Ops.RESHAPE, x.dtype, (x,), shape)
   if u.op is TOps.PERMUTE: return Node(Ops.PERMUTE, x.dtype, (x,), tuple(u.arg))
@@ -244,7 +245,7 @@ def _convert(cv: Conversion, u: UOp) -> Node:
   if op in _MOVE and not virtual:
     if isinstance(u.device, tuple) and _per_device_marg(u):   # a per-device select of a lazy shard: carried (an assign
       return _opaque(cv, u, tuple(range(len(u.src))))          # through it is refused below)
-    try: return _movement(cv, u, cv.img(u.src[0]))
+    try: return movement(cv, u, cv.img(u.src[0]))
     except CallsatError as e:   # a symbolic form callsat's movement ops cannot say: carried opaque unless it views storage
       if _views_storage(u): raise BridgeRefusal("form:symbolic-view", getattr(e, "detail", str(e))) from None
       return _opaque(cv, u, tuple(range(len(u.src))))

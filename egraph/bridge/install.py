@@ -31,6 +31,7 @@ from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
+from egraph.bridge.backend import Program, bridge_backend, program, tinygrad_call, hook, stats as backend_stats   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
 
@@ -40,30 +41,47 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   CALLSAT_BRIDGE_FUSION=cost the values callsat's cost mode stores come back as CONTIGUOUS in the CALL body, with
   cost-store as STOREs of the CALL (egraph/bridge/shadow.py). A graph whose structure was decided before (other
   buffers, other bound values) is rebound from the structural cache (egraph/bridge/cache.py; CALLSAT_BRIDGE_CACHE)."""
-  mode = bridge_fusion()
+  backend = bridge_backend(_STATE["backend"])
+  mode = bridge_fusion() if backend == "tinygrad" else "rules"   # callsat's kernels: its own fusion decides, no hints
   measuring = mode != "rules" and env_switch(MEASURE_ENV)
   cache = _cache()
-  if cache is None: return _decide(big_sink, mode, measuring)[:2]
+  if cache is None:
+    call, bmap, hints = _decide(big_sink, mode, measuring, backend=backend)
+    _count_backend(backend, hints)
+    return call, bmap
   st = structure(big_sink)
-  key = (mode, measuring, st.key)   # the options change the CALL: part of the key
+  # the options change the CALL: part of the key (with callsat's kernels, strict raises where fallback runs tinygrad's)
+  key = (mode, measuring, backend, _STATE["mode"] if backend != "tinygrad" else None, st.key)
   if (hit := cache.get(key)) is not None:
     if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
-    if hit.extra is not None: _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
+    if mode != "rules": _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
+    _count_backend(backend, hit.extra)
     return rebind(hit, st)
   # the key's walk is the whole toposort unless it stopped at a binding (stripped): the conversion walks it once
-  try: call, bmap, hints = _decide(big_sink, mode, measuring, st)
+  try: call, bmap, hints = _decide(big_sink, mode, measuring, st, backend)
   except BridgeRefusal as e:
     cache.put(key, BridgeRefusal(e.reason, e.detail), len(st.topo))   # refused by structure alone: refused again without converting
     raise
+  _count_backend(backend, hints)
   # a CALL without the hints that failed is fallback mode's answer for this call: strict must meet the error again
-  if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" else None), len(st.topo))
+  if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" or backend != "tinygrad" else None), len(st.topo))
   return call, bmap
 
-def _decide(big_sink: UOp, mode: str, measuring: bool, st=None):
+def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "tinygrad"):
   """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `measuring`: hints are checked by running
   the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
-  the graph's structure, if made already."""
-  cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
+  the graph's structure, if made already; `backend` "callsat": the CALL runs callsat's kernels where it can
+  (egraph/bridge/backend.py; the hints' `backend` says why not)."""
+  cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules" or backend != "tinygrad")
+  if backend != "tinygrad":
+    res = _callify(roots)
+    call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
+    try:
+      prog, order = program(cv, res.call)
+      return tinygrad_call(prog, order, call), bmap, Hints(backend=prog)
+    except BridgeRefusal as e:
+      if _STATE["mode"] == "strict": raise
+      return call, bmap, Hints(backend=e.reason)
   store = verdict_store() if measuring else None
   name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
   known = store.get(name) if store is not None else None
@@ -121,6 +139,13 @@ def _hints(cv, roots) -> Hints:
     with _LOCK: _COUNTS["hint_errors"] += 1
   return h
 
+def _count_backend(backend: str, h) -> None:
+  """Count a call's backend: run by callsat's kernels, or by tinygrad's and why (the decision's Hints.backend)."""
+  if backend == "tinygrad": return
+  with _LOCK:
+    if isinstance(h.backend, Program): _COUNTS["backend_callsat"] += 1
+    else: _COUNTS["backend_tinygrad"] += 1; _BACKEND_REASONS[h.backend] += 1
+
 def _count_hints(h: Hints, seconds: bool = True) -> None:
   with _LOCK:
     _COUNTS["hinted" if h.idents else "unhinted"] += 1; _COUNTS["hints"] += len(h.idents)
@@ -134,9 +159,10 @@ def last_hints() -> Hints | None:
 # ---- install, stats ---------------------------------------------------------------------------------------------------
 
 _LOCK = threading.Lock()
-_STATE = {"mode": None}   # None: not installed; "strict" | "fallback"
+_STATE = {"mode": None, "backend": None}   # mode None: not installed; "strict" | "fallback"; backend None: from the env
 _COUNTS: Counter = Counter()
 _REASONS: Counter = Counter()
+_BACKEND_REASONS: Counter = Counter()   # why a graph ran on tinygrad's kernels with CALLSAT_BRIDGE_BACKEND=callsat
 _LAST: dict = {}
 _CACHE: dict = {}   # "cache": the process's StructureCache (or None: off), made on first use from CALLSAT_BRIDGE_CACHE
 
@@ -166,7 +192,7 @@ def _count(kind: str, reason: str | None = None) -> None:
 def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
-  bridge_fusion(); env_switch(MEASURE_ENV); verdicts_enabled()   # a bad setting is the user's error, never a fallback
+  bridge_fusion(); env_switch(MEASURE_ENV); verdicts_enabled(); bridge_backend(_STATE["backend"])   # a bad setting is the user's error
   try: out = transform_to_call(big_sink)
   except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
     _count("bridged")
@@ -178,17 +204,21 @@ def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   _count("bridged")
   return out
 
-def install(strict: bool = False) -> None:
-  """Make tinygrad's realize, schedule and callify use callsat's pass (idempotent; a second call sets the mode)."""
+def install(strict: bool = False, backend: str | None = None) -> None:
+  """Make tinygrad's realize, schedule and callify use callsat's pass (idempotent; a second call sets the mode).
+  `backend`: "tinygrad" (tinygrad's kernels run the CALL) or "callsat" (callsat's LLVM kernels run it where they can,
+  egraph/bridge/backend.py); None: env CALLSAT_BRIDGE_BACKEND, read on every call, else "tinygrad"."""
   check_version()
+  if backend is not None: bridge_backend(backend)   # a bad name is the caller's error, now
   with _LOCK:
-    _STATE["mode"] = "strict" if strict else "fallback"
+    _STATE["mode"], _STATE["backend"] = "strict" if strict else "fallback", backend
     _tg_tensor.transform_to_call = _bridged_pass
+    hook()
 
 def uninstall() -> None:
-  """Give tinygrad its own pass back (idempotent)."""
+  """Give tinygrad its own pass back (idempotent). Programs handed to tinygrad before (a TinyJit's capture) still run."""
   with _LOCK:
-    _STATE["mode"] = None
+    _STATE["mode"], _STATE["backend"] = None, None
     _tg_tensor.transform_to_call = STOCK_TRANSFORM
 
 def is_installed() -> str | None:
@@ -196,21 +226,23 @@ def is_installed() -> str | None:
   return _STATE["mode"]
 
 @contextlib.contextmanager
-def installed(strict: bool = False):
+def installed(strict: bool = False, backend: str | None = None):
   """install() for the `with` block, then the state before it."""
-  before = _STATE["mode"]
-  install(strict)
+  before, backend_before = _STATE["mode"], _STATE["backend"]
+  install(strict, backend)
   try: yield
   finally:
     if before is None: uninstall()
-    else: install(before == "strict")
+    else: install(before == "strict", backend_before)
 
 def stats() -> dict:
   """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
   mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
   hint_seconds (choosing them); the measured check's measured (structures checked), measure_dropped (their hints
   measured no faster), measure_errors (fallback mode: measuring failed, hints dropped), measure_seconds and
-  verdicts_reused (structures whose verdict a former process measured); cache: the structural cache's counts."""
+  verdicts_reused (structures whose verdict a former process measured); with CALLSAT_BRIDGE_BACKEND=callsat,
+  backend_callsat / backend_tinygrad (calls whose CALL runs callsat's kernels / tinygrad's), backend_reasons (why
+  tinygrad's) and backend_runs (Programs run, TinyJit replays included); cache: the structural cache's counts."""
   cache = cache_stats()   # outside _LOCK: making the cache takes it
   with _LOCK:
     return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
@@ -218,10 +250,12 @@ def stats() -> dict:
             "hinted": _COUNTS["hinted"], "unhinted": _COUNTS["unhinted"], "hints": _COUNTS["hints"],
             "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "measured": _COUNTS["measured"],
             "measure_dropped": _COUNTS["measure_dropped"], "measure_errors": _COUNTS["measure_errors"],
-            "measure_seconds": _COUNTS["measure_seconds"], "verdicts_reused": _COUNTS["verdicts_reused"], "cache": cache}
+            "measure_seconds": _COUNTS["measure_seconds"], "verdicts_reused": _COUNTS["verdicts_reused"],
+            "backend_callsat": _COUNTS["backend_callsat"], "backend_tinygrad": _COUNTS["backend_tinygrad"],
+            "backend_reasons": dict(_BACKEND_REASONS.most_common()), "backend_runs": backend_stats()["runs"], "cache": cache}
 
 def reset_stats() -> None:
-  with _LOCK: _COUNTS.clear(); _REASONS.clear(); _LAST.clear()
+  with _LOCK: _COUNTS.clear(); _REASONS.clear(); _BACKEND_REASONS.clear(); _LAST.clear()
 
 def summary(top: int = 5) -> str:
   s = stats()
@@ -232,7 +266,9 @@ def summary(top: int = 5) -> str:
     line += f"; cost mode: {s['hinted']} calls hinted, {s['hints']} realize points, {s['hint_errors']} errors, {s['hint_seconds']:.1f}s"
     if s["measured"] + s["measure_errors"]:
       line += f"; measured {s['measured']} (dropped {s['measure_dropped']}, {s['measure_errors']} errors, {s['measure_seconds']:.1f}s)"
-  reasons = list(s["reasons"].items())[:top]
+  if s["backend_callsat"] + s["backend_tinygrad"]:   # CALLSAT_BRIDGE_BACKEND=callsat
+    line += f"; callsat's kernels: {s['backend_callsat']} calls, tinygrad's: {s['backend_tinygrad']}"
+  reasons = list(s["reasons"].items())[:top] + [(f"tinygrad's kernels: {r}", n) for r, n in list(s["backend_reasons"].items())[:top]]
   return line + "".join(f"\n  {n:6d}  {r}" for r, n in reasons)
 
 # ---- the pytest plugin: python -m pytest -p egraph.tinygrad -------------------------------------------------------------

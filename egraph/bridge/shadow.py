@@ -27,7 +27,7 @@ from egraph.fusion.solve import partition_ids
 from egraph.fusion.timemodel import TimeModel, NoTimeModel, tinygrad_device_key
 from egraph.fusion.candidates import add_candidates
 from egraph.engine.driver import saturate, extract_call
-from egraph.bridge.convert import Conversion
+from egraph.bridge.convert import Conversion, movement
 
 MODES = ("rules", "cost", "cost-store")
 ENV = "CALLSAT_BRIDGE_FUSION"
@@ -43,6 +43,7 @@ ANCHOR = True
 _ALU = {i.tinygrad or o.name: o for o, i in ALU_OPS.items()}   # tinygrad's ALU op name -> callsat's (the op table)
 _REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
 _WEAKS = (tdt.weakint, tdt.weakfloat)
+_MOVES = frozenset({TOps.RESHAPE, TOps.EXPAND, TOps.PAD, TOps.SHRINK, TOps.PERMUTE, TOps.FLIP})
 
 def env_value(name: str) -> str:
   """os.environ.get(name, ""), without the KeyError it raises and catches inside when name is unset (~25 us after a
@@ -78,6 +79,7 @@ class Hints:
   stock_s: float | None = None    # the shadow's predicted time of the stock schedule (its rules-like partition)
   hinted_s: float | None = None   # ... and of the partition it chose; hints only when it beats stock by more than the error
   measured: object = None   # the measured check's verdict (egraph/bridge/measure.Measured), where it ran
+  backend: object = None    # CALLSAT_BRIDGE_BACKEND=callsat: the Program that runs it, or why tinygrad's kernels do
 
 def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
 
@@ -114,6 +116,10 @@ class Shadow:
     if u.op is TOps.CONST:
       if not isinstance(u.arg, (int, float, bool)): return None   # Invalid, a shape argument
       return _to(const(u.arg, n.dtype, self.dev(n.arg.device)), shape)
+    if u.op in _MOVES and self.cv.opaque[n.arg.ident][1][:1] == (0,):   # over a device-less value (a constant's)
+      r = movement(self.cv, u, src[0])
+      self.origin[r.id] = n.arg.ident
+      return r
     if u.op is TOps.REDUCE:
       if len(u.src) != 1 or u.arg[0] not in _REDUCE or not isinstance(k := u.arg[1], int) or k < 1: return None
       r = Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k))))

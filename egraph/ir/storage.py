@@ -121,6 +121,15 @@ class Storage:
     dst[...] = a
     return dst
 
+  def borrow(self, buf: Node, a: np.ndarray) -> None:
+    """Bind `buf` to memory someone else owns (a host framework's buffer), replacing what it was bound to: never
+    pooled, never freed here; the owner keeps it alive while CALLs run on it."""
+    if a.ndim != 1 or a.dtype != buf.dtype.np or a.size != elements(buf):
+      raise ShapeError(f"borrow: {a.dtype}{a.shape} for BUFFER uid={buf.arg.uid} ({elements(buf)} x {buf.dtype.name})")
+    uid = buf.arg.uid
+    if uid in self._raw or uid in self._fin: self.free(uid)
+    self._bufs[uid] = a
+
   def release(self, uid: int) -> None:
     """Drop uid's array; its memory goes back to the pool when no other array views it."""
     self._fin.pop(uid, None)

@@ -198,11 +198,7 @@ def run_native(call, storage) -> None:
       if type(s) is tuple: ctypes.memmove(*s)
       else: s()
     return
-  bind, bufs, key = binding_key(call, checked)
-  if (sch := CACHE.schedules.get(key)) is None:
-    if bind is None: bind, _ = arg_binding(call)
-    sch = _Sched(kernelize(call.src[0], bind), checked)
-    CACHE.schedules.put(key, sch, sch.nbytes)
+  bufs, sch = _schedule(call, checked, CACHE)
   compiled = CACHE.get(sch.kernels, sch.keys)
   # storage: written buffers are allocated on demand (no zero-fill when a kernel writes all of it first), read-only ones must exist
   inner = _buffers_in(call.src[0]) if sch.inner else None
@@ -237,6 +233,22 @@ def run_native(call, storage) -> None:
     CACHE.plans[call] = Plan(checked, [((bufs[r[1]] if r[0] == "arg" else inner[r[1]]).arg.uid, weakref.ref(a)) for r, a in arrays.items()],
                              steps, arena, mpool)
   elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
+
+def _schedule(call, checked: bool, CACHE) -> tuple:
+  """(the CALL's BUFFER nodes, its schedule entry), kernelized on a miss."""
+  bind, bufs, key = binding_key(call, checked)
+  if (sch := CACHE.schedules.get(key)) is None:
+    if bind is None: bind, _ = arg_binding(call)
+    sch = _Sched(kernelize(call.src[0], bind), checked)
+    CACHE.schedules.put(key, sch, sch.nbytes)
+  return bufs, sch
+
+def prepare(call) -> int:
+  """Kernelize and compile a CALL without running it (a lowering error surfaces here, not at its first run); the
+  number of its kernels."""
+  _, sch = _schedule(call, check_bounds(), cache.CACHE)
+  cache.CACHE.get(sch.kernels, sch.keys)
+  return len(sch.kernels)
 
 class NativeBackend(Backend):
   """The CPU device kind (CPU:n shards too) and host-only CALLs (NPY, DISK): LLVM-compiled kernels on this machine."""

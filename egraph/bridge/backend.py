@@ -1,0 +1,148 @@
+"""The bridge's callsat backend (issue 29): tinygrad builds the program with its whole API, callsat decides the CALL
+(saturation, extraction) and runs it with its own LLVM kernels over tinygrad's own buffers.
+
+With CALLSAT_BRIDGE_BACKEND=callsat (or `install(backend="callsat")`) a graph on tinygrad's CPU device whose arithmetic
+callsat can say exactly is handed back to tinygrad as CALL(LINEAR(CALL(CUSTOM_FUNCTION(Program), PARAM...)), buffers):
+tinygrad's scheduler resolves the LINEAR like any precompiled one, its memory planner and TinyJit capture it as one
+item, and `pm_exec` (which the install extends by one pattern) runs it by calling `Program.run` on the Buffers the
+PARAMs resolve to. The Program is the rules CALL callify chose, its OPAQUE tinygrad arithmetic rebuilt as callsat ops
+(the shadow's conversion, egraph/bridge/shadow.py, here required to be complete), compiled once by lower/device/native.py.
+Anything the conversion cannot say (symbolic shapes, bound variables, other devices, function bodies) is a BridgeRefusal
+named `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
+from __future__ import annotations
+import itertools, threading
+import numpy as np
+from tinygrad.uop.ops import UOp, Ops as TOps, UPat, PatternMatcher
+from tinygrad.dtype import dtypes as tdt
+from tinygrad.device import Device
+import tinygrad.engine.realize as _tg_realize
+from egraph.ir.ops import Node, Ops, toposort, new_buffer
+from egraph.ir.dtype import dtypes
+from egraph.ir.storage import Storage
+from egraph.ir.errors import CallsatError
+from lower.device.native import prepare
+from lower.runtime import run_call
+from egraph.bridge.convert import BridgeRefusal, Conversion, param_like
+from egraph.bridge.shadow import Shadow, env_value
+
+ENV = "CALLSAT_BRIDGE_BACKEND"
+BACKENDS = ("tinygrad", "callsat")
+DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read and write its buffers in place
+
+def bridge_backend(value: str | None = None) -> str:
+  """`value`, else env CALLSAT_BRIDGE_BACKEND (read when the bridge runs), else "tinygrad"."""
+  b = value if value is not None else (env_value(ENV) or "tinygrad")
+  if b not in BACKENDS: raise CallsatError(f"{ENV} must be one of {BACKENDS}, got {b!r}")
+  return b
+
+_SERIAL = itertools.count()
+
+class Program:
+  """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
+  buffer of the tinygrad CALL's args (views stay SLICEs of them). The arg of the CUSTOM_FUNCTION the bridge hands
+  tinygrad: compared by identity, printed by serial (tinygrad's UOp key reads str(arg))."""
+  __slots__ = ("call", "bases", "name", "kernels", "lock", "storage", "views", "__weakref__")
+  def __init__(self, call: Node, bases: list[Node], kernels: int):
+    self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
+    self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
+  def __repr__(self): return self.name
+  __str__ = __repr__
+
+  def run(self, bufs: list) -> None:
+    """Run on tinygrad Buffers (allocated, in base order): their memory bound to the placeholders without a copy."""
+    if len(bufs) != len(self.bases): raise CallsatError(f"{self.name}: {len(bufs)} buffers for {len(self.bases)} arguments")
+    with self.lock:   # the storage binds this run's arrays: one run at a time per program
+      for ph, b in zip(self.bases, bufs): self.storage.borrow(ph, self.view(b, ph))
+      run_call(self.call, self.storage)
+
+  def view(self, b, ph: Node) -> np.ndarray:
+    """Buffer b's memory as the 1-D array placeholder ph reads, the same array object for the same memory (so the
+    native runner's prepared plan, which checks its arrays by identity, is taken again)."""
+    mv = b.allocator._as_buffer(b._buf)
+    key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0] if b.nbytes else 0)
+    if (a := self.views.get(key)) is None:
+      a = np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)
+      if len(self.views) >= 64: self.views.pop(next(iter(self.views)))   # bounded: a program sees few distinct buffers
+      self.views[key] = a
+    return a
+
+def exact(cv: Conversion, call: Node) -> Node:
+  """callify's rules CALL with every OPAQUE tinygrad op of its body rebuilt as callsat arithmetic (the shadow's
+  conversion); what it cannot rebuild is refused by name."""
+  for n in toposort(call.src[1:]):
+    if n.op is Ops.BUFFER and n.arg.device != DEVICE:
+      raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
+    if n.op not in (Ops.BUFFER, Ops.SLICE):
+      raise BridgeRefusal(f"backend:arg:{n.op.name}", "a CALL argument callsat's runner cannot bind")
+  sh = Shadow(cv, DEVICE)
+  body = sh.build([call.src[0]])[0]
+  for n in toposort([body]):
+    if n.op is Ops.OPAQUE:
+      u = cv.opaque[n.arg.ident][0]
+      what = "RETYPE" if u is None else u.op.name
+      raise BridgeRefusal(f"backend:op:{what}", f"{what} {n.arg.shape} {n.dtype.name}: no exact callsat form")
+    if n.op in (Ops.CALL, Ops.FUNCTION, Ops.COPY, Ops.BIND):
+      raise BridgeRefusal(f"backend:op:{n.op.name}", "callsat's backend runs single-device graphs without nested calls")
+    if n.op is Ops.PARAM and n.arg.device not in (DEVICE, None):
+      raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
+  return body
+
+def program(cv: Conversion, call: Node) -> tuple[Program, list[int]]:
+  """The Program for callsat's rules CALL and, per base placeholder, the index of the CALL argument it stands for.
+  Compiled here (lower/device/native.py's prepare), so a kernel callsat cannot build is a refusal now, not an error
+  inside tinygrad's run."""
+  body = exact(cv, call)
+  bases, order, ph = [], [], {}
+  args = []
+  for i, a in enumerate(call.src[1:]):
+    b = a if a.op is Ops.BUFFER else a.src[0]
+    if b.arg.uid not in ph:
+      ph[b.arg.uid] = new_buffer(b.arg.size, b.dtype, DEVICE)
+      bases.append(ph[b.arg.uid]); order.append(i)
+    p = ph[b.arg.uid]
+    args.append(p if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (p,), a.arg))
+  c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
+  try: kernels = prepare(c)
+  except CallsatError as e: raise BridgeRefusal(f"backend:lower:{type(e).__name__}", str(e)) from None
+  return Program(c, bases, kernels), order
+
+def tinygrad_call(prog: Program, order: list[int], tg_call: UOp) -> UOp:
+  """The bridge's tinygrad CALL with its body replaced by one item that runs `prog` over the bases of its args."""
+  args = tg_call.src[1:]
+  bases = [_base(args[i]) for i in order]
+  fn = UOp(TOps.CUSTOM_FUNCTION, tdt.void, (), prog)
+  inner = UOp(TOps.CALL, tdt.void, (fn, *[param_like(b, i) for i, b in enumerate(bases)]))
+  return UOp(TOps.CALL, tdt.void, (UOp(TOps.LINEAR, tdt.void, (inner,)), *bases), tg_call.arg)
+
+def _base(u: UOp) -> UOp:
+  """The BUFFER under a view argument (SHRINK, BITCAST: what the bridge's way back makes of a SLICE)."""
+  b = u
+  while b.op in (TOps.SHRINK, TOps.BITCAST, TOps.RESHAPE): b = b.src[0]
+  if b.op is not TOps.BUFFER: raise BridgeRefusal("backend:arg:tinygrad-view", f"an argument {u.op.name} over {b.op.name}")
+  return b
+
+# ---- running inside tinygrad -----------------------------------------------------------------------------------------
+
+STATS = {"runs": 0}
+
+def stats() -> dict:
+  """runs: Programs run inside tinygrad (TinyJit replays included)."""
+  return dict(STATS)
+
+def _exec(ctx, call: UOp, ast: UOp):
+  if not isinstance(prog := ast.arg, Program): return None
+  bufs = [u.buffer.ensure_allocated() for u in _tg_realize.resolve_params(call, ctx.input_uops)]
+  Device[DEVICE].synchronize()   # tinygrad's CPU queue runs asynchronously: what it wrote before is there
+  prog.run(bufs)
+  STATS["runs"] += 1
+  return []
+
+_PM = PatternMatcher([(UPat(TOps.CALL, src=(UPat(TOps.CUSTOM_FUNCTION, name="ast"),), name="call", allow_any_len=True), _exec)])
+_STOCK_EXEC = _tg_realize.pm_exec
+
+def hook() -> None:
+  """Let tinygrad's runner execute Programs (idempotent): one pattern ahead of its own."""
+  if _tg_realize.pm_exec is _STOCK_EXEC: _tg_realize.pm_exec = _PM + _STOCK_EXEC
+
+def unhook() -> None:
+  _tg_realize.pm_exec = _STOCK_EXEC
