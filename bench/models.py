@@ -1,5 +1,6 @@
 """tinygrad 0.14's own example models, stock vs callsat's bridge (strict, fallback, fallback with
-CALLSAT_BRIDGE_FUSION=cost): values, first-call time, steady-state step time and the bridge's counts.
+CALLSAT_BRIDGE_FUSION=cost, fallback with CALLSAT_BRIDGE_BACKEND=callsat: callsat's own kernels): values, first-call time,
+steady-state step time and the bridge's counts.
 
   python bench/models.py [--rounds 1] [--steps N] [--models gpt2-gen ...] [--modes stock strict ...] [--out FILE]
                          [--json FILE] [--disk-cache] [--timeout S] [--tinygrad DIR]
@@ -34,7 +35,7 @@ can be near 0, which inflates it), the first call that differs, and whether ever
 float tolerance (test_ops.py's helper_test_op: |a - b| <= 1e-6 + 1e-3 |b|; ints, tokens, must be identical). Strict
 and fallback hand tinygrad the kernels it would run and must match exactly; the cost option moves kernel boundaries
 (a value stored between kernels is not contracted into an FMA, a reduce split off gets other unrolls), so it is held to
-the tolerance, as the cost issue states. first ratio = mode / stock (lower is better, the
+the tolerance, as the cost issue states; so is callsat (its own kernels sum in their own order). first ratio = mode / stock (lower is better, the
 target is <= 1.3); speed = stock steady / mode steady (higher is better, the target is >= 0.97), both from medians
 over rounds; "speed, CPU time" is the same ratio in the process's CPU time per step (less moved by other load).
 
@@ -44,7 +45,7 @@ from __future__ import annotations
 import argparse, atexit, datetime, json, math, os, shutil, signal, statistics, subprocess, sys, tempfile, time, traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINYGRAD_TESTS = os.path.join(os.path.dirname(ROOT), "shared", "tinygrad-tests")
-MODES = ["stock", "strict", "fallback", "cost"]
+MODES = ["stock", "strict", "fallback", "cost", "callsat"]
 
 # ---- the models: build(steps, rng) -> call(i) -> the values of call i (a list of ints or floats) --------------------------
 # Small dims: a process's time is mostly tinygrad scheduling and compiling the model's kernels, which sizes barely move.
@@ -187,7 +188,8 @@ def worker(model: str, mode: str, steps: int, tinygrad_tests: str) -> dict:
     br = None   # stock never imports callsat: tinygrad as it ships
     if mode != "stock":
       import egraph.tinygrad as br
-      br.install(strict=mode == "strict")   # cost: fallback, with CALLSAT_BRIDGE_FUSION=cost in the env
+      br.install(strict=mode == "strict")   # cost: fallback, with CALLSAT_BRIDGE_FUSION=cost in the env; callsat: with
+                                            # CALLSAT_BRIDGE_BACKEND=callsat (callsat's kernels)
     Tensor.manual_seed(0); np.random.seed(0)   # tinygrad's RNG: gpt2-gen's sampling, beautiful_mnist's batches
     t0 = time.perf_counter()
     call = MODELS[model](steps, np.random.default_rng(0))   # weights and inputs
@@ -219,8 +221,9 @@ def run_one(model: str, mode: str, steps: int, args) -> dict:
   # directory of this bench run's own, so the first round measures and the user's are neither read nor written)
   if not args.disk_cache: env["CACHELEVEL"], env["CALLSAT_BRIDGE_VERDICTS"] = "0", "0"
   else: env["CALLSAT_BRIDGE_VERDICTS_DIR"] = args.verdicts_dir
-  env.pop("CALLSAT_BRIDGE_FUSION", None)
+  env.pop("CALLSAT_BRIDGE_FUSION", None); env.pop("CALLSAT_BRIDGE_BACKEND", None)
   if mode == "cost": env["CALLSAT_BRIDGE_FUSION"] = "cost"
+  if mode == "callsat": env["CALLSAT_BRIDGE_BACKEND"] = "callsat"
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, mode, "--steps", str(steps), "--tinygrad", args.tinygrad]
   # its own session: on a timeout the worker and tinygrad's compile pool under it are ended together
   p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -251,7 +254,7 @@ def compare(a: list, b: list) -> tuple[bool, float, float, int | None, bool]:
   return same, dabs, drel, first, close
 
 COUNTED = ("calls", "bridged", "fallback", "refused", "hinted", "hints", "hint_errors", "measured", "measure_dropped",
-           "measure_seconds", "verdicts_reused", "cache.hits", "cache.misses",
+           "measure_seconds", "verdicts_reused", "backend_callsat", "backend_tinygrad", "backend_runs", "cache.hits", "cache.misses",
            "cache.uncacheable", "cache.evicted")
 
 def _flat(stats: dict) -> dict:
@@ -276,9 +279,12 @@ def counts(runs: list[dict]) -> str:
     if cell(part, "measured") not in (None, "0"):
       out += f", {c('measured')} measured ({c('measure_dropped')} dropped, {cell(part, 'measure_seconds', lambda v: f'{v:.1f}')} s)"
     if cell(part, "verdicts_reused") not in (None, "0"): out += f", {c('verdicts_reused')} verdicts reused"
+    if cell(part, "backend_callsat") is not None:   # CALLSAT_BRIDGE_BACKEND=callsat: who ran the CALLs
+      out += f", callsat's kernels {c('backend_callsat')} / tinygrad's {c('backend_tinygrad')} calls, {c('backend_runs')} runs"
     return out
   if not runs[0]["total"].get("calls"): return "-"
   reasons = {k: v for r in runs for k, v in r["stats"].get("reasons", {}).items()}
+  reasons.update({f"tinygrad's kernels: {k}": v for r in runs for k, v in r["stats"].get("backend_reasons", {}).items()})
   return (f"all: {line('total')}; steady: {line('steady')}"
           + ("; reasons: " + ", ".join(f"{k} {v}" for k, v in list(reasons.items())[:3]) if reasons else ""))
 

@@ -16,7 +16,8 @@ from tinygrad.uop.ops import UOp, Ops as TOps, UPat, PatternMatcher
 from tinygrad.dtype import dtypes as tdt
 from tinygrad.device import Device
 import tinygrad.engine.realize as _tg_realize
-from egraph.ir.ops import Node, Ops, toposort, new_buffer
+from egraph.ir.ops import Node, Ops, GroupOp, toposort, new_buffer
+from egraph.ir.symbolic import dims_in
 from egraph.ir.dtype import dtypes
 from egraph.ir.storage import Storage
 from egraph.ir.errors import CallsatError
@@ -28,6 +29,7 @@ from egraph.bridge.shadow import Shadow, env_value
 ENV = "CALLSAT_BRIDGE_BACKEND"
 BACKENDS = ("tinygrad", "callsat")
 DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read and write its buffers in place
+HOST = (DEVICE, "NPY")   # ... and read NPY's numpy arrays (a Tensor made from one is a COPY from NPY)
 
 def bridge_backend(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_BACKEND (read when the bridge runs), else "tinygrad"."""
@@ -41,9 +43,10 @@ class Program:
   """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
   buffer of the tinygrad CALL's args (views stay SLICEs of them). The arg of the CUSTOM_FUNCTION the bridge hands
   tinygrad: compared by identity, printed by serial (tinygrad's UOp key reads str(arg))."""
-  __slots__ = ("call", "bases", "name", "kernels", "lock", "storage", "views", "__weakref__")
-  def __init__(self, call: Node, bases: list[Node], kernels: int):
+  __slots__ = ("call", "bases", "name", "kernels", "zero", "lock", "storage", "views", "__weakref__")
+  def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...]):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
+    self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
   def __repr__(self): return self.name
   __str__ = __repr__
@@ -53,12 +56,14 @@ class Program:
     if len(bufs) != len(self.bases): raise CallsatError(f"{self.name}: {len(bufs)} buffers for {len(self.bases)} arguments")
     with self.lock:   # the storage binds this run's arrays: one run at a time per program
       for ph, b in zip(self.bases, bufs): self.storage.borrow(ph, self.view(b, ph))
+      for i in self.zero: self.storage[self.bases[i]].fill(0)   # tinygrad's buffers come from its pool, not zeroed
       run_call(self.call, self.storage)
 
   def view(self, b, ph: Node) -> np.ndarray:
     """Buffer b's memory as the 1-D array placeholder ph reads, the same array object for the same memory (so the
     native runner's prepared plan, which checks its arrays by identity, is taken again)."""
     mv = b.allocator._as_buffer(b._buf)
+    if ph.arg.device != DEVICE: return np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
     key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0] if b.nbytes else 0)
     if (a := self.views.get(key)) is None:
       a = np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)
@@ -70,20 +75,23 @@ def exact(cv: Conversion, call: Node) -> Node:
   """callify's rules CALL with every OPAQUE tinygrad op of its body rebuilt as callsat arithmetic (the shadow's
   conversion); what it cannot rebuild is refused by name."""
   for n in toposort(call.src[1:]):
-    if n.op is Ops.BUFFER and n.arg.device != DEVICE:
-      raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
+    if n.op is Ops.BUFFER and n.arg.device not in HOST:
+      raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device (and read NPY arrays)")
     if n.op not in (Ops.BUFFER, Ops.SLICE):
       raise BridgeRefusal(f"backend:arg:{n.op.name}", "a CALL argument callsat's runner cannot bind")
   sh = Shadow(cv, DEVICE)
   body = sh.build([call.src[0]])[0]
   for n in toposort([body]):
+    if (n.shape is not None and dims_in(n.shape)) or (n.op in GroupOp.Movement and dims_in(n.arg)):
+      # a host dimension (a bound Variable's expression) is worth its maximum in callsat's IR: tinygrad binds it
+      raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension tinygrad binds at run time")
     if n.op is Ops.OPAQUE:
       u = cv.opaque[n.arg.ident][0]
       what = "RETYPE" if u is None else u.op.name
       raise BridgeRefusal(f"backend:op:{what}", f"{what} {n.arg.shape} {n.dtype.name}: no exact callsat form")
-    if n.op in (Ops.CALL, Ops.FUNCTION, Ops.COPY, Ops.BIND):
+    if n.op in (Ops.CALL, Ops.FUNCTION, Ops.BIND) or n.op is Ops.COPY and n.arg != DEVICE:
       raise BridgeRefusal(f"backend:op:{n.op.name}", "callsat's backend runs single-device graphs without nested calls")
-    if n.op is Ops.PARAM and n.arg.device not in (DEVICE, None):
+    if n.op is Ops.PARAM and n.arg.device not in HOST:
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
   return body
 
@@ -92,19 +100,22 @@ def program(cv: Conversion, call: Node) -> tuple[Program, list[int]]:
   Compiled here (lower/device/native.py's prepare), so a kernel callsat cannot build is a refusal now, not an error
   inside tinygrad's run."""
   body = exact(cv, call)
-  bases, order, ph = [], [], {}
+  bases, order, ph, fresh = [], [], {}, set()
   args = []
   for i, a in enumerate(call.src[1:]):
     b = a if a.op is Ops.BUFFER else a.src[0]
     if b.arg.uid not in ph:
-      ph[b.arg.uid] = new_buffer(b.arg.size, b.dtype, DEVICE)
+      ph[b.arg.uid] = new_buffer(b.arg.size, b.dtype, b.arg.device)
+      if b.arg.uid not in cv.buffers: fresh.add(ph[b.arg.uid].arg.uid)   # minted by callify: tinygrad allocates it anew
       bases.append(ph[b.arg.uid]); order.append(i)
     p = ph[b.arg.uid]
     args.append(p if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (p,), a.arg))
+  if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL over no buffer (tinygrad counts its items by device)")
   c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
-  try: kernels = prepare(c)
+  try: kernels, partial = prepare(c)
   except CallsatError as e: raise BridgeRefusal(f"backend:lower:{type(e).__name__}", str(e)) from None
-  return Program(c, bases, kernels), order
+  zero = tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
+  return Program(c, bases, kernels, zero), order
 
 def tinygrad_call(prog: Program, order: list[int], tg_call: UOp) -> UOp:
   """The bridge's tinygrad CALL with its body replaced by one item that runs `prog` over the bases of its args."""

@@ -243,12 +243,13 @@ def _schedule(call, checked: bool, CACHE) -> tuple:
     CACHE.schedules.put(key, sch, sch.nbytes)
   return bufs, sch
 
-def prepare(call) -> int:
-  """Kernelize and compile a CALL without running it (a lowering error surfaces here, not at its first run); the
-  number of its kernels."""
-  _, sch = _schedule(call, check_bounds(), cache.CACHE)
+def prepare(call) -> tuple[int, frozenset]:
+  """Kernelize and compile a CALL without running it (a lowering error surfaces here, not at its first run): the
+  number of its kernels, and the uids of the argument BUFFERs it writes only in part (run_native zero-fills those when
+  it allocates them: a caller binding memory of its own for a fresh one must zero it)."""
+  bufs, sch = _schedule(call, check_bounds(), cache.CACHE)
   cache.CACHE.get(sch.kernels, sch.keys)
-  return len(sch.kernels)
+  return len(sch.kernels), frozenset(bufs[r[1]].arg.uid for r, written, zero in sch.roots if r[0] == "arg" and written and zero)
 
 class NativeBackend(Backend):
   """The CPU device kind (CPU:n shards too) and host-only CALLs (NPY, DISK): LLVM-compiled kernels on this machine."""
