@@ -120,6 +120,10 @@ class Shadow:
       r = movement(self.cv, u, src[0])
       self.origin[r.id] = n.arg.ident
       return r
+    if u.op is TOps.CAST and self.cv.opaque[n.arg.ident][1][:1] == (0,):   # of a device-less value
+      r = src[0].cast(n.dtype)
+      self.origin[r.id] = n.arg.ident
+      return r
     if u.op is TOps.REDUCE:
       if len(u.src) != 1 or u.arg[0] not in _REDUCE or not isinstance(k := u.arg[1], int) or k < 1: return None
       r = Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k))))
