@@ -29,7 +29,9 @@ from egraph.bridge.shadow import Shadow, env_value
 ENV = "CALLSAT_BRIDGE_BACKEND"
 BACKENDS = ("tinygrad", "callsat")
 DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read and write its buffers in place
-HOST = (DEVICE, "NPY")   # ... and read NPY's numpy arrays (a Tensor made from one is a COPY from NPY)
+# ... and read the host devices a Tensor is made from (numpy arrays: NPY; Python lists: PYTHON, which routes that CALL to
+# callsat's numpy reference executor: uploads, not compute)
+HOST = (DEVICE, "NPY", "PYTHON")
 
 def bridge_backend(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_BACKEND (read when the bridge runs), else "tinygrad"."""
@@ -76,7 +78,7 @@ def exact(cv: Conversion, call: Node) -> Node:
   conversion); what it cannot rebuild is refused by name."""
   for n in toposort(call.src[1:]):
     if n.op is Ops.BUFFER and n.arg.device not in HOST:
-      raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device (and read NPY arrays)")
+      raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device (and read NPY and PYTHON data)")
     if n.op not in (Ops.BUFFER, Ops.SLICE):
       raise BridgeRefusal(f"backend:arg:{n.op.name}", "a CALL argument callsat's runner cannot bind")
   sh = Shadow(cv, DEVICE)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from tinygrad.uop.ops import UOp, Ops as TOps
 from tinygrad.dtype import dtypes as tdt
 from egraph.ir.ops import Node, Ops, ALU_OPS, BufferArg, toposort, const
+from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError
 from egraph.engine.encode import encode
 from egraph.engine.cost import COST_PRESETS
@@ -124,6 +125,10 @@ class Shadow:
       r = src[0].cast(n.dtype)
       self.origin[r.id] = n.arg.ident
       return r
+    if u.op is TOps.STACK and shape and shape[0] == len(src) == len(u.src):   # sources along a new leading axis (cat)
+      r = _stack(_operands(u, src, shape[1:], range(len(src))), shape, self.dev(n.arg.device))
+      self.origin[r.id] = n.arg.ident
+      return r
     if u.op is TOps.REDUCE:
       if len(u.src) != 1 or u.arg[0] not in _REDUCE or not isinstance(k := u.arg[1], int) or k < 1: return None
       r = Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k))))
@@ -142,6 +147,18 @@ def _to(x: Node, shape: tuple) -> Node:
   """x broadcast to `shape` as tinygrad's ALU ops do implicitly (numpy rules): leading size-1 axes, then EXPAND."""
   if x.shape == shape: return x
   return x.reshape((1,) * (len(shape) - len(x.shape)) + tuple(x.shape)).expand(shape)
+
+def _stack(parts: list[Node], shape: tuple, device) -> Node:
+  """tinygrad's STACK: part i at index i of a new leading axis. Each part padded into place, picked by a padded mask
+  (a WHERE, not a sum of the pads: x + 0.0 would turn -0.0 into 0.0)."""
+  out = None
+  for i, p in enumerate(parts):
+    at = ((i, len(parts) - 1 - i),) + ((0, 0),) * (len(shape) - 1)
+    x = p.reshape((1,) + tuple(shape[1:])).pad(at)
+    if out is None: out = x; continue
+    mask = const(True, dtypes.bool, device).reshape((1,) * len(shape)).expand((1,) + tuple(shape[1:])).pad(at)
+    out = Node(Ops.WHERE, None, (mask, x, out))
+  return out
 
 def _operands(u: UOp, src: tuple, shape: tuple, vals) -> list[Node]:
   """The sources of an ALU op, broadcast to its shape, the value operands of one dtype (a weak constant's consumer's,

@@ -1,0 +1,159 @@
+"""The bridge's callsat backend (CALLSAT_BRIDGE_BACKEND=callsat, egraph/bridge/backend.py): tinygrad programs on its CPU
+device run on callsat's own LLVM kernels over tinygrad's buffers, and give stock tinygrad's values (floats within
+tinygrad's own test tolerance: callsat's kernels sum in their own order; ints and bools exactly), under realize, TinyJit
+capture and replay, assigns and several outputs; what callsat cannot run gets tinygrad's kernels, counted by reason
+(strict raises it). No timing here (bench/models.py measures)."""
+import numpy as np
+import pytest
+
+tinygrad = pytest.importorskip("tinygrad")
+from tinygrad import Tensor, TinyJit, Context, Variable, nn   # noqa: E402
+from egraph import tinygrad as bridge   # noqa: E402
+from egraph.bridge import backend   # noqa: E402
+from egraph.bridge.convert import BridgeRefusal   # noqa: E402
+from egraph.ir.errors import CallsatError   # noqa: E402
+
+def _compiles() -> bool:
+  try:
+    with Context(DEV="CPU"): (Tensor([1.0, 2.0]) + 1).numpy()
+    return True
+  except Exception: return False
+
+if not _compiles(): pytest.skip("tinygrad's CPU device does not compile here", allow_module_level=True)
+
+RNG = np.random.default_rng(29)
+def _f(*shape, scale=1.0): return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+def _close(got, want):
+  """tinygrad's own tolerance (test_ops.py's helper_test_op) for floats; other dtypes exactly."""
+  got, want = np.asarray(got), np.asarray(want)
+  assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+  if want.dtype.kind == "f": np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-3)
+  else: np.testing.assert_array_equal(got, want)
+
+def _run(build, **install):
+  """build()'s values (numpy) with the bridge as asked (None: stock tinygrad), and the bridge's stats of that run."""
+  bridge.reset_stats()
+  with bridge.installed(**install):
+    out = [np.array(v.numpy()) for v in build()]
+    return out, bridge.stats()
+
+def _stock(build):
+  assert bridge.is_installed() is None
+  return [np.array(v.numpy()) for v in build()]
+
+X, W, B = _f(32, 48), _f(48, 24, scale=0.3), _f(24)
+IMG, K = _f(2, 3, 10, 10), _f(4, 3, 3, 3, scale=0.3)
+IDX = np.array([3, 0, 31, 7, 7], np.int32)
+
+PROGRAMS = {
+  "matmul+softmax": lambda: [((Tensor(X) @ Tensor(W)) + Tensor(B)).softmax(-1)],
+  "layernorm": lambda: [Tensor(X).layernorm() * 2 + 1],
+  "reduces": lambda: [Tensor(X).sum(0), Tensor(X).max(1), Tensor(X).mean(), Tensor(X).std(1)],
+  "argmax, cumsum, gather": lambda: [Tensor(X).argmax(1), Tensor(X).cumsum(1), Tensor(X)[Tensor(IDX)]],
+  "conv block": lambda: [Tensor(IMG).conv2d(Tensor(K), padding=1).relu().max_pool2d(), Tensor(IMG).avg_pool2d()],
+  "pad, cat, flip": lambda: [Tensor(X).pad(((1, 2), (0, 3))), Tensor(X).cat(Tensor(X) * 2, dim=0).flip(1)],
+  "ints and bools": lambda: [(Tensor(IDX) // 3 + Tensor(IDX) % 4) * 7, Tensor(IDX) < 5, (Tensor(IDX) << 2) ^ 9,
+                             Tensor(X).cast("float16") * 3],
+  "where, clip, one-hot": lambda: [(Tensor(X) > 0).where(Tensor(X), Tensor(X) * 0.1).clip(-0.5, 0.5),
+                                   Tensor(IDX).one_hot(32).sum(0)],
+}
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_values_are_stock_values(name):
+  """Each program gives stock tinygrad's values, and its compute runs on callsat's kernels (only the uploads of numpy
+  arrays, NPY COPYs, may be tinygrad's)."""
+  want = _stock(PROGRAMS[name])
+  got, st = _run(PROGRAMS[name], backend="callsat")
+  for g, w in zip(got, want): _close(g, w)
+  assert st["backend_callsat"] >= 1 and st["backend_runs"] >= 1, st
+  assert st["backend_tinygrad"] == 0, st["backend_reasons"]
+
+def test_half_between_ops():
+  """callsat rounds every float16 op's result to half; tinygrad's CPU kernels compute a fused chain of half ops in float
+  and round once, at the store: the two agree to half precision (tinygrad's own tests hold half to 1e-2 as well)."""
+  build = lambda: [Tensor(X).cast("float16").exp().cast("float32")]
+  want = _stock(build)
+  got, st = _run(build, backend="callsat")
+  np.testing.assert_allclose(got[0], want[0], atol=1e-3, rtol=1e-2)
+  assert st["backend_callsat"] >= 1
+
+def _mlp(steps: int):
+  """An SGD-with-momentum training loop: assigns into weights and momentum buffers on every step."""
+  x, w1, w2 = _f(16, 32), _f(64, 32, scale=0.2), _f(8, 64, scale=0.2)
+  def build():
+    l1, l2 = nn.Linear(32, 64, bias=False), nn.Linear(64, 8, bias=False)
+    l1.weight, l2.weight = Tensor(w1).realize(), Tensor(w2).realize()
+    opt = nn.optim.SGD([l1.weight, l2.weight], lr=0.1, momentum=0.9)
+    losses = []
+    with Context(TRAINING=1):
+      for _ in range(steps):
+        opt.zero_grad()
+        loss = l2(l1(Tensor(x)).relu()).log_softmax(-1).mean()
+        loss.backward(); opt.step()
+        losses.append(loss.item())
+    return [Tensor(losses), l1.weight, l2.weight]
+  return build
+
+def test_training_loop_assigns():
+  """Optimizer updates (assigns into live weights) run on callsat's kernels step after step, each applied once."""
+  build = _mlp(4)
+  want = _stock(build)
+  got, st = _run(build, backend="callsat")
+  for g, w in zip(got, want): _close(g, w)
+  assert st["backend_callsat"] > 4 and st["backend_tinygrad"] == 0, st
+
+def test_tinyjit_capture_and_replay():
+  """A TinyJit function's captured item is callsat's Program: replays run it over each call's new inputs."""
+  w = Tensor(W).realize()
+  def make():
+    @TinyJit
+    def f(x): return ((x @ w).tanh() * 2).realize()
+    return f
+  xs = [_f(32, 48) for _ in range(5)]
+  f = make()
+  want = [f(Tensor(x).realize()).numpy() for x in xs]
+  bridge.reset_stats()
+  runs0 = backend.stats()["runs"]
+  with bridge.installed(backend="callsat"):
+    f = make()
+    got = [f(Tensor(x).realize()).numpy() for x in xs]
+  for g, v in zip(got, want): _close(g, v)
+  assert backend.stats()["runs"] - runs0 >= 5   # calls 0 and 1 realize, 2-4 replay the capture
+
+def test_symbolic_falls_back_and_strict_raises():
+  """A graph with a bound Variable's dimension runs on tinygrad's kernels (counted by reason) in fallback mode; strict
+  raises naming the form."""
+  cache = Tensor.zeros(4, 8).contiguous().realize()
+  def build(n: int):
+    v = Variable("n", 1, 8).bind(n)
+    return [cache[:, :v].sum(1) * 1.0]
+  want = [_stock(lambda: build(k))[0] for k in (3, 5)]
+  bridge.reset_stats()
+  with bridge.installed(backend="callsat"):
+    for k, w in zip((3, 5), want): _close(build(k)[0].numpy(), w)
+    st = bridge.stats()
+  assert st["backend_reasons"].get("backend:form:symbolic", 0) >= 1, st
+  with bridge.installed(strict=True, backend="callsat"), pytest.raises(BridgeRefusal, match="backend:form:symbolic"):
+    build(6)[0].numpy()
+
+def test_partial_output_zero_filled():
+  """A fresh output callsat writes in part (a pad: the kernels write the body, zero-fill the rest) is zeroed in
+  tinygrad's memory, which its pool hands back holding old values."""
+  for _ in range(3):   # freed buffers come back from tinygrad's pool with the previous values
+    with bridge.installed(backend="callsat"):
+      junk = (Tensor(X) + 100).realize()
+      del junk
+      got = (Tensor(X[:4, :4]).realize() * 1).pad(((2, 2), (2, 2))).numpy()
+    want = np.pad(X[:4, :4], 2)
+    _close(got, want)
+
+def test_rules_mode_unchanged():
+  """Without the option the bridge hands tinygrad its own kernels: no Program runs."""
+  runs0 = backend.stats()["runs"]
+  got, st = _run(PROGRAMS["matmul+softmax"])
+  assert backend.stats()["runs"] == runs0 and st["backend_callsat"] == 0
+
+def test_bad_backend_name():
+  with pytest.raises(CallsatError, match="CALLSAT_BRIDGE_BACKEND"): bridge.install(backend="gpu")
+  assert backend.bridge_backend("callsat") == "callsat"
