@@ -14,7 +14,9 @@ test_tensor (extra.gradcheck) and test_attention (tinygrad.llm.kernels) fail to 
 A test counts for a mode when stock passed it (or xfailed it) and the mode gives the same outcome. Every test
 that passes stock and not bridged is listed with its cause; so is every kernel-count difference (more kernels bridged
 is a bug; fewer is a difference of form). The bridge's cost-mode option (CALLSAT_BRIDGE_FUSION) is forced off in every
-run: it adds realize points, so tinygrad's exact kernel counts change by design."""
+run: it adds realize points, so tinygrad's exact kernel counts change by design. Modes callsat-strict and callsat-fallback
+run the same with CALLSAT_BRIDGE_BACKEND=callsat (callsat's own kernels run each CALL they can: one item per CALL in
+tinygrad's kernel count)."""
 from __future__ import annotations
 import argparse, json, os, subprocess, sys, tempfile, time
 from collections import Counter
@@ -48,7 +50,9 @@ def run(tests: str, file: str, dev: str, mode: str, timeout: int) -> dict:
     env.pop("CALLSAT_BRIDGE", None)
     env["CALLSAT_BRIDGE_FUSION"] = "rules"   # the cost-mode option stays off here: it changes kernel counts by design
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tg_record", file]
-    if mode != "stock": cmd[4:4] = ["-p", "egraph.tinygrad"]; env["CALLSAT_BRIDGE"] = mode
+    env.pop("CALLSAT_BRIDGE_BACKEND", None)
+    if mode != "stock": cmd[4:4] = ["-p", "egraph.tinygrad"]; env["CALLSAT_BRIDGE"] = mode.removeprefix("callsat-")
+    if mode.startswith("callsat-"): env["CALLSAT_BRIDGE_BACKEND"] = "callsat"   # callsat's own kernels run the CALLs
     t0 = time.perf_counter()
     try: p = subprocess.run(cmd, cwd=tests, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired: return {"tests": {}, "bridge": None, "wall": timeout, "note": f"timed out after {timeout} s"}
