@@ -66,7 +66,7 @@ class Program:
     native runner's prepared plan, which checks its arrays by identity, is taken again)."""
     mv = b.allocator._as_buffer(b._buf)
     if ph.arg.device != DEVICE: return np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
-    key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0] if b.nbytes else 0)
+    key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0] if b.nbytes else 0, ph.dtype)
     if (a := self.views.get(key)) is None:
       a = np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)
       if len(self.views) >= 64: self.views.pop(next(iter(self.views)))   # bounded: a program sees few distinct buffers

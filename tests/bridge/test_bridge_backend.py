@@ -157,3 +157,17 @@ def test_rules_mode_unchanged():
 def test_bad_backend_name():
   with pytest.raises(CallsatError, match="CALLSAT_BRIDGE_BACKEND"): bridge.install(backend="gpu")
   assert backend.bridge_backend("callsat") == "callsat"
+
+def test_views_keyed_by_dtype():
+  """A Program's array view of tinygrad memory is reused for the same memory and dtype only (tinygrad's pool hands the
+  bytes of a freed float32 buffer to an int32 one of the same size)."""
+  from tinygrad.device import Buffer
+  from egraph.ir.ops import new_buffer, Node, Ops
+  from egraph.ir.dtype import dtypes
+  b = Buffer("CPU", 5, tinygrad.dtypes.float32).ensure_allocated()
+  pf, pi = new_buffer(5, dtypes.float32, "CPU"), new_buffer(5, dtypes.int32, "CPU")
+  prog = backend.Program(Node(Ops.SINK, dtypes.void, ()), [pf, pi], 0, ())
+  vf, vi = prog.view(b, pf), prog.view(b, pi)
+  assert vf.dtype == np.float32 and vi.dtype == np.int32 and prog.view(b, pf) is vf
+  vi[:] = 7
+  assert (b.as_memoryview().cast("i").tolist() == [7] * 5)
