@@ -10,7 +10,7 @@ PARAMs resolve to. The Program is the rules CALL callify chose, its OPAQUE tinyg
 Anything the conversion cannot say (symbolic shapes, bound variables, other devices, function bodies) is a BridgeRefusal
 named `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
 from __future__ import annotations
-import itertools, threading
+import dataclasses, itertools, threading
 import numpy as np
 from tinygrad.uop.ops import UOp, Ops as TOps, UPat, PatternMatcher
 from tinygrad.dtype import dtypes as tdt
@@ -45,11 +45,13 @@ class Program:
   """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
   buffer of the tinygrad CALL's args (views stay SLICEs of them). The arg of the CUSTOM_FUNCTION the bridge hands
   tinygrad: compared by identity, printed by serial (tinygrad's UOp key reads str(arg))."""
-  __slots__ = ("call", "bases", "name", "kernels", "zero", "lock", "storage", "views", "__weakref__")
-  def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...]):
+  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "__weakref__")
+  def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = ()):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
+    self.snaps = snaps   # (base position, snapshot placeholder): the old values of assigned buffers, copied before each run
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
+    for _, sb in snaps: self.storage.allocate(sb, zero=False)   # the Program's own memory
   def __repr__(self): return self.name
   __str__ = __repr__
 
@@ -58,6 +60,7 @@ class Program:
     if len(bufs) != len(self.bases): raise CallsatError(f"{self.name}: {len(bufs)} buffers for {len(self.bases)} arguments")
     with self.lock:   # the storage binds this run's arrays: one run at a time per program
       for ph, b in zip(self.bases, bufs): self.storage.borrow(ph, self.view(b, ph))
+      for i, sb in self.snaps: np.copyto(self.storage[sb], self.storage[self.bases[i]])
       for i in self.zero: self.storage[self.bases[i]].fill(0)   # tinygrad's buffers come from its pool, not zeroed
       run_call(self.call, self.storage)
 
@@ -113,11 +116,64 @@ def program(cv: Conversion, call: Node) -> tuple[Program, list[int]]:
     p = ph[b.arg.uid]
     args.append(p if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (p,), a.arg))
   if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL over no buffer (tinygrad counts its items by device)")
+  body, args, snaps = _snapshots(body, args)
   c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
   try: kernels, partial = prepare(c)
   except CallsatError as e: raise BridgeRefusal(f"backend:lower:{type(e).__name__}", str(e)) from None
   zero = tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
-  return Program(c, bases, kernels, zero), order
+  return Program(c, bases, kernels, zero, tuple((bases.index(b), s) for b, s in snaps)), order
+
+def _root(n: Node) -> Node:
+  while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST): n = n.src[0]
+  return n
+
+def _reads(v: Node) -> set[int]:
+  """The ids of the buffer states (PARAMs, AFTERs) value graph v reads: an AFTER is read as a whole (its stores are
+  their own value graphs)."""
+  out, stack, seen = set(), [v], set()
+  while stack:
+    if (n := stack.pop()).id in seen: continue
+    seen.add(n.id)
+    if n.op in (Ops.PARAM, Ops.AFTER): out.add(n.id)
+    else: stack.extend(n.src)
+  return out
+
+def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tuple[Node, Node]]]:
+  """tinygrad's CALL reads an assigned buffer's old value where its graph reads the buffer itself (the new one through
+  AFTER), and its scheduler orders every such read before the store. callsat's kernelize orders a CALL's stores by their
+  values' own dependencies only (its front end stores assigns into fresh buffers), so an SGD step could update x before
+  the kernel computing W's gradient read x. Here every value read of a buffer the body stores into reads a snapshot
+  taken before the run (a copy per run of each such buffer: weights in an optimizer step); targets keep the buffer.
+  Returns the body, the args with the snapshot args appended, and (base, snapshot) placeholder pairs."""
+  def base(slot: int) -> Node: return _root(args[slot])
+  written, stores = set(), [n for n in toposort([body]) if n.op is Ops.STORE]
+  for n in stores:
+    if (r := _root(n.src[0])).op is Ops.PARAM: written.add(base(r.arg.slot).arg.uid)
+    elif r.op is Ops.AFTER and any(r.id in _reads(m.src[1]) for m in stores if m is not n):
+      # a state written over in place (a second store into a buffer) that another store reads: no snapshot can be
+      # taken before the run; tinygrad's scheduler orders it
+      raise BridgeRefusal("backend:form:read-before-overwrite", f"{r.op.name} {r.shape}: read by one store, overwritten by another")
+  if not written: return body, args, []
+  snaps, slots, extra = {}, {}, []
+  def snap_param(p: Node) -> Node:
+    if (q := slots.get(p.arg.slot)) is not None: return q
+    b = base(p.arg.slot)
+    if (sb := snaps.get(b.arg.uid)) is None: sb = snaps[b.arg.uid] = new_buffer(b.arg.size, b.dtype, b.arg.device)
+    a = args[p.arg.slot]
+    extra.append(sb if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (sb,), a.arg))
+    q = slots[p.arg.slot] = Node(Ops.PARAM, p.dtype, (), dataclasses.replace(p.arg, slot=len(args) + len(extra) - 1))
+    return q
+  memo: dict = {}
+  def go(n: Node, target: bool) -> Node:
+    if (r := memo.get((n.id, target))) is not None: return r
+    if n.op is Ops.PARAM: r = snap_param(n) if not target and n.arg.slot >= 0 and base(n.arg.slot).arg.uid in written else n
+    elif n.op in (Ops.STORE, Ops.AFTER): r = n.over((go(n.src[0], True), *(go(x, False) for x in n.src[1:])))
+    else: r = n.over(tuple(go(x, target) for x in n.src))
+    memo[(n.id, target)] = r
+    return r
+  new = go(body, False)
+  by_uid = {b.arg.uid: b for b in map(base, range(len(args)))}
+  return new, args + extra, [(by_uid[u], s) for u, s in snaps.items()]
 
 def tinygrad_call(prog: Program, order: list[int], tg_call: UOp) -> UOp:
   """The bridge's tinygrad CALL with its body replaced by one item that runs `prog` over the bases of its args."""

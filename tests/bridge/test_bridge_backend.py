@@ -171,3 +171,23 @@ def test_views_keyed_by_dtype():
   assert vf.dtype == np.float32 and vi.dtype == np.int32 and prog.view(b, pf) is vf
   vi[:] = 7
   assert (b.as_memoryview().cast("i").tolist() == [7] * 5)
+
+@pytest.mark.parametrize("realized", [True, False])
+def test_update_reads_old_values(realized):
+  """An SGD step at a high learning rate (test_optim's TinyNet): W's gradient reads x, which the same CALL updates.
+  Every read sees the value before the update (realized parameters: read from a snapshot; parameters uploaded in the
+  same graph: a state overwritten in place, which stays tinygrad's), as tinygrad's scheduler orders it."""
+  x0, w0, m0 = _f(1, 4), _f(4, 4), _f(1, 4)
+  def build():
+    x, w, m = Tensor(x0.copy()), Tensor(w0.copy()), Tensor(m0.copy())
+    if realized: Tensor.realize(x, w, m)
+    opt = nn.optim.SGD([x, w], lr=10)
+    with Context(TRAINING=1):
+      out = x.matmul(w).relu().log_softmax(1).mul(m).add(m).sum()
+      opt.zero_grad(); out.backward(); opt.step()
+    return [x, w]
+  want = _stock(build)
+  got, st = _run(build, backend="callsat")
+  for g, w in zip(got, want): _close(g, w)
+  if realized: assert st["backend_callsat"] >= 1, st
+  else: assert "backend:form:read-before-overwrite" in st["backend_reasons"], st
