@@ -146,10 +146,13 @@ def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tup
   taken before the run (a copy per run of each such buffer: weights in an optimizer step); targets keep the buffer.
   Returns the body, the args with the snapshot args appended, and (base, snapshot) placeholder pairs."""
   def base(slot: int) -> Node: return _root(args[slot])
-  written, stores = set(), [n for n in toposort([body]) if n.op is Ops.STORE]
+  written, stores, reads = set(), [n for n in toposort([body]) if n.op is Ops.STORE], {}
+  def read_by(m: Node) -> set[int]:   # each store's value graph walked once, when an AFTER target asks
+    if (got := reads.get(m.id)) is None: got = reads[m.id] = _reads(m.src[1])
+    return got
   for n in stores:
     if (r := _root(n.src[0])).op is Ops.PARAM: written.add(base(r.arg.slot).arg.uid)
-    elif r.op is Ops.AFTER and any(r.id in _reads(m.src[1]) for m in stores if m is not n):
+    elif r.op is Ops.AFTER and any(r.id in read_by(m) for m in stores if m is not n):
       # a state written over in place (a second store into a buffer) that another store reads: no snapshot can be
       # taken before the run; tinygrad's scheduler orders it
       raise BridgeRefusal("backend:form:read-before-overwrite", f"{r.op.name} {r.shape}: read by one store, overwritten by another")
@@ -212,6 +215,3 @@ _STOCK_EXEC = _tg_realize.pm_exec
 def hook() -> None:
   """Let tinygrad's runner execute Programs (idempotent): one pattern ahead of its own."""
   if _tg_realize.pm_exec is _STOCK_EXEC: _tg_realize.pm_exec = _PM + _STOCK_EXEC
-
-def unhook() -> None:
-  _tg_realize.pm_exec = _STOCK_EXEC

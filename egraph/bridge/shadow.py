@@ -118,28 +118,23 @@ class Shadow:
       if not isinstance(u.arg, (int, float, bool)): return None   # Invalid, a shape argument
       return _to(const(u.arg, n.dtype, self.dev(n.arg.device)), shape)
     if u.op in _MOVES and self.cv.opaque[n.arg.ident][1][:1] == (0,):   # over a device-less value (a constant's)
-      r = movement(self.cv, u, src[0])
-      self.origin[r.id] = n.arg.ident
-      return r
+      return self.made(movement(self.cv, u, src[0]), n)
     if u.op is TOps.CAST and self.cv.opaque[n.arg.ident][1][:1] == (0,):   # of a device-less value
-      r = src[0].cast(n.dtype)
-      self.origin[r.id] = n.arg.ident
-      return r
+      return self.made(src[0].cast(n.dtype), n)
     if u.op is TOps.STACK and shape and shape[0] == len(src) == len(u.src):   # sources along a new leading axis (cat)
-      r = _stack(_operands(u, src, shape[1:], range(len(src))), shape, self.dev(n.arg.device))
-      self.origin[r.id] = n.arg.ident
-      return r
+      return self.made(_stack(_operands(u, src, shape[1:], range(len(src))), shape, self.dev(n.arg.device)), n)
     if u.op is TOps.REDUCE:
       if len(u.src) != 1 or u.arg[0] not in _REDUCE or not isinstance(k := u.arg[1], int) or k < 1: return None
-      r = Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k))))
-      self.origin[r.id] = n.arg.ident
-      return r.reshape(shape)
+      return self.made(Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k)))), n).reshape(shape)
     if name in _ALU:
       vals = range(1, len(src)) if u.op is TOps.WHERE else range(len(src))
       ops = _operands(u, src, shape, vals)
       r = Node(_ALU[name], None, tuple(ops))
     else: return None
-    if r.dtype != n.dtype: r = r.cast(n.dtype)
+    return self.made(r if r.dtype == n.dtype else r.cast(n.dtype), n)
+
+  def made(self, r: Node, n: Node) -> Node:
+    """r, recorded as the callsat form of OPAQUE n (what a hint on r names)."""
     self.origin[r.id] = n.arg.ident
     return r
 

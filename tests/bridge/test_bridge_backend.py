@@ -9,17 +9,12 @@ import pytest
 tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor, TinyJit, Context, Variable, nn   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
+from tinygrad_cpu import require_cpu   # noqa: E402
 from egraph.bridge import backend   # noqa: E402
 from egraph.bridge.convert import BridgeRefusal   # noqa: E402
 from egraph.ir.errors import CallsatError   # noqa: E402
 
-def _compiles() -> bool:
-  try:
-    with Context(DEV="CPU"): (Tensor([1.0, 2.0]) + 1).numpy()
-    return True
-  except Exception: return False
-
-if not _compiles(): pytest.skip("tinygrad's CPU device does not compile here", allow_module_level=True)
+require_cpu()
 
 RNG = np.random.default_rng(29)
 def _f(*shape, scale=1.0): return (RNG.standard_normal(shape) * scale).astype(np.float32)

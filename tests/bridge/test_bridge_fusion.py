@@ -10,20 +10,14 @@ tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor, GlobalCounters, Context, nn   # noqa: E402
 from tinygrad.uop.ops import UOp, Ops as TOps   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
+from tinygrad_cpu import require_cpu   # noqa: E402
 from egraph.ir.errors import CallsatError   # noqa: E402
 from egraph.ir.ops import Ops   # noqa: E402
 from egraph.bridge.convert import to_callsat   # noqa: E402
 from egraph.bridge import shadow, measure   # noqa: E402
 from egraph.bridge.shadow import Shadow, bridge_fusion, cost_hints   # noqa: E402
 
-def _compiles() -> bool:
-  """Does tinygrad's CPU device compile here (its PYTHON device would take minutes on these sizes)?"""
-  try:
-    with Context(DEV="CPU"): (Tensor([1.0, 2.0]) + 1).numpy()
-    return True
-  except Exception: return False
-
-if not _compiles(): pytest.skip("tinygrad's CPU device does not compile here", allow_module_level=True)
+require_cpu()
 DEV = "CPU"
 
 def _np_softmax(v): e = np.exp(v - v.max(-1, keepdims=True)); return e / e.sum(-1, keepdims=True)
