@@ -40,6 +40,7 @@ def bridge_backend(value: str | None = None) -> str:
   return b
 
 _SERIAL = itertools.count()
+EMPTY = "empty"   # the decision for a CALL over no buffer: tinygrad's CALL as it is (it schedules no kernel either)
 
 class Program:
   """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
@@ -67,6 +68,7 @@ class Program:
   def view(self, b, ph: Node) -> np.ndarray:
     """Buffer b's memory as the 1-D array placeholder ph reads, the same array object for the same memory (so the
     native runner's prepared plan, which checks its arrays by identity, is taken again)."""
+    if not b.nbytes: return np.empty(0, ph.dtype.np)   # tinygrad allocates no memory for an empty buffer
     mv = b.allocator._as_buffer(b._buf)
     if ph.arg.device != DEVICE: return np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
     key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0] if b.nbytes else 0, ph.dtype)
@@ -100,10 +102,12 @@ def exact(cv: Conversion, call: Node) -> Node:
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
   return body
 
-def program(cv: Conversion, call: Node) -> tuple[Program, list[int]]:
-  """The Program for callsat's rules CALL and, per base placeholder, the index of the CALL argument it stands for.
-  Compiled here (lower/device/native.py's prepare), so a kernel callsat cannot build is a refusal now, not an error
-  inside tinygrad's run."""
+def program(cv: Conversion, call: Node) -> tuple[Program | None, list[int]]:
+  """The Program for callsat's rules CALL and, per base placeholder, the index of the CALL argument it stands for;
+  (None, []) for a CALL over no buffer (a realize of what is realized already, a graph that only binds Variables):
+  no kernel of either backend has anything to do. Compiled here (lower/device/native.py's prepare), so a kernel
+  callsat cannot build is a refusal now, not an error inside tinygrad's run."""
+  if len(call.src) == 1 and not any(n.op is Ops.STORE for n in toposort([call.src[0]])): return None, []
   body = exact(cv, call)
   bases, order, ph, fresh = [], [], {}, set()
   args = []
@@ -115,7 +119,7 @@ def program(cv: Conversion, call: Node) -> tuple[Program, list[int]]:
       bases.append(ph[b.arg.uid]); order.append(i)
     p = ph[b.arg.uid]
     args.append(p if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (p,), a.arg))
-  if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL over no buffer (tinygrad counts its items by device)")
+  if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL that stores but holds no buffer")
   body, args, snaps = _snapshots(body, args)
   c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
   try: kernels, partial = prepare(c)
@@ -203,7 +207,7 @@ def stats() -> dict:
 
 def _exec(ctx, call: UOp, ast: UOp):
   if not isinstance(prog := ast.arg, Program): return None
-  bufs = [u.buffer.ensure_allocated() for u in _tg_realize.resolve_params(call, ctx.input_uops)]
+  bufs = [b.ensure_allocated() if b.nbytes else b for b in (u.buffer for u in _tg_realize.resolve_params(call, ctx.input_uops))]
   Device[DEVICE].synchronize()   # tinygrad's CPU queue runs asynchronously: what it wrote before is there
   prog.run(bufs)
   STATS["runs"] += 1

@@ -31,7 +31,7 @@ from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
-from egraph.bridge.backend import Program, bridge_backend, program, tinygrad_call, hook, stats as backend_stats   # noqa: E402
+from egraph.bridge.backend import EMPTY, Program, bridge_backend, program, tinygrad_call, hook, stats as backend_stats   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
 
@@ -78,6 +78,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
     call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
     try:
       prog, order = program(cv, res.call)
+      if prog is None: return call, bmap, Hints(backend=EMPTY)
       return tinygrad_call(prog, order, call), bmap, Hints(backend=prog)
     except BridgeRefusal as e:
       if _STATE["mode"] == "strict": raise
@@ -144,6 +145,7 @@ def _count_backend(backend: str, h) -> None:
   if backend == "tinygrad": return
   with _LOCK:
     if isinstance(h.backend, Program): _COUNTS["backend_callsat"] += 1
+    elif h.backend == EMPTY: _COUNTS["backend_empty"] += 1
     else: _COUNTS["backend_tinygrad"] += 1; _BACKEND_REASONS[h.backend] += 1
 
 def _count_hints(h: Hints, seconds: bool = True) -> None:
@@ -241,7 +243,8 @@ def stats() -> dict:
   hint_seconds (choosing them); the measured check's measured (structures checked), measure_dropped (their hints
   measured no faster), measure_errors (fallback mode: measuring failed, hints dropped), measure_seconds and
   verdicts_reused (structures whose verdict a former process measured); with CALLSAT_BRIDGE_BACKEND=callsat,
-  backend_callsat / backend_tinygrad (calls whose CALL runs callsat's kernels / tinygrad's), backend_reasons (why
+  backend_callsat / backend_tinygrad (calls whose CALL runs callsat's kernels / tinygrad's), backend_empty (CALLs over
+  no buffer: nothing for either to run), backend_reasons (why
   tinygrad's) and backend_runs (Programs run, TinyJit replays included); cache: the structural cache's counts."""
   cache = cache_stats()   # outside _LOCK: making the cache takes it
   with _LOCK:
@@ -252,6 +255,7 @@ def stats() -> dict:
             "measure_dropped": _COUNTS["measure_dropped"], "measure_errors": _COUNTS["measure_errors"],
             "measure_seconds": _COUNTS["measure_seconds"], "verdicts_reused": _COUNTS["verdicts_reused"],
             "backend_callsat": _COUNTS["backend_callsat"], "backend_tinygrad": _COUNTS["backend_tinygrad"],
+            "backend_empty": _COUNTS["backend_empty"],
             "backend_reasons": dict(_BACKEND_REASONS.most_common()), "backend_runs": backend_stats()["runs"], "cache": cache}
 
 def reset_stats() -> None:
@@ -267,7 +271,7 @@ def summary(top: int = 5) -> str:
     if s["measured"] + s["measure_errors"]:
       line += f"; measured {s['measured']} (dropped {s['measure_dropped']}, {s['measure_errors']} errors, {s['measure_seconds']:.1f}s)"
   if s["backend_callsat"] + s["backend_tinygrad"]:   # CALLSAT_BRIDGE_BACKEND=callsat
-    line += f"; callsat's kernels: {s['backend_callsat']} calls, tinygrad's: {s['backend_tinygrad']}"
+    line += f"; callsat's kernels: {s['backend_callsat']} calls, tinygrad's: {s['backend_tinygrad']}, nothing to run: {s['backend_empty']}"
   reasons = list(s["reasons"].items())[:top] + [(f"tinygrad's kernels: {r}", n) for r, n in list(s["backend_reasons"].items())[:top]]
   return line + "".join(f"\n  {n:6d}  {r}" for r, n in reasons)
 

@@ -123,11 +123,15 @@ class Shadow:
       return self.made(src[0].cast(n.dtype), n)
     if u.op is TOps.STACK and shape and shape[0] == len(src) == len(u.src):   # sources along a new leading axis (cat)
       return self.made(_stack(_operands(u, src, shape[1:], range(len(src))), shape, self.dev(n.arg.device)), n)
+    if u.op in (TOps.DETACH, TOps.CONTIGUOUS_BACKWARD):   # gradient markers: the value itself
+      return self.made(Node(Ops.DETACH, None, (src[0],)), n)
     if u.op is TOps.REDUCE:
       if len(u.src) != 1 or u.arg[0] not in _REDUCE or not isinstance(k := u.arg[1], int) or k < 1: return None
       return self.made(Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k)))), n).reshape(shape)
     if name in _ALU:
       vals = range(1, len(src)) if u.op is TOps.WHERE else range(len(src))
+      if len(src) == 1 and n.dtype.is_float() and not src[0].dtype.is_float():   # tinygrad's 1/x, sqrt... of ints: floats
+        src = (src[0].cast(n.dtype),)
       ops = _operands(u, src, shape, vals)
       r = Node(_ALU[name], None, tuple(ops))
     else: return None

@@ -8,7 +8,7 @@ from egraph.ir.dtype import DType, dtypes
 from egraph.ir.errors import CallsatError, UnsupportedOpError
 from egraph.ir.ops import Node, Ops, GroupOp, is_shard
 from egraph.fusion.policy import IDENTITY
-from lower.schedule.kernel import Idx, Var, Bound, Expr, const, flat_index, unflatten
+from lower.schedule.kernel import Idx, Var, Bound, Expr, const, flat_index, unflatten, within
 from lower.schedule.mem import Ctx, Mem, Spec, storage_mem
 from lower.schedule import decomp
 
@@ -132,7 +132,7 @@ class _Builder:
   def load(self, m: Mem, flat: Idx, valid: tuple, direct: bool, dtype: DType) -> Expr:
     if not _valid_possible(valid) or m.count == 0: return const(0, dtype)
     valid = tuple(b for b in valid if b.idx.vmin < b.lo or b.idx.vmax >= b.hi)
-    return Expr('load', m.dtype, (), ((m, direct), flat, valid))
+    return Expr('load', m.dtype, (), ((m, direct), within(flat, valid), valid))
 
   def place(self, devs: tuple | None, m: Mem, dev: Idx | None) -> tuple[Mem, Idx]:
     """The Mem to load for device `dev` (None: the kernel's own device, else device 0) of per-device storage `m`, and

@@ -33,6 +33,7 @@ def _rebuild(e: Expr, leaf) -> Expr:
   return memo[id(e)]
 
 def finalize(s: Spec, redirect: dict, ctx: Ctx) -> list[Step]:
+  if (packed := _packed(s, ctx)) is not None: return [st for p in packed for st in finalize(p, redirect, ctx)]
   resolve = lambda k: redirect.get(k[0], k[0]) if k[1] else k[0]
   loads = [(resolve(e.arg[0]), e.arg[1], e.arg[2]) for e in s.value.walk() if e.op == 'load']
   unsafe = any(m.overlaps(s.mem) and (m != s.mem or i != s.idx) for m, i, v in loads)
@@ -53,10 +54,73 @@ def finalize(s: Spec, redirect: dict, ctx: Ctx) -> list[Step]:
     params.append(Param(f"p{i}", m.dtype, m.count, align, noalias, readonly=i != 0, writeonly=i == 0 and m not in read))
   shape = "_".join(str(v.size) for v in s.domain) or "0"
   k = Kernel(f"{s.kind}_{shape}", tuple(params), s.domain, Store(0, s.idx, value))
-  k = _detect_matmul(k)
-  if not k.tile: k = _stream(_collapse(k))
+  k = _detect_matmul(_collapse(k))   # collapsed first: a conv's spatial axes are one matmul column axis
+  if not k.tile: k = _stream(k)
   work = math.prod(v.size for v in s.domain) * max(1, value.count()) * _reduce_size(value)
   return [Step(k, tuple(mems), work)]
+
+# ---------------------------------------------------------------------------------------------------------------------
+# packing a convolution's operands (im2col)
+
+PACK_MIN_WORK = 1 << 15      # multiply-adds below which a product-sum keeps its plain nest
+PACK_MAX_ELEMENTS = 1 << 24  # an operand's packed copy larger than this is not made
+
+def _r_stride(ix: Idx, rvars: tuple) -> int | None:
+  """The stride of the flat reduce index over `rvars` (C order) if `ix` reads along it (affine, proportional
+  coefficients); None otherwise."""
+  cs = [ix.coef(r) for r in rvars]
+  if any(c is None for c in cs): return None
+  step = 1
+  for r, c in zip(reversed(rvars), reversed(cs)):
+    if c != cs[-1] * step: return None
+    step *= r.size
+  return cs[-1]
+
+def _flat_operand(e: Expr, rvars: tuple) -> bool:
+  """A load that reads along the flat reduce index, with no mask over the reduce vars."""
+  if e.op != 'load': return False
+  _, ix, valid = e.arg
+  return _r_stride(ix, rvars) is not None and not any(set(rvars) & b.idx.vars() for b in valid)
+
+def _vars_of(e: Expr) -> set:
+  out = set()
+  for x in e.walk():
+    if x.op == 'load': out |= x.arg[1].vars(); out.update(v for b in x.arg[2] for v in b.idx.vars())
+    elif x.op == 'valid': out.update(v for b in x.arg for v in b.idx.vars())
+  return out
+
+def _packed(s: Spec, ctx: Ctx) -> list[Spec] | None:
+  """A float32 sum of products over several reduce vars whose operands do not read along one flat reduce index (a
+  convolution: its input read through the kernel window, masked at the padding): each such operand is first copied to
+  a temporary laid out (its output vars, the reduce vars) — im2col — so the product-sum is over one reduce var k with
+  plain strides: the tiled matmul when its shape allows, else a contiguous, vectorized dot product per output.
+  None when the spec is not such a sum (or too small, or a copy would be too large)."""
+  e = s.value
+  if e.op != 'reduce' or e.arg[0] is not Ops.ADD or e.dtype != dtypes.float32 or e.src[0].op is not Ops.MUL: return None
+  rvars = tuple(v for v in e.arg[1] if v.size > 1)
+  ops = e.src[0].src
+  if not rvars or all(_flat_operand(x, rvars) for x in ops) and len(rvars) == 1: return None
+  if any(x.op == 'reduce' for o in ops for x in o.walk()): return None
+  live = [v for v in s.domain if v.size > 1]
+  if math.prod(v.size for v in live) * math.prod(v.size for v in rvars) < PACK_MIN_WORK: return None
+  k = Var(f"k{rvars[0].name}", math.prod(v.size for v in rvars))
+  specs, new = [], []
+  for x in ops:
+    if _flat_operand(x, rvars): new.append(x); continue
+    used = _vars_of(x)
+    outs = tuple(v for v in live if v in used)
+    dom = outs + rvars
+    if (n := math.prod(v.size for v in dom)) > PACK_MAX_ELEMENTS: return None
+    t = ctx.temp(x.dtype, n)
+    specs.append(Spec(dom, t, flat_index(tuple(Idx.var(v) for v in dom), tuple(v.size for v in dom)), x, "c"))
+    new.append(Expr('load', x.dtype, (), ((t, False), specs[-1].idx, ())))
+  def along_k(x: Expr) -> Expr:   # the reduce vars' flat combination becomes k
+    m, ix, valid = x.arg
+    c = _r_stride(ix, rvars)
+    rest = Idx(tuple((a, q) for a, q in ix.terms if a not in rvars), ix.c)
+    return Expr('load', x.dtype, (), (m, rest + Idx(((k, c),), 0), valid))
+  mul = Expr(Ops.MUL, e.src[0].dtype, tuple(along_k(x) for x in new), e.src[0].arg)
+  return specs + [Spec(s.domain, s.mem, s.idx, Expr('reduce', e.dtype, (mul,), (Ops.ADD, (k,))), s.kind)]
 
 def _reduce_size(e: Expr) -> int:
   best, seen, stack = 1, set(), [(e, 1)]

@@ -92,7 +92,10 @@ class Idx:
     if d == 1: return self
     if self.vmin >= 0 and self.vmax < d: return Idx((), 0)
     q, r = {}, {}
-    for a, k in self.terms: (q if k % d == 0 else r)[a] = (k // d if k % d == 0 else k)
+    for a, k in self.terms:   # k*a = (k//d)*d*a + (k%d)*a: the first part leaves the division whole (atoms are integers)
+      if k % d == 0: q[a] = k // d
+      elif k > d: q[a], r[a] = k // d, k % d
+      else: r[a] = k
     rest = Idx._make(r, self.c % d)
     quo = Idx._make(q, self.c // d)
     if rest.vmin >= 0 and rest.vmax < d: return quo
@@ -110,7 +113,7 @@ class Idx:
 
   def __mod__(self, d: int) -> "Idx":
     if d == 1: return Idx((), 0)
-    x = Idx._make({a: k for a, k in self.terms if k % d}, self.c % d)
+    x = Idx._make({a: k % d for a, k in self.terms if k % d}, self.c % d)   # (k*a) % d == ((k%d)*a) % d
     if x.vmin >= 0 and x.vmax < d: return x
     if x.vmin < 0: x = x + (-(x.vmin // d)) * d   # non-negative, so truncating remainder is floor remainder
     if x.vmin >= 0 and x.vmax < d: return x
@@ -144,6 +147,36 @@ class Idx:
     parts = [(f"{k}*" if k != 1 else "") + repr(a) for a, k in self.terms]
     if self.c or not parts: parts.append(str(self.c))
     return "+".join(parts)
+
+def within(ix: Idx, valid: tuple) -> Idx:
+  """`ix` as it is wherever every bound of `valid` holds: a Div or Mod atom whose argument the bounds keep inside one
+  block [m*d, (m+1)*d) becomes m or x - m*d. A padded view's flat index wraps (x % size) only where its load is masked
+  off; under the mask it is affine again, so a conv's input reads are plain strides."""
+  if not valid or all(isinstance(a, Var) for a, _ in ix.terms): return ix
+  out = Idx.const(ix.c)
+  for a, k in ix.terms:
+    if not isinstance(a, Var) and (r := _range_under(a.x, valid)) is not None and r[0] // a.d == r[1] // a.d:
+      m = r[0] // a.d
+      a_ix = Idx.const(m) if isinstance(a, Div) else within(a.x, valid) - m * a.d
+      out = out + a_ix * k
+    else: out = out + Idx(((a, 1),), 0) * k
+  return out
+
+def _range_under(x: Idx, valid: tuple) -> tuple[int, int] | None:
+  """[min, max] of affine `x` where the bounds hold: x = sum(alpha_j * bound_j) + rest, each bound taken whole when its
+  atoms cancel out of x exactly (its range then counts, not its atoms'); None when no bound applies."""
+  rest, lo, hi, used = x, 0, 0, False
+  for b in valid:
+    if not b.idx.terms: continue
+    a0, c0 = b.idx.terms[0]
+    k = dict(rest.terms).get(a0, 0)
+    if k == 0 or k % c0: continue
+    alpha = k // c0
+    cand = rest - b.idx * alpha
+    if any(dict(cand.terms).get(a, 0) for a, _ in b.idx.terms): continue
+    ends = (alpha * b.lo, alpha * (b.hi - 1))
+    rest, lo, hi, used = cand, lo + min(ends), hi + max(ends), True
+  return (lo + rest.vmin, hi + rest.vmax) if used else None
 
 def flat_index(idx: tuple, shape: tuple) -> Idx:
   """C-order flat index of `idx` (one Idx per axis) into `shape`."""
