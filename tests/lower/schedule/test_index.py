@@ -3,7 +3,7 @@ coefficients (k*a = (k//d)*d*a + (k%d)*a), and `within` reads an index where a l
 checked point by point against plain integer arithmetic over every value of its vars."""
 import itertools
 from hypothesis import given, settings, strategies as st
-from lower.schedule.kernel import Idx, Var, Bound, within, Div, Mod
+from lower.schedule.kernel import Idx, Var, Bound, within, Div
 
 def _eval(ix: Idx, env: dict) -> int:
   out = ix.c
