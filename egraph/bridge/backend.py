@@ -50,7 +50,8 @@ class Program:
   def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = ()):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
-    self.snaps = snaps   # (base position, snapshot placeholder): the old values of assigned buffers, copied before each run
+    self.snaps = snaps   # (base position, placeholder): old values of assigned buffers, copied before each run (position
+                         # None: a copy the body makes itself)
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
     for _, sb in snaps: self.storage.allocate(sb, zero=False)   # the Program's own memory
   def __repr__(self): return self.name
@@ -61,7 +62,8 @@ class Program:
     if len(bufs) != len(self.bases): raise CallsatError(f"{self.name}: {len(bufs)} buffers for {len(self.bases)} arguments")
     with self.lock:   # the storage binds this run's arrays: one run at a time per program
       for ph, b in zip(self.bases, bufs): self.storage.borrow(ph, self.view(b, ph))
-      for i, sb in self.snaps: np.copyto(self.storage[sb], self.storage[self.bases[i]])
+      for i, sb in self.snaps:
+        if i is not None: np.copyto(self.storage[sb], self.storage[self.bases[i]])
       for i in self.zero: self.storage[self.bases[i]].fill(0)   # tinygrad's buffers come from its pool, not zeroed
       run_call(self.call, self.storage)
 
@@ -125,11 +127,18 @@ def program(cv: Conversion, call: Node) -> tuple[Program | None, list[int]]:
   try: kernels, partial = prepare(c)
   except CallsatError as e: raise BridgeRefusal(f"backend:lower:{type(e).__name__}", str(e)) from None
   zero = tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
-  return Program(c, bases, kernels, zero, tuple((bases.index(b), s) for b, s in snaps)), order
+  at = {b.arg.uid: i for i, b in enumerate(bases)}
+  return Program(c, bases, kernels, zero, tuple((None if b is None else at[b.arg.uid], s) for b, s in snaps)), order
 
 def _root(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST): n = n.src[0]
   return n
+
+def _chain(n: Node) -> list[Node]:
+  """The view ops from n down to the storage under it (_root), outermost first."""
+  out = []
+  while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST): out.append(n); n = n.src[0]
+  return out
 
 def _reads(v: Node) -> set[int]:
   """The ids of the buffer states (PARAMs, AFTERs) value graph v reads: an AFTER is read as a whole (its stores are
@@ -142,45 +151,74 @@ def _reads(v: Node) -> set[int]:
     else: stack.extend(n.src)
   return out
 
-def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tuple[Node, Node]]]:
+def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tuple[Node | None, Node]]]:
   """tinygrad's CALL reads an assigned buffer's old value where its graph reads the buffer itself (the new one through
   AFTER), and its scheduler orders every such read before the store. callsat's kernelize orders a CALL's stores by their
-  values' own dependencies only (its front end stores assigns into fresh buffers), so an SGD step could update x before
-  the kernel computing W's gradient read x. Here every value read of a buffer the body stores into reads a snapshot
-  taken before the run (a copy per run of each such buffer: weights in an optimizer step); targets keep the buffer.
-  Returns the body, the args with the snapshot args appended, and (base, snapshot) placeholder pairs."""
+  values' own dependencies (effect_order; its front end stores assigns into fresh buffers), so an SGD step could update
+  x before the kernel computing W's gradient read x. Two mends, both in callsat's IR:
+  - every value read of a buffer the body stores into, as it was before the CALL (its PARAM), reads a snapshot taken
+    before the run (a copy per run of each such buffer: weights in an optimizer step); targets keep the buffer;
+  - a state one store leaves (AFTER) that another store overwrites in place, while a third reads it (parameters uploaded
+    and updated in one graph, each update reading the other's upload): the body copies the state into a buffer of the
+    Program's own (a STORE after the state's own) and every value read of the state reads the copy; the overwriting
+    store's target waits on the copy (an AFTER over it), so effect_order runs it first.
+  Returns the body, the args with the new args appended, and (base, placeholder) pairs: base None for a copy the body
+  makes itself, else the buffer copied before each run."""
   def base(slot: int) -> Node: return _root(args[slot])
-  written, stores, reads = set(), [n for n in toposort([body]) if n.op is Ops.STORE], {}
+  written, stores, reads, olds, waits = set(), [n for n in toposort([body]) if n.op is Ops.STORE], {}, {}, {}
   def read_by(m: Node) -> set[int]:   # each store's value graph walked once, when an AFTER target asks
     if (got := reads.get(m.id)) is None: got = reads[m.id] = _reads(m.src[1])
     return got
   for n in stores:
     if (r := _root(n.src[0])).op is Ops.PARAM: written.add(base(r.arg.slot).arg.uid)
     elif r.op is Ops.AFTER and any(r.id in read_by(m) for m in stores if m is not n):
-      # a state written over in place (a second store into a buffer) that another store reads: no snapshot can be
-      # taken before the run; tinygrad's scheduler orders it
-      raise BridgeRefusal("backend:form:read-before-overwrite", f"{r.op.name} {r.shape}: read by one store, overwritten by another")
-  if not written: return body, args, []
-  snaps, slots, extra = {}, {}, []
+      if (p := _root(r.src[0])).op is not Ops.PARAM or p.arg.slot < 0 or any(x.op is Ops.BITCAST for x in _chain(r.src[0])):
+        raise BridgeRefusal("backend:form:read-before-overwrite", f"{r.op.name} {r.shape}: read by one store, overwritten by another")
+      olds[r.id] = r; waits.setdefault(n.id, []).append(r)
+  if not written and not olds: return body, args, []
+  snaps, slots, extra, copies = {}, {}, [], []
+  def new_param(p: Node, sb: Node) -> Node:   # a PARAM over placeholder sb, viewed as p's argument is
+    a = args[p.arg.slot]
+    extra.append(sb if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (sb,), a.arg))
+    return Node(Ops.PARAM, p.dtype, (), dataclasses.replace(p.arg, slot=len(args) + len(extra) - 1))
   def snap_param(p: Node) -> Node:
     if (q := slots.get(p.arg.slot)) is not None: return q
     b = base(p.arg.slot)
     if (sb := snaps.get(b.arg.uid)) is None: sb = snaps[b.arg.uid] = new_buffer(b.arg.size, b.dtype, b.arg.device)
-    a = args[p.arg.slot]
-    extra.append(sb if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (sb,), a.arg))
-    q = slots[p.arg.slot] = Node(Ops.PARAM, p.dtype, (), dataclasses.replace(p.arg, slot=len(args) + len(extra) - 1))
+    q = slots[p.arg.slot] = new_param(p, sb)
     return q
-  memo: dict = {}
-  def go(n: Node, target: bool) -> Node:
-    if (r := memo.get((n.id, target))) is not None: return r
+  def kids(n: Node, target: bool) -> list:   # (source, read as a target?) in rebuild order
+    if n.op is Ops.PARAM: return []
+    if n.id in olds and not target: return [(n, True)]   # a read of the copy: the state itself, once, to copy from
+    if n.op in (Ops.STORE, Ops.AFTER): k = [(n.src[0], True)] + [(x, False) for x in n.src[1:]]
+    else: k = [(x, target) for x in n.src]
+    return k + [(o, False) for o in waits.get(n.id, ())]   # an overwriting store: the copies it waits on, last
+  memo, opened = {}, set()
+  stack = [(body, False, False)]   # iterative: a backward graph is deeper than Python's recursion limit
+  while stack:
+    n, target, ready = stack.pop()
+    if (n.id, target) in memo: continue
+    if not ready:
+      if (n.id, target) in opened: continue   # its sources are on the stack already
+      opened.add((n.id, target))
+      stack.append((n, target, True))
+      stack.extend((x, t, False) for x, t in kids(n, target) if (x.id, t) not in memo)
+      continue
+    got = [memo[(x.id, t)] for x, t in kids(n, target)]
     if n.op is Ops.PARAM: r = snap_param(n) if not target and n.arg.slot >= 0 and base(n.arg.slot).arg.uid in written else n
-    elif n.op in (Ops.STORE, Ops.AFTER): r = n.over((go(n.src[0], True), *(go(x, False) for x in n.src[1:])))
-    else: r = n.over(tuple(go(x, target) for x in n.src))
+    elif n.id in olds and not target:   # the state copied (after its own store) into the Program's memory, read there
+      p = _root(n.src[0])
+      q = new_param(p, new_buffer(base(p.arg.slot).arg.size, p.dtype, base(p.arg.slot).arg.device))
+      copies.append(extra[-1] if extra[-1].op is Ops.BUFFER else extra[-1].src[0])
+      for v in reversed(_chain(n.src[0])): q = v.over((q, *v.src[1:]))   # the state's view of its buffer, over the copy
+      r = Node(Ops.AFTER, q.dtype, (q, Node(Ops.STORE, dtypes.void, (q, got[0]))))
+    else:
+      if (w := len(waits.get(n.id, ()))):   # an overwriting store: its target waits on the copies
+        got = [Node(Ops.AFTER, got[0].dtype, (got[0], *(c.src[1] for c in got[len(got) - w:]))), *got[1:len(got) - w]]
+      r = n.over(tuple(got))
     memo[(n.id, target)] = r
-    return r
-  new = go(body, False)
   by_uid = {b.arg.uid: b for b in map(base, range(len(args)))}
-  return new, args + extra, [(by_uid[u], s) for u, s in snaps.items()]
+  return memo[(body.id, False)], args + extra, [(by_uid[u], s) for u, s in snaps.items()] + [(None, c) for c in copies]
 
 def tinygrad_call(prog: Program, order: list[int], tg_call: UOp) -> UOp:
   """The bridge's tinygrad CALL with its body replaced by one item that runs `prog` over the bases of its args."""
