@@ -16,6 +16,7 @@ from tinygrad.uop.ops import UOp, Ops as TOps, UPat, PatternMatcher
 from tinygrad.dtype import dtypes as tdt
 from tinygrad.device import Device
 import tinygrad.engine.realize as _tg_realize
+from tinygrad.schedule.rangeify import resolve_function
 from egraph.ir.ops import Node, Ops, GroupOp, toposort, new_buffer
 from egraph.ir.symbolic import dims_in
 from egraph.ir.dtype import dtypes
@@ -88,7 +89,7 @@ def exact(cv: Conversion, call: Node) -> Node:
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device (and read NPY and PYTHON data)")
     if n.op not in (Ops.BUFFER, Ops.SLICE):
       raise BridgeRefusal(f"backend:arg:{n.op.name}", "a CALL argument callsat's runner cannot bind")
-  sh = Shadow(cv, DEVICE)
+  sh = Shadow(cv, DEVICE, bodies=True)   # a precompiled function's body (a nested CALL) runs callsat's kernels too
   body = sh.build([call.src[0]])[0]
   for n in toposort([body]):
     if (n.shape is not None and dims_in(n.shape)) or (n.op in GroupOp.Movement and dims_in(n.arg)):
@@ -98,8 +99,8 @@ def exact(cv: Conversion, call: Node) -> Node:
       u = cv.opaque[n.arg.ident][0]
       what = "RETYPE" if u is None else u.op.name
       raise BridgeRefusal(f"backend:op:{what}", f"{what} {n.arg.shape} {n.dtype.name}: no exact callsat form")
-    if n.op in (Ops.CALL, Ops.FUNCTION, Ops.BIND) or n.op is Ops.COPY and n.arg != DEVICE:
-      raise BridgeRefusal(f"backend:op:{n.op.name}", "callsat's backend runs single-device graphs without nested calls")
+    if n.op in (Ops.FUNCTION, Ops.BIND) or n.op is Ops.COPY and n.arg != DEVICE:
+      raise BridgeRefusal(f"backend:op:{n.op.name}", "callsat's backend runs single-device graphs without plain functions or binds")
     if n.op is Ops.PARAM and n.arg.device not in HOST:
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
   return body
@@ -219,6 +220,25 @@ def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tup
     memo[(n.id, target)] = r
   by_uid = {b.arg.uid: b for b in map(base, range(len(args)))}
   return memo[(body.id, False)], args + extra, [(by_uid[u], s) for u, s in snaps.items()] + [(None, c) for c in copies]
+
+def inline_functions(sink: UOp) -> tuple[UOp, dict[UOp, UOp] | None]:
+  """`sink` with tinygrad's plain FUNCTIONs (`@function`, their gradients) inlined as tinygrad's own scheduler inlines
+  them (rangeify's resolve_function, then GETTUPLE of the body's TUPLE), so their arithmetic reaches callsat's kernels;
+  and the map from every UOp of the original graph to its counterpart (None when nothing was inlined). Precompiled
+  functions stay (callsat's CALL nests them)."""
+  if not any(u.op is TOps.FUNCTION and not u.arg.precompile for u in sink.toposort()): return sink, None
+  back: dict[UOp, UOp] = {}
+  cur, first = sink, True
+  while True:   # a body may call functions too: innermost reached on a later round
+    new: dict[UOp, UOp] = {}
+    for u in cur.toposort():
+      if u.op is TOps.GETTUPLE and u.src[0].op is TOps.FUNCTION and (body := resolve_function(u.src[0])) is not None:
+        new[u] = body.src[u.arg]
+      elif any(new[x] is not x for x in u.src): new[u] = u.replace(src=tuple(new[x] for x in u.src))
+      else: new[u] = u
+    back = dict(new) if first else {o: new.get(n, n) for o, n in back.items()}
+    first, cur = False, new[cur]
+    if not any(u.op is TOps.FUNCTION and not u.arg.precompile for u in cur.toposort()): return cur, back
 
 def tinygrad_call(prog: Program, order: list[int], tg_call: UOp) -> UOp:
   """The bridge's tinygrad CALL with its body replaced by one item that runs `prog` over the bases of its args."""

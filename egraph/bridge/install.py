@@ -31,7 +31,7 @@ from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
-from egraph.bridge.backend import EMPTY, Program, bridge_backend, program, tinygrad_call, hook, stats as backend_stats   # noqa: E402
+from egraph.bridge.backend import EMPTY, Program, bridge_backend, inline_functions, program, tinygrad_call, hook, stats as backend_stats   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
 
@@ -72,17 +72,8 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
   the graph's structure, if made already; `backend` "callsat": the CALL runs callsat's kernels where it can
   (egraph/bridge/backend.py; the hints' `backend` says why not)."""
-  cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules" or backend != "tinygrad")
-  if backend != "tinygrad":
-    res = _callify(roots)
-    call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
-    try:
-      prog, order = program(cv, res.call)
-      if prog is None: return call, bmap, Hints(backend=EMPTY)
-      return tinygrad_call(prog, order, call), bmap, Hints(backend=prog)
-    except BridgeRefusal as e:
-      if _STATE["mode"] == "strict": raise
-      return call, bmap, Hints(backend=e.reason)
+  if backend != "tinygrad": return _decide_backend(big_sink, st)
+  cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
   store = verdict_store() if measuring else None
   name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
   known = store.get(name) if store is not None else None
@@ -105,6 +96,27 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
       store.put(name, Verdict(bool(hints.idents), tried, m.stock_s, m.hinted_s, m.rounds, m.ratio))
   if mode != "rules": _count_hints(hints)
   return call, bmap, hints
+
+def _decide_backend(big_sink: UOp, st=None):
+  """The decision with callsat's kernels (egraph/bridge/backend.py): a Program running the rules CALL, or (fallback)
+  the rules CALL for tinygrad's kernels and why. Plain functions are inlined first (their arithmetic runs callsat's
+  kernels); a graph refused after that is decided again as it came, so tinygrad gets the CALL the plain bridge gives."""
+  sink, back = inline_functions(big_sink)
+  cv, roots = to_callsat(sink, None if back is not None or st is None or st.stripped else st.topo, consts=True)
+  res = _callify(roots)
+  call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
+  if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
+  try:
+    prog, order = program(cv, res.call)
+    if prog is None: return call, bmap, Hints(backend=EMPTY)
+    return tinygrad_call(prog, order, call), bmap, Hints(backend=prog)
+  except BridgeRefusal as e:
+    if _STATE["mode"] == "strict": raise
+    if back is not None:
+      cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=True)
+      res = _callify(roots)
+      call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
+    return call, bmap, Hints(backend=e.reason)
 
 def _as_measured(v: Verdict) -> Measured: return Measured(v.stock_s, v.hinted_s, v.rounds, 0.0, v.ratio)
 

@@ -87,17 +87,24 @@ def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) fo
 class Shadow:
   """The converted graph with tinygrad's arithmetic as callsat ops, for costing only; `origin`: shadow Node.id -> the
   OPAQUE ident it stands for."""
-  def __init__(self, cv: Conversion, device: str):
-    self.cv, self.device, self.memo, self.origin = cv, device, {}, {}
+  def __init__(self, cv: Conversion, device: str, bodies: bool = False):
+    self.cv, self.device, self.memo, self.origin, self.bodies = cv, device, {}, {}, bodies
 
   def dev(self, d): return COST_DEVICE if d == self.device else d
 
   def build(self, roots: list[Node]) -> list[Node]:
+    """roots rebuilt; a CALL/FUNCTION body stays as it is unless `bodies` (then it is rebuilt in its own scope: its
+    PARAMs are its call's arguments)."""
     for n in toposort(roots, enter_calls=False):
       body = n.op in (Ops.CALL, Ops.FUNCTION)
-      src = tuple(s if body and i == 0 else self.memo[s.id] for i, s in enumerate(n.src))
+      src = tuple((self.scoped(s) if self.bodies else s) if body and i == 0 else self.memo[s.id] for i, s in enumerate(n.src))
       self.memo[n.id] = self.one(n, src)
     return [self.memo[r.id] for r in roots]
+
+  def scoped(self, body: Node) -> Node:
+    outer, self.memo = self.memo, {}
+    try: return self.build([body])[0]
+    finally: self.memo = outer
 
   def one(self, n: Node, src: tuple) -> Node:
     if n.op is Ops.BUFFER: return Node(Ops.BUFFER, n.dtype, (), BufferArg(n.arg.uid, n.arg.size, self.dev(n.arg.device)))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 tinygrad = pytest.importorskip("tinygrad")
-from tinygrad import Tensor, TinyJit, Context, Variable, nn   # noqa: E402
+from tinygrad import Tensor, TinyJit, Context, Variable, nn, function   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
 from tinygrad_cpu import require_cpu   # noqa: E402
 from egraph.bridge import backend   # noqa: E402
@@ -185,3 +185,31 @@ def test_update_reads_old_values(realized):
   got, st = _run(build, backend="callsat")
   for g, w in zip(got, want): _close(g, w)
   assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0, (st["backend_reasons"], st["reasons"])
+
+def test_plain_functions_inlined():
+  """A model whose forward is tinygrad's `@function` (beautiful_mnist's), trained under TinyJit: the FUNCTION and its
+  gradient's are inlined as tinygrad's scheduler inlines them, so every step runs callsat's kernels; losses and
+  weights are stock's within tolerance."""
+  class Net:
+    def __init__(self):
+      self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 4)
+      rng = np.random.default_rng(5)   # the same weights in both runs
+      for p in nn.state.get_parameters(self): p.replace(Tensor((rng.standard_normal(p.shape) * 0.3).astype(np.float32)))
+    @function
+    def __call__(self, x): return self.l2(self.l1(x).relu())
+  X, Y = _f(5, 8), np.array([0, 1, 2, 3, 1], np.int32)
+  def build():
+    net = Net()
+    opt = nn.optim.SGD(nn.state.get_parameters(net), lr=0.1)
+    x, y = Tensor(X.copy()).realize(), Tensor(Y.copy()).realize()
+    @TinyJit
+    def step():
+      with Context(TRAINING=1):
+        opt.zero_grad(); loss = net(x).sparse_categorical_crossentropy(y).backward(); opt.step()
+      return loss.realize()
+    losses = [Tensor(step().numpy()) for _ in range(4)]   # a copy each: a TinyJit's output buffer is its own
+    return losses + [net.l1.weight]
+  want = _stock(build)
+  got, st = _run(build, backend="callsat", strict=True)
+  for g, w in zip(got, want): _close(g, w)
+  assert st["backend_callsat"] >= 3 and st["backend_tinygrad"] == 0, st["backend_reasons"]
