@@ -135,11 +135,14 @@ def _root(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST): n = n.src[0]
   return n
 
-def _chain(n: Node) -> list[Node]:
-  """The view ops from n down to the storage under it (_root), outermost first."""
-  out = []
-  while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST): out.append(n); n = n.src[0]
-  return out
+def _under(n: Node) -> tuple[Node, list[Node]]:
+  """The storage under a state (through earlier states' AFTERs and view ops) and the view ops on the way, outermost
+  first."""
+  views = []
+  while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST, Ops.AFTER):
+    if n.op is not Ops.AFTER: views.append(n)
+    n = n.src[0]
+  return n, views
 
 def _reads(v: Node) -> set[int]:
   """The ids of the buffer states (PARAMs, AFTERs) value graph v reads: an AFTER is read as a whole (its stores are
@@ -173,7 +176,8 @@ def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tup
   for n in stores:
     if (r := _root(n.src[0])).op is Ops.PARAM: written.add(base(r.arg.slot).arg.uid)
     elif r.op is Ops.AFTER and any(r.id in read_by(m) for m in stores if m is not n):
-      if (p := _root(r.src[0])).op is not Ops.PARAM or p.arg.slot < 0 or any(x.op is Ops.BITCAST for x in _chain(r.src[0])):
+      p, views = _under(r.src[0])
+      if p.op is not Ops.PARAM or p.arg.slot < 0 or any(x.op is Ops.BITCAST for x in views):
         raise BridgeRefusal("backend:form:read-before-overwrite", f"{r.op.name} {r.shape}: read by one store, overwritten by another")
       olds[r.id] = r; waits.setdefault(n.id, []).append(r)
   if not written and not olds: return body, args, []
@@ -208,10 +212,10 @@ def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tup
     got = [memo[(x.id, t)] for x, t in kids(n, target)]
     if n.op is Ops.PARAM: r = snap_param(n) if not target and n.arg.slot >= 0 and base(n.arg.slot).arg.uid in written else n
     elif n.id in olds and not target:   # the state copied (after its own store) into the Program's memory, read there
-      p = _root(n.src[0])
+      p, views = _under(n.src[0])
       q = new_param(p, new_buffer(base(p.arg.slot).arg.size, p.dtype, base(p.arg.slot).arg.device))
       copies.append(extra[-1] if extra[-1].op is Ops.BUFFER else extra[-1].src[0])
-      for v in reversed(_chain(n.src[0])): q = v.over((q, *v.src[1:]))   # the state's view of its buffer, over the copy
+      for v in reversed(views): q = v.over((q, *v.src[1:]))   # the state's view of its buffer, over the copy
       r = Node(Ops.AFTER, q.dtype, (q, Node(Ops.STORE, dtypes.void, (q, got[0]))))
     else:
       if (w := len(waits.get(n.id, ()))):   # an overwriting store: its target waits on the copies

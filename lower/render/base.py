@@ -38,7 +38,7 @@ class Renderer:
   tmp, fmt = "t", "{}{}"   # a name's default prefix; format(prefix, number)
   SUM_BLOCK = 4096         # elements a float32 sum accumulates before its partial goes into a float64 total (LLVM: in
                            # 16 x 4 vector lanes on AVX-512, 8 x 4 on AVX2: 64-128 adds each)
-  code_for_idx: dict       # 'div' 'mod' 'mul' 'add' (i64) and 'ge' 'lt' (compare) 'and' (bool) -> (a, b) -> text
+  code_for_idx: dict       # 'div' 'mod' 'udiv' 'umod' (of a value >= 0) 'mul' 'add' (i64), 'ge' 'lt' (compare), 'and' (bool) -> (a, b) -> text
   code_for_op: frozenset   # the ALU ops the backend spells (lower/schedule/decomp.py expands the others for all)
 
   def __init__(self, k: Kernel):
@@ -78,7 +78,10 @@ class Renderer:
     if (v := self.get(key)) is not None: return v
     acc = None
     for a, k in i.terms:
-      x = self.vars[a] if isinstance(a, Var) else self.op("div" if isinstance(a, Div) else "mod", self.idx(a.x), self.lit(a.d))
+      if isinstance(a, Var): x = self.vars[a]
+      else:   # over a non-negative value (Idx keeps its atoms so) the unsigned forms are exact, and cheaper
+        o = ("div" if isinstance(a, Div) else "mod") if a.x.vmin < 0 else ("udiv" if isinstance(a, Div) else "umod")
+        x = self.op(o, self.idx(a.x), self.lit(a.d))
       if k != 1: x = self.op("mul", x, self.lit(k))
       acc = x if acc is None else self.op("add", acc, x)
     if i.c: acc = self.op("add", acc, self.lit(i.c))

@@ -55,7 +55,9 @@ class CUDARenderer(Renderer):
   VT, tmp = VT, "v"
   SUM_BLOCK = 64   # a thread adds float32 values one by one: 64 per block, then the block into a double
   code_for_op = ops.CODE_FOR_OP
-  code_for_idx = {"div": lambda a, b: f"({a} / {b})", "mod": lambda a, b: f"({a} % {b})", "mul": lambda a, b: f"{a} * {b}",
+  code_for_idx = {"div": lambda a, b: f"({a} / {b})", "mod": lambda a, b: f"({a} % {b})",
+                  "udiv": lambda a, b: f"(long long)((unsigned long long)({a}) / (unsigned long long)({b}))",
+                  "umod": lambda a, b: f"(long long)((unsigned long long)({a}) % (unsigned long long)({b}))", "mul": lambda a, b: f"{a} * {b}",
                   "add": lambda a, b: f"{a} + {b}", "ge": lambda a, b: f"{a} >= {b}", "lt": lambda a, b: f"{a} < {b}",
                   "and": lambda a, b: f"{a} && {b}"}
   def __init__(self, k: Kernel):

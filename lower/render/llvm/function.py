@@ -13,6 +13,7 @@ class LLVMRenderer(Isel, Renderer):
   """The scalar renderer: SSA values, loop counters and accumulators as entry-block allocas (SROA makes them phis)."""
   VT, tmp, fmt = VT, "t", "%{}.{}"
   code_for_idx = {"div": lambda a, b: f"sdiv i64 {a}, {b}", "mod": lambda a, b: f"srem i64 {a}, {b}",
+                  "udiv": lambda a, b: f"udiv i64 {a}, {b}", "umod": lambda a, b: f"urem i64 {a}, {b}",
                   "mul": lambda a, b: f"mul nsw i64 {a}, {b}", "add": lambda a, b: f"add nsw i64 {a}, {b}",
                   "ge": lambda a, b: f"icmp sge i64 {a}, {b}", "lt": lambda a, b: f"icmp slt i64 {a}, {b}",
                   "and": lambda a, b: f"and i1 {a}, {b}"}
