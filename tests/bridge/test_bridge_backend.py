@@ -213,3 +213,14 @@ def test_plain_functions_inlined():
   got, st = _run(build, backend="callsat", strict=True)
   for g, w in zip(got, want): _close(g, w)
   assert st["backend_callsat"] >= 3 and st["backend_tinygrad"] == 0, st["backend_reasons"]
+
+def test_rng_counter_advanced_twice_in_one_graph():
+  """Two rand()s in one graph advance tinygrad's RNG counter twice: the second draw reads the state the first store
+  left, which the second store then overwrites in place (copied before that, so it reads the first's state)."""
+  def build():
+    Tensor.manual_seed(3)
+    return [Tensor.rand(3, 4) + Tensor.rand(3, 4).relu(), Tensor.rand(7)]
+  want = _stock(build)
+  got, st = _run(build, backend="callsat", strict=True)
+  for g, w in zip(got, want): _close(g, w)
+  assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
