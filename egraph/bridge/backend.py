@@ -95,6 +95,8 @@ def exact(cv: Conversion, call: Node) -> Node:
     if (n.shape is not None and dims_in(n.shape)) or (n.op in GroupOp.Movement and dims_in(n.arg)):
       # a host dimension (a bound Variable's expression) is worth its maximum in callsat's IR: tinygrad binds it
       raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension tinygrad binds at run time")
+    if n.dtype in dtypes.fp8s:   # tinygrad's CPU computes fp8 through half (subnormals flushed, inf saturated)
+      raise BridgeRefusal("backend:dtype:fp8", f"{n.op.name} {n.dtype.name}: tinygrad's CPU fp8 is emulated through half; callsat's is exact")
     if n.op is Ops.OPAQUE:
       u = cv.opaque[n.arg.ident][0]
       what = "RETYPE" if u is None else u.op.name
@@ -152,7 +154,7 @@ def _reads(v: Node) -> set[int]:
     if (n := stack.pop()).id in seen: continue
     seen.add(n.id)
     if n.op in (Ops.PARAM, Ops.AFTER): out.add(n.id)
-    else: stack.extend(n.src)
+    else: stack.extend(n.src[1:] if n.op is Ops.CALL else n.src)   # a nested body reads its own PARAMs
   return out
 
 def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tuple[Node | None, Node]]]:
@@ -169,7 +171,8 @@ def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tup
   Returns the body, the args with the new args appended, and (base, placeholder) pairs: base None for a copy the body
   makes itself, else the buffer copied before each run."""
   def base(slot: int) -> Node: return _root(args[slot])
-  written, stores, reads, olds, waits = set(), [n for n in toposort([body]) if n.op is Ops.STORE], {}, {}, {}
+  # a nested CALL's body is its own scope (its PARAMs are its arguments): left as it is
+  written, stores, reads, olds, waits = set(), [n for n in toposort([body], enter_calls=False) if n.op is Ops.STORE], {}, {}, {}
   def read_by(m: Node) -> set[int]:   # each store's value graph walked once, when an AFTER target asks
     if (got := reads.get(m.id)) is None: got = reads[m.id] = _reads(m.src[1])
     return got
@@ -196,6 +199,7 @@ def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tup
     if n.op is Ops.PARAM: return []
     if n.id in olds and not target: return [(n, True)]   # a read of the copy: the state itself, once, to copy from
     if n.op in (Ops.STORE, Ops.AFTER): k = [(n.src[0], True)] + [(x, False) for x in n.src[1:]]
+    elif n.op is Ops.CALL: return [(x, False) for x in n.src[1:]]
     else: k = [(x, target) for x in n.src]
     return k + [(o, False) for o in waits.get(n.id, ())]   # an overwriting store: the copies it waits on, last
   memo, opened = {}, set()
@@ -220,7 +224,7 @@ def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tup
     else:
       if (w := len(waits.get(n.id, ()))):   # an overwriting store: its target waits on the copies
         got = [Node(Ops.AFTER, got[0].dtype, (got[0], *(c.src[1] for c in got[len(got) - w:]))), *got[1:len(got) - w]]
-      r = n.over(tuple(got))
+      r = n.over((n.src[0], *got) if n.op is Ops.CALL else tuple(got))
     memo[(n.id, target)] = r
   by_uid = {b.arg.uid: b for b in map(base, range(len(args)))}
   return memo[(body.id, False)], args + extra, [(by_uid[u], s) for u, s in snaps.items()] + [(None, c) for c in copies]

@@ -10,6 +10,7 @@ tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor, TinyJit, Context, Variable, nn, function   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
 from tinygrad_cpu import require_cpu   # noqa: E402
+from bridge_programs import PROGRAMS as BRIDGE_PROGRAMS   # noqa: E402
 from egraph.bridge import backend   # noqa: E402
 from egraph.bridge.convert import BridgeRefusal   # noqa: E402
 from egraph.ir.errors import CallsatError   # noqa: E402
@@ -224,3 +225,27 @@ def test_rng_counter_advanced_twice_in_one_graph():
   got, st = _run(build, backend="callsat", strict=True)
   for g, w in zip(got, want): _close(g, w)
   assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
+
+# the bridge's own programs (tests/bridge_programs.py, the ones tests/bridge/test_tinygrad_bridge.py realizes strict) on
+# tinygrad's CPU device with callsat's kernels, fallback mode: stock's values; what tinygrad's kernels ran is named
+ON_TINYGRAD = {"symbolic": "backend:form:symbolic", "symbolic_offset": "backend:form:symbolic",
+               "symbolic_cat": "backend:form:symbolic", "sharded": "backend:device:", "sharded_precompile": "backend:device:",
+               "fp8": "backend:dtype:fp8"}
+
+@pytest.mark.parametrize("name", list(BRIDGE_PROGRAMS))
+def test_bridge_programs_on_callsat_kernels(name):
+  def build():
+    with Context(DEV="CPU"):
+      Tensor.manual_seed(1234)
+      outs = BRIDGE_PROGRAMS[name]()
+      Tensor.realize(*outs)
+      return [o.to("CPU") if isinstance(o.device, tuple) else o for o in outs]
+  want = _stock(build)
+  got, st = _run(build, backend="callsat")
+  for g, w in zip(got, want):
+    if w.dtype.kind == "f": np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-3, equal_nan=True)
+    else: np.testing.assert_array_equal(g, w)
+  assert st["backend_callsat"] + st["backend_tinygrad"] + st["backend_empty"] == st["bridged"] > 0, st
+  assert all(r.startswith("backend:") for r in st["backend_reasons"]), st["backend_reasons"]   # every fallback named
+  if name in ON_TINYGRAD: assert any(r.startswith(ON_TINYGRAD[name]) for r in st["backend_reasons"]), st["backend_reasons"]
+  else: assert st["backend_tinygrad"] == 0, st["backend_reasons"]
