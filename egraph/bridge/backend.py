@@ -34,6 +34,10 @@ DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read
 # callsat's numpy reference executor: uploads, not compute)
 HOST = (DEVICE, "NPY", "PYTHON")
 
+def on_host(d) -> bool:
+  """A device whose memory callsat's kernels use in place: tinygrad's CPU (CPU:n too: host memory each), NPY, PYTHON."""
+  return isinstance(d, str) and (d in HOST or d.partition(":")[0] == DEVICE)
+
 def bridge_backend(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_BACKEND (read when the bridge runs), else "tinygrad"."""
   b = value if value is not None else (env_value(ENV) or "tinygrad")
@@ -47,10 +51,12 @@ class Program:
   """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
   buffer of the tinygrad CALL's args (views stay SLICEs of them). The arg of the CUSTOM_FUNCTION the bridge hands
   tinygrad: compared by identity, printed by serial (tinygrad's UOp key reads str(arg))."""
-  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "__weakref__")
+  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "__weakref__")
   def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = ()):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
+    # tinygrad's CPU devices the arguments live on (each synchronized before a run; NPY/PYTHON are plain host memory)
+    self.devices = tuple(sorted({b.arg.device for b in bases if b.arg.device not in ("NPY", "PYTHON")}))
     self.snaps = snaps   # (base position, placeholder): old values of assigned buffers, copied before each run (position
                          # None: a copy the body makes itself)
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
@@ -73,7 +79,7 @@ class Program:
     native runner's prepared plan, which checks its arrays by identity, is taken again)."""
     if not b.nbytes: return np.empty(0, ph.dtype.np)   # tinygrad allocates no memory for an empty buffer
     mv = b.allocator._as_buffer(b._buf)
-    if ph.arg.device != DEVICE: return np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
+    if ph.arg.device in ("NPY", "PYTHON"): return np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
     key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0] if b.nbytes else 0, ph.dtype)
     if (a := self.views.get(key)) is None:
       a = np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)
@@ -85,7 +91,7 @@ def exact(cv: Conversion, call: Node) -> Node:
   """callify's rules CALL with every OPAQUE tinygrad op of its body rebuilt as callsat arithmetic (the shadow's
   conversion); what it cannot rebuild is refused by name."""
   for n in toposort(call.src[1:]):
-    if n.op is Ops.BUFFER and n.arg.device not in HOST:
+    if n.op is Ops.BUFFER and not on_host(n.arg.device):
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device (and read NPY and PYTHON data)")
     if n.op not in (Ops.BUFFER, Ops.SLICE):
       raise BridgeRefusal(f"backend:arg:{n.op.name}", "a CALL argument callsat's runner cannot bind")
@@ -101,9 +107,9 @@ def exact(cv: Conversion, call: Node) -> Node:
       u = cv.opaque[n.arg.ident][0]
       what = "RETYPE" if u is None else u.op.name
       raise BridgeRefusal(f"backend:op:{what}", f"{what} {n.arg.shape} {n.dtype.name}: no exact callsat form")
-    if n.op in (Ops.FUNCTION, Ops.BIND) or n.op is Ops.COPY and n.arg != DEVICE:
+    if n.op in (Ops.FUNCTION, Ops.BIND) or n.op is Ops.COPY and not (on_host(n.arg) and n.arg not in ("NPY", "PYTHON")):
       raise BridgeRefusal(f"backend:op:{n.op.name}", "callsat's backend runs single-device graphs without plain functions or binds")
-    if n.op is Ops.PARAM and n.arg.device not in HOST:
+    if n.op is Ops.PARAM and not on_host(n.arg.device):
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
   return body
 
@@ -274,7 +280,7 @@ def stats() -> dict:
 def _exec(ctx, call: UOp, ast: UOp):
   if not isinstance(prog := ast.arg, Program): return None
   bufs = [b.ensure_allocated() if b.nbytes else b for b in (u.buffer for u in _tg_realize.resolve_params(call, ctx.input_uops))]
-  Device[DEVICE].synchronize()   # tinygrad's CPU queue runs asynchronously: what it wrote before is there
+  for d in prog.devices: Device[d].synchronize()   # tinygrad's CPU queues run asynchronously: what they wrote is there
   prog.run(bufs)
   STATS["runs"] += 1
   return []

@@ -249,3 +249,13 @@ def test_bridge_programs_on_callsat_kernels(name):
   assert all(r.startswith("backend:") for r in st["backend_reasons"]), st["backend_reasons"]   # every fallback named
   if name in ON_TINYGRAD: assert any(r.startswith(ON_TINYGRAD[name]) for r in st["backend_reasons"]), st["backend_reasons"]
   else: assert st["backend_tinygrad"] == 0, st["backend_reasons"]
+
+def test_second_cpu_device():
+  """tinygrad's CPU:1 is host memory too: its graphs run callsat's kernels (strict), synchronized with its own queue."""
+  def build():
+    x = Tensor(X.copy(), device="CPU:1")
+    return [(x @ Tensor(W.copy(), device="CPU:1")).relu().sum(1)]
+  want = _stock(build)
+  got, st = _run(build, backend="callsat", strict=True)
+  for g, w in zip(got, want): _close(g, w)
+  assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
