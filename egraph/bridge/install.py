@@ -31,7 +31,8 @@ from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
-from egraph.bridge.backend import EMPTY, Program, bridge_backend, inline_functions, program, tinygrad_call, hook, stats as backend_stats   # noqa: E402
+from egraph.bridge.backend import (EMPTY, Program, bridge_backend, inline_functions, program, tinygrad_call, hook,   # noqa: E402
+                                   stats as backend_stats)
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
 
@@ -43,7 +44,8 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   buffers, other bound values) is rebound from the structural cache (egraph/bridge/cache.py; CALLSAT_BRIDGE_CACHE)."""
   backend = bridge_backend(_STATE["backend"])
   mode = bridge_fusion() if backend == "tinygrad" else "rules"   # callsat's kernels: its own fusion decides, no hints
-  measuring = mode != "rules" and env_switch(MEASURE_ENV)
+  # measured: cost mode's hints, and (fallback mode) callsat's kernels against tinygrad's
+  measuring = (mode != "rules" or backend != "tinygrad" and _STATE["mode"] == "fallback") and env_switch(MEASURE_ENV)
   cache = _cache()
   if cache is None:
     call, bmap, hints = _decide(big_sink, mode, measuring, backend=backend)
@@ -72,7 +74,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
   the graph's structure, if made already; `backend` "callsat": the CALL runs callsat's kernels where it can
   (egraph/bridge/backend.py; the hints' `backend` says why not)."""
-  if backend != "tinygrad": return _decide_backend(big_sink, st)
+  if backend != "tinygrad": return _decide_backend(big_sink, measuring, st)
   cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
   store = verdict_store() if measuring else None
   name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
@@ -97,7 +99,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   if mode != "rules": _count_hints(hints)
   return call, bmap, hints
 
-def _decide_backend(big_sink: UOp, st=None):
+def _decide_backend(big_sink: UOp, measuring: bool, st=None):
   """The decision with callsat's kernels (egraph/bridge/backend.py): a Program running the rules CALL, or (fallback)
   the rules CALL for tinygrad's kernels and why. Plain functions are inlined first (their arithmetic runs callsat's
   kernels); a graph refused after that is decided again as it came, so tinygrad gets the CALL the plain bridge gives."""
@@ -109,7 +111,12 @@ def _decide_backend(big_sink: UOp, st=None):
   try:
     prog, order = program(cv, res.call)
     if prog is None: return call, bmap, Hints(backend=EMPTY)
-    return tinygrad_call(prog, order, call), bmap, Hints(backend=prog)
+    ours = tinygrad_call(prog, order, call)
+    if measuring:   # fallback mode only: strict runs callsat's kernels, measured or not
+      m = _measured_backend(call, ours, prog)
+      if m is not None and not m.keep: return call, bmap, Hints(backend=SLOWER, measured=m)
+      return ours, bmap, Hints(backend=prog, measured=m)
+    return ours, bmap, Hints(backend=prog)
   except BridgeRefusal as e:
     if _STATE["mode"] == "strict": raise
     if back is not None:
@@ -117,6 +124,20 @@ def _decide_backend(big_sink: UOp, st=None):
       res = _callify(roots)
       call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
     return call, bmap, Hints(backend=e.reason)
+
+SLOWER = "backend:measured-slower"   # fallback mode's reason when tinygrad's kernels measured faster than callsat's
+
+def _measured_backend(stock: UOp, ours: UOp, prog) -> Measured | None:
+  """The measured check of a Program (fallback mode, once per structure): tinygrad's kernels and callsat's run on
+  scratch copies, interleaved (egraph/bridge/measure.py); `keep` says callsat's won by more than the margin. None when
+  it cannot be measured (counted as measure_errors; callsat's kernels stay: they are exact, only their speed is unknown)."""
+  try: m = measure(stock, ours, next(iter(prog.devices), "CPU"))
+  except Exception:
+    with _LOCK: _COUNTS["measure_errors"] += 1
+    return None
+  with _LOCK:
+    _COUNTS["measured"] += 1; _COUNTS["measure_seconds"] += m.seconds; _COUNTS["measure_dropped"] += not m.keep
+  return m
 
 def _as_measured(v: Verdict) -> Measured: return Measured(v.stock_s, v.hinted_s, v.rounds, 0.0, v.ratio)
 
@@ -252,7 +273,8 @@ def installed(strict: bool = False, backend: str | None = None):
 def stats() -> dict:
   """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
   mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
-  hint_seconds (choosing them); the measured check's measured (structures checked), measure_dropped (their hints
+  hint_seconds (choosing them); the measured check's measured (structures checked: cost mode's hints, and with
+  callsat's kernels in fallback mode each Program against tinygrad's kernels), measure_dropped (hints, or Programs,
   measured no faster), measure_errors (fallback mode: measuring failed, hints dropped), measure_seconds and
   verdicts_reused (structures whose verdict a former process measured); with CALLSAT_BRIDGE_BACKEND=callsat,
   backend_callsat / backend_tinygrad (calls whose CALL runs callsat's kernels / tinygrad's), backend_empty (CALLs over

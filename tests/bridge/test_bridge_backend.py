@@ -18,6 +18,12 @@ from egraph.ir.errors import CallsatError   # noqa: E402
 require_cpu()
 
 RNG = np.random.default_rng(29)
+
+@pytest.fixture(autouse=True)
+def _unmeasured(monkeypatch):
+  # fallback mode measures each Program against tinygrad's kernels (a timing): these tests count what ran by the rules
+  # alone; test_measured_check_picks_the_faster forces the measurement's outcome
+  monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "0")
 def _f(*shape, scale=1.0): return (RNG.standard_normal(shape) * scale).astype(np.float32)
 
 def _close(got, want):
@@ -259,3 +265,29 @@ def test_second_cpu_device():
   got, st = _run(build, backend="callsat", strict=True)
   for g, w in zip(got, want): _close(g, w)
   assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
+
+@pytest.mark.parametrize("faster", ["callsat", "tinygrad"])
+def test_measured_check_picks_the_faster(monkeypatch, faster):
+  """Fallback mode times callsat's kernels against tinygrad's once per structure and keeps the faster (the outcome
+  forced here: no timing in tests); stock values either way; strict never measures."""
+  from egraph.bridge import install as inst
+  from egraph.bridge.measure import Measured
+  from egraph.bridge.cache import StructureCache
+  monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
+  calls = []
+  def fake(stock, ours, device):
+    calls.append(device)
+    return Measured(1e-3, 5e-4 if faster == "callsat" else 2e-3, 5, 0.0, 0.5 if faster == "callsat" else 2.0)
+  monkeypatch.setattr(inst, "measure", fake)
+  build = PROGRAMS["matmul+softmax"]
+  want = _stock(build)
+  inst.set_cache(StructureCache())   # decided here, not taken from an earlier test's entry
+  try: got, st = _run(build, backend="callsat")
+  finally: inst.set_cache(StructureCache())
+  for g, w in zip(got, want): _close(g, w)
+  assert calls and st["measured"] == len(calls)
+  if faster == "callsat": assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
+  else: assert st["backend_reasons"] == {"backend:measured-slower": st["backend_tinygrad"]} and st["backend_callsat"] == 0
+  calls.clear()
+  _run(build, backend="callsat", strict=True)
+  assert not calls
