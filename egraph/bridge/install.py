@@ -102,28 +102,37 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
 def _decide_backend(big_sink: UOp, measuring: bool, st=None):
   """The decision with callsat's kernels (egraph/bridge/backend.py): a Program running the rules CALL, or (fallback)
   the rules CALL for tinygrad's kernels and why. Plain functions are inlined first (their arithmetic runs callsat's
-  kernels); a graph refused after that is decided again as it came, so tinygrad gets the CALL the plain bridge gives."""
+  kernels); a graph left to tinygrad gets the CALL the plain bridge gives (decided as it came). `measuring` (fallback
+  mode): the Program runs only where it measured faster than tinygrad's kernels, checked once per structure and kept
+  per user like cost mode's verdicts (a structure measured slower before is not even compiled)."""
+  store = verdict_store() if measuring else None
+  name = digest("backend", tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
+  if (known := store.get(name) if store is not None else None) is not None:
+    with _LOCK: _COUNTS["verdicts_reused"] += 1
+    if not known.keep: return (*_plain(big_sink, st), Hints(backend=SLOWER, measured=_as_measured(known)))
   sink, back = inline_functions(big_sink)
   cv, roots = to_callsat(sink, None if back is not None or st is None or st.stripped else st.topo, consts=True)
   res = _callify(roots)
   call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
   if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
-  try:
-    prog, order = program(cv, res.call)
-    if prog is None: return call, bmap, Hints(backend=EMPTY)
-    ours = tinygrad_call(prog, order, call)
-    if measuring:   # fallback mode only: strict runs callsat's kernels, measured or not
-      m = _measured_backend(call, ours, prog)
-      if m is not None and not m.keep: return call, bmap, Hints(backend=SLOWER, measured=m)
-      return ours, bmap, Hints(backend=prog, measured=m)
-    return ours, bmap, Hints(backend=prog)
+  try: prog, order = program(cv, res.call)
   except BridgeRefusal as e:
     if _STATE["mode"] == "strict": raise
-    if back is not None:
-      cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=True)
-      res = _callify(roots)
-      call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
-    return call, bmap, Hints(backend=e.reason)
+    return (*(_plain(big_sink, st) if back is not None else (call, bmap)), Hints(backend=e.reason))
+  if prog is None: return call, bmap, Hints(backend=EMPTY)
+  ours = tinygrad_call(prog, order, call)
+  if not measuring: return ours, bmap, Hints(backend=prog)   # strict: callsat's kernels, measured or not
+  if known is not None: return ours, bmap, Hints(backend=prog, measured=_as_measured(known))
+  if (m := _measured_backend(call, ours, prog)) is not None and store is not None:
+    store.put(name, Verdict(m.keep, (), m.stock_s, m.hinted_s, m.rounds, m.ratio))
+  if m is not None and not m.keep: return (*(_plain(big_sink, st) if back is not None else (call, bmap)), Hints(backend=SLOWER, measured=m))
+  return ours, bmap, Hints(backend=prog, measured=m)
+
+def _plain(big_sink: UOp, st=None) -> tuple[UOp, dict]:
+  """The rules CALL and buffer_map of the graph as it came, for tinygrad's kernels (the plain bridge's answer)."""
+  cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=True)
+  res = _callify(roots)
+  return to_tinygrad(cv, res.call, res.buffer_map)
 
 SLOWER = "backend:measured-slower"   # fallback mode's reason when tinygrad's kernels measured faster than callsat's
 

@@ -267,13 +267,15 @@ def test_second_cpu_device():
   assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
 
 @pytest.mark.parametrize("faster", ["callsat", "tinygrad"])
-def test_measured_check_picks_the_faster(monkeypatch, faster):
+def test_measured_check_picks_the_faster(monkeypatch, tmp_path, faster):
   """Fallback mode times callsat's kernels against tinygrad's once per structure and keeps the faster (the outcome
-  forced here: no timing in tests); stock values either way; strict never measures."""
+  forced here: no timing in tests), its verdict kept per user (a new process, here a new structural cache, reuses it
+  without measuring); stock values either way; strict never measures."""
   from egraph.bridge import install as inst
   from egraph.bridge.measure import Measured
   from egraph.bridge.cache import StructureCache
   monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
+  monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS_DIR", str(tmp_path))
   calls = []
   def fake(stock, ours, device):
     calls.append(device)
@@ -289,5 +291,10 @@ def test_measured_check_picks_the_faster(monkeypatch, faster):
   if faster == "callsat": assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
   else: assert st["backend_reasons"] == {"backend:measured-slower": st["backend_tinygrad"]} and st["backend_callsat"] == 0
   calls.clear()
+  inst.set_cache(StructureCache())
+  try: got, again = _run(build, backend="callsat")
+  finally: inst.set_cache(StructureCache())
+  for g, w in zip(got, want): _close(g, w)
+  assert not calls and again["verdicts_reused"] >= 1 and again["backend_callsat"] == st["backend_callsat"]
   _run(build, backend="callsat", strict=True)
   assert not calls
