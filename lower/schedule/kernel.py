@@ -22,6 +22,7 @@ provably disjoint from every other param (`noalias`) and only read / only writte
 """
 from __future__ import annotations
 import math
+import numpy as np
 from dataclasses import dataclass
 from typing import Any
 from egraph.ir.dtype import DType, dtypes
@@ -149,18 +150,139 @@ class Idx:
     return "+".join(parts)
 
 def within(ix: Idx, valid: tuple) -> Idx:
-  """`ix` as it is wherever every bound of `valid` holds: a Div or Mod atom whose argument the bounds keep inside one
-  block [m*d, (m+1)*d) becomes m or x - m*d. A padded view's flat index wraps (x % size) only where its load is masked
-  off; under the mask it is affine again, so a conv's input reads are plain strides."""
+  """`ix` as it is wherever every bound of `valid` holds: a Div or Mod atom (at any depth) whose argument the bounds keep
+  inside one block [m*d, (m+1)*d) becomes m or x - m*d, and an atom that is affine in its vars wherever the bounds hold
+  becomes that form (_fitted). A padded view's flat index wraps (x % size) only where its load is masked off; under the
+  mask it is affine again, so a conv's input reads are plain strides."""
   if not valid or all(isinstance(a, Var) for a, _ in ix.terms): return ix
+  out = _by_range(ix, valid)
+  return out if all(isinstance(a, Var) for a, _ in out.terms) else _fitted(out, valid)
+
+def _by_range(ix: Idx, valid: tuple) -> Idx:
   out = Idx.const(ix.c)
   for a, k in ix.terms:
-    if not isinstance(a, Var) and (r := _range_under(a.x, valid)) is not None and r[0] // a.d == r[1] // a.d:
+    if isinstance(a, Var): out = out + Idx(((a, 1),), 0) * k; continue
+    inner = _by_range(a.x, valid)
+    r = _range_under(inner, valid)
+    if (r is None or r[0] // a.d != r[1] // a.d) and (q := _lp_range(inner, valid)) is not None: r = q
+    if r is not None and r[0] // a.d == r[1] // a.d:
       m = r[0] // a.d
-      a_ix = Idx.const(m) if isinstance(a, Div) else within(a.x, valid) - m * a.d
-      out = out + a_ix * k
-    else: out = out + Idx(((a, 1),), 0) * k
+      x = Idx.const(m) if isinstance(a, Div) else inner - m * a.d
+    else: x = inner // a.d if isinstance(a, Div) else inner % a.d
+    out = out + x * k
   return out
+
+_LP: dict = {}   # (x, clauses) -> range: the same masked load is built for every kernel that reads it
+
+def _lp_range(x: Idx, valid: tuple) -> tuple[int, int] | None:
+  """[min, max] of affine `x` over the integer points where the affine bounds of `valid` hold, bounded by the linear
+  relaxation (HiGHS: its optimum is at least as wide as the integer one, so the range is sound); None when x or no bound
+  sharing its vars is affine."""
+  if not all(isinstance(a, Var) for a, _ in x.terms) or not x.terms: return None
+  own = x.vars()
+  cl = [b for b in valid if all(isinstance(a, Var) for a, _ in b.idx.terms) and b.idx.vars() & own]
+  if not cl: return None
+  key = (x, tuple(cl))
+  if (got := _LP.get(key, False)) is not False: return got
+  vs = sorted(own.union(*(b.idx.vars() for b in cl)), key=lambda v: v.name)
+  col = {v: i for i, v in enumerate(vs)}
+  rows, rhs = [], []
+  for b in cl:   # lo <= idx < hi as two rows of A x <= b
+    row = np.zeros(len(vs))
+    for v, c in b.idx.terms: row[col[v]] = c
+    rows += [row, -row]; rhs += [b.hi - 1 - b.idx.c, b.idx.c - b.lo]
+  obj = np.zeros(len(vs))
+  for v, c in x.terms: obj[col[v]] = c
+  from scipy.optimize import linprog   # noqa: PLC0415 - scipy loads in ~0.3 s: only a masked load that needs it pays
+  ends = []
+  for sign in (1, -1):
+    res = linprog(sign * obj, A_ub=np.array(rows), b_ub=np.array(rhs), bounds=[(0, v.size - 1) for v in vs], method="highs")
+    if res.status != 0: got = None; break
+    ends.append(sign * res.fun)
+  else: got = (math.ceil(ends[0] - 1e-6) + x.c, math.floor(ends[1] + 1e-6) + x.c)
+  if len(_LP) > 4096: _LP.clear()
+  _LP[key] = got
+  return got
+
+FIT_POINTS = 1 << 15   # an atom over more value combinations of its vars than this is not fitted
+
+def _fitted(ix: Idx, valid: tuple) -> Idx:
+  """`ix` with each Div/Mod atom that is affine in its vars wherever the bounds hold replaced by that affine form:
+  innermost atoms first, each checked on every combination of its vars' values that the bounds over those vars allow
+  (numpy, at most FIT_POINTS), then the bounds' own copies rewritten with it to reason about the next level (they are
+  only ever read here: the load keeps its mask). Sound because every fit holds wherever the whole mask holds, so every
+  rewritten copy is true there too. tinygrad's pooling chain reads a conv's gradient through (x + 24*r) % 25 under
+  (x + 24*r) % 25 < 20: that is x - r."""
+  fits: dict = {}
+  failed: set = set()
+  clauses = list(valid)
+  for _ in range(8):
+    clauses = [Bound(_by_range(_with_fits(b.idx, fits), clauses), b.lo, b.hi) for b in clauses]
+    cur = _by_range(_with_fits(ix, fits), clauses)
+    new = False
+    for a in _innermost([cur] + [b.idx for b in clauses]):
+      if a in fits or a in failed: continue
+      f, spans = _fit(a, clauses)
+      if f is None: failed.add(a)
+      else: fits[a], new = f, True
+      for v, (lo, hi) in spans.items():   # a var the bounds keep inside its range: a bound of its own (true on the mask)
+        if (lo > 0 or hi < v.size - 1) and (b := Bound(Idx.var(v), lo, hi + 1)) not in clauses: clauses.append(b); new = True
+    if not new: return cur
+  return _with_fits(ix, fits)
+
+def _with_fits(ix: Idx, fits: dict) -> Idx:
+  out = Idx.const(ix.c)
+  for a, k in ix.terms:
+    if isinstance(a, Var): x = Idx(((a, 1),), 0)
+    elif a in fits: x = fits[a]
+    else:
+      inner = _with_fits(a.x, fits)
+      x = inner // a.d if isinstance(a, Div) else inner % a.d
+      if any(t in fits for t, _ in x.terms): x = _with_fits(x, fits)   # the rebuilt atom is a fitted one
+    out = out + x * k
+  return out
+
+def _innermost(idxs: list) -> list:
+  out, seen = [], set()
+  def walk(ix: Idx):
+    for a, _ in ix.terms:
+      if isinstance(a, Var): continue
+      if all(isinstance(t, Var) for t, _ in a.x.terms):
+        if a not in seen: seen.add(a); out.append(a)
+      else: walk(a.x)
+  for ix in idxs: walk(ix)
+  return out
+
+def _np_eval(ix: Idx, env: dict):
+  out = ix.c
+  for a, k in ix.terms:
+    if isinstance(a, Var): v = env[a]
+    else: v = _np_eval(a.x, env) // a.d if isinstance(a, Div) else _np_eval(a.x, env) % a.d
+    out = out + k * v
+  return out
+
+def _fit(a, clauses: list) -> tuple[Idx | None, dict]:
+  """The affine form of atom `a` where the clauses hold, over its vars and those of clauses sharing one with it (as
+  long as their value combinations stay within FIT_POINTS), or None."""
+  own = a.x.vars()
+  if not own or math.prod(v.size for v in own) > FIT_POINTS: return None, {}
+  for b in clauses:   # the clauses over its vars, and over a few more where they say something about its own
+    if (more := b.idx.vars()) & own and math.prod(v.size for v in own | more) <= FIT_POINTS: own = own | more
+  vs = sorted(own, key=lambda v: v.name)
+  grid = np.meshgrid(*(np.arange(v.size, dtype=np.int64) for v in vs), indexing="ij")
+  env = {v: g.ravel() for v, g in zip(vs, grid)}
+  ok = np.ones(env[vs[0]].shape, bool)
+  for b in clauses:
+    if b.idx.vars() <= set(vs) and b.idx.terms:
+      x = _np_eval(b.idx, env)
+      ok &= (x >= b.lo) & (x < b.hi)
+  if not ok.any(): return None, {}
+  spans = {v: (int(env[v][ok].min()), int(env[v][ok].max())) for v in vs}
+  got = _np_eval(Idx(((a, 1),), 0), env)[ok]
+  pts = np.stack([env[v][ok] for v in vs] + [np.ones(int(ok.sum()), np.int64)], 1)
+  sol = np.rint(np.linalg.lstsq(pts.astype(np.float64), got.astype(np.float64), rcond=None)[0]).astype(np.int64)
+  if not np.array_equal(pts @ sol, got): return None, spans
+  return Idx._make({v: int(c) for v, c in zip(vs, sol[:-1])}, int(sol[-1])), spans
 
 def _range_under(x: Idx, valid: tuple) -> tuple[int, int] | None:
   """[min, max] of affine `x` where the bounds hold: x = sum(alpha_j * bound_j) + rest, each bound taken whole when its

@@ -58,3 +58,28 @@ def test_within_keeps_what_the_bounds_do_not_decide():
   x = (Idx.var(y) + Idx.var(r) * 3) % 5
   assert within(x, (Bound(Idx.var(y) - 1, 0, 8),)) == x   # the bound leaves x spanning two blocks of 5
   assert within(x, ()) == x
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(2, 7), min_size=2, max_size=3), st.lists(st.integers(-30, 30), min_size=9, max_size=9),
+       st.lists(st.integers(2, 13), min_size=4, max_size=4), st.lists(st.integers(-10, 40), min_size=4, max_size=4))
+def test_within_is_exact_under_random_masks(sizes, coefs, ds, los):
+  # nested floor divisions and remainders of affine forms, masked by bounds on other such forms (tinygrad's pooling
+  # chains and their gradients are made of these): wherever every bound holds, `within` gives the same value
+  vs = [Var(f"v{i}", s) for i, s in enumerate(sizes)]
+  a = _idx(vs, coefs[0:3], coefs[3])
+  b = _idx(vs, coefs[4:7], coefs[7])
+  inner = (a % ds[0]) + (b // ds[1]) * coefs[8]
+  ix = (inner + b * 3) % ds[2] + (a + inner) // ds[3] + b
+  valid = (Bound(a, los[0], los[0] + ds[2] * 3), Bound(b % ds[1], 0, max(1, ds[1] - 1)), Bound(inner, los[2], los[2] + los[3] + 12))
+  got = within(ix, valid)
+  for env in _points(vs):
+    if all(b.lo <= _eval(b.idx, env) < b.hi for b in valid): assert _eval(got, env) == _eval(ix, env), (ix, got, env)
+
+def test_within_reads_a_conv_gradient_affine():
+  # the col2im read of a conv's input gradient through tinygrad's pooling chain (one spatial axis: x < 24 read as
+  # (x + 24*r) for r < 6 repeats, windows of 5 over 20 outputs): under its mask the read is window-major affine
+  x, r = Var("x", 24), Var("r", 6)
+  t = Idx.var(x) + Idx.var(r) * 24
+  valid = (Bound(t, 0, 125), Bound(t % 25, 0, 20))
+  read = (t // 125) * 1000 + (t % 25) * 5 + (t // 25) % 5   # output position (x - r), then the tap r
+  assert within(read, valid) == Idx.var(x) * 5 + Idx.var(r) * -4
