@@ -20,7 +20,8 @@ and inputs (nothing is downloaded):
 
 Each (model, mode, round) is a fresh process (`--worker MODEL MODE`) printing one JSON line, on DEV=CPU (clang) with
 tinygrad's disk cache off (CACHELEVEL=0: every process compiles its kernels, so the first call is scheduling + compile +
-run in every mode) and the bridge's measured verdicts not kept (cost mode measures its hints anew in every process);
+run in every mode) and the bridge's measured verdicts not kept (cost mode measures its hints anew in every process, and
+mode callsat times each new structure's Program against tinygrad's kernels anew: its first call pays both compiles);
 --disk-cache keeps both across the run's processes (the verdicts in a directory of the run's own). Per round and
 model the modes run in a rotated order, so drift hits all modes. In a worker the bridge is installed before the model
 is built (weight init realizes through it too), then:
