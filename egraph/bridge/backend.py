@@ -31,12 +31,12 @@ ENV = "CALLSAT_BRIDGE_BACKEND"
 BACKENDS = ("tinygrad", "callsat")
 DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read and write its buffers in place
 # ... and read the host devices a Tensor is made from (numpy arrays: NPY; Python lists: PYTHON, which routes that CALL to
-# callsat's numpy reference executor: uploads, not compute)
-HOST = (DEVICE, "NPY", "PYTHON")
+# callsat's numpy reference executor: uploads, not compute): a user's data, plain host memory, no queue of its own
+UPLOADS = ("NPY", "PYTHON")
 
 def on_host(d) -> bool:
   """A device whose memory callsat's kernels use in place: tinygrad's CPU (CPU:n too: host memory each), NPY, PYTHON."""
-  return isinstance(d, str) and (d in HOST or d.partition(":")[0] == DEVICE)
+  return isinstance(d, str) and (d in UPLOADS or d.partition(":")[0] == DEVICE)
 
 def bridge_backend(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_BACKEND (read when the bridge runs), else "tinygrad"."""
@@ -56,7 +56,7 @@ class Program:
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
     # tinygrad's CPU devices the arguments live on (each synchronized before a run; NPY/PYTHON are plain host memory)
-    self.devices = tuple(sorted({b.arg.device for b in bases if b.arg.device not in ("NPY", "PYTHON")}))
+    self.devices = tuple(sorted({b.arg.device for b in bases if b.arg.device not in UPLOADS}))
     self.snaps = snaps   # (base position, placeholder): old values of assigned buffers, copied before each run (position
                          # None: a copy the body makes itself)
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
@@ -79,8 +79,8 @@ class Program:
     native runner's prepared plan, which checks its arrays by identity, is taken again)."""
     if not b.nbytes: return np.empty(0, ph.dtype.np)   # tinygrad allocates no memory for an empty buffer
     mv = b.allocator._as_buffer(b._buf)
-    if ph.arg.device in ("NPY", "PYTHON"): return np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
-    key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0] if b.nbytes else 0, ph.dtype)
+    if ph.arg.device in UPLOADS: return np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
+    key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0], ph.dtype)
     if (a := self.views.get(key)) is None:
       a = np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)
       if len(self.views) >= 64: self.views.pop(next(iter(self.views)))   # bounded: a program sees few distinct buffers
@@ -107,7 +107,7 @@ def exact(cv: Conversion, call: Node) -> Node:
       u = cv.opaque[n.arg.ident][0]
       what = "RETYPE" if u is None else u.op.name
       raise BridgeRefusal(f"backend:op:{what}", f"{what} {n.arg.shape} {n.dtype.name}: no exact callsat form")
-    if n.op in (Ops.FUNCTION, Ops.BIND) or n.op is Ops.COPY and not (on_host(n.arg) and n.arg not in ("NPY", "PYTHON")):
+    if n.op in (Ops.FUNCTION, Ops.BIND) or n.op is Ops.COPY and not (on_host(n.arg) and n.arg not in UPLOADS):
       raise BridgeRefusal(f"backend:op:{n.op.name}", "callsat's backend runs single-device graphs without plain functions or binds")
     if n.op is Ops.PARAM and not on_host(n.arg.device):
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
@@ -223,8 +223,8 @@ def _snapshots(body: Node, args: list[Node]) -> tuple[Node, list[Node], list[tup
     if n.op is Ops.PARAM: r = snap_param(n) if not target and n.arg.slot >= 0 and base(n.arg.slot).arg.uid in written else n
     elif n.id in olds and not target:   # the state copied (after its own store) into the Program's memory, read there
       p, views = _under(n.src[0])
-      q = new_param(p, new_buffer(base(p.arg.slot).arg.size, p.dtype, base(p.arg.slot).arg.device))
-      copies.append(extra[-1] if extra[-1].op is Ops.BUFFER else extra[-1].src[0])
+      copies.append(cb := new_buffer(base(p.arg.slot).arg.size, p.dtype, base(p.arg.slot).arg.device))
+      q = new_param(p, cb)
       for v in reversed(views): q = v.over((q, *v.src[1:]))   # the state's view of its buffer, over the copy
       r = Node(Ops.AFTER, q.dtype, (q, Node(Ops.STORE, dtypes.void, (q, got[0]))))
     else:
@@ -240,19 +240,18 @@ def inline_functions(sink: UOp) -> tuple[UOp, dict[UOp, UOp] | None]:
   them (rangeify's resolve_function, then GETTUPLE of the body's TUPLE), so their arithmetic reaches callsat's kernels;
   and the map from every UOp of the original graph to its counterpart (None when nothing was inlined). Precompiled
   functions stay (callsat's CALL nests them)."""
-  if not any(u.op is TOps.FUNCTION and not u.arg.precompile for u in sink.toposort()): return sink, None
-  back: dict[UOp, UOp] = {}
-  cur, first = sink, True
+  cur, back = sink, None
   while True:   # a body may call functions too: innermost reached on a later round
+    topo = cur.toposort()
+    if not any(u.op is TOps.FUNCTION and not u.arg.precompile for u in topo): return cur, back
     new: dict[UOp, UOp] = {}
-    for u in cur.toposort():
+    for u in topo:
       if u.op is TOps.GETTUPLE and u.src[0].op is TOps.FUNCTION and (body := resolve_function(u.src[0])) is not None:
         new[u] = body.src[u.arg]
       elif any(new[x] is not x for x in u.src): new[u] = u.replace(src=tuple(new[x] for x in u.src))
       else: new[u] = u
-    back = dict(new) if first else {o: new.get(n, n) for o, n in back.items()}
-    first, cur = False, new[cur]
-    if not any(u.op is TOps.FUNCTION and not u.arg.precompile for u in cur.toposort()): return cur, back
+    back = new if back is None else {o: new.get(n, n) for o, n in back.items()}
+    cur = new[cur]
 
 def tinygrad_call(prog: Program, order: list[int], tg_call: UOp) -> UOp:
   """The bridge's tinygrad CALL with its body replaced by one item that runs `prog` over the bases of its args."""

@@ -105,34 +105,36 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None):
   kernels); a graph left to tinygrad gets the CALL the plain bridge gives (decided as it came). `measuring` (fallback
   mode): the Program runs only where it measured faster than tinygrad's kernels, checked once per structure and kept
   per user like cost mode's verdicts (a structure measured slower before is not even compiled)."""
+  topo = None if st is None or st.stripped else st.topo
   store = verdict_store() if measuring else None
   name = digest("backend", tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
   if (known := store.get(name) if store is not None else None) is not None:
     with _LOCK: _COUNTS["verdicts_reused"] += 1
-    if not known.keep: return (*_plain(big_sink, st), Hints(backend=SLOWER, measured=_as_measured(known)))
+    if not known.keep: return (*_rules(big_sink, topo)[2:], Hints(backend=SLOWER, measured=_as_measured(known)))
   sink, back = inline_functions(big_sink)
-  cv, roots = to_callsat(sink, None if back is not None or st is None or st.stripped else st.topo, consts=True)
-  res = _callify(roots)
-  call, bmap = to_tinygrad(cv, res.call, res.buffer_map)
+  cv, ccall, call, bmap = _rules(sink, topo if back is None else None)
   if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
-  try: prog, order = program(cv, res.call)
+  def tinygrads(why, m=None):   # tinygrad's kernels run the graph as it came
+    return (*(_rules(big_sink, topo)[2:] if back is not None else (call, bmap)), Hints(backend=why, measured=m))
+  try: prog, order = program(cv, ccall)
   except BridgeRefusal as e:
     if _STATE["mode"] == "strict": raise
-    return (*(_plain(big_sink, st) if back is not None else (call, bmap)), Hints(backend=e.reason))
+    return tinygrads(e.reason)
   if prog is None: return call, bmap, Hints(backend=EMPTY)
   ours = tinygrad_call(prog, order, call)
   if not measuring: return ours, bmap, Hints(backend=prog)   # strict: callsat's kernels, measured or not
   if known is not None: return ours, bmap, Hints(backend=prog, measured=_as_measured(known))
   if (m := _measured_backend(call, ours, prog)) is not None and store is not None:
     store.put(name, Verdict(m.keep, (), m.stock_s, m.hinted_s, m.rounds, m.ratio))
-  if m is not None and not m.keep: return (*(_plain(big_sink, st) if back is not None else (call, bmap)), Hints(backend=SLOWER, measured=m))
+  if m is not None and not m.keep: return tinygrads(SLOWER, m)
   return ours, bmap, Hints(backend=prog, measured=m)
 
-def _plain(big_sink: UOp, st=None) -> tuple[UOp, dict]:
-  """The rules CALL and buffer_map of the graph as it came, for tinygrad's kernels (the plain bridge's answer)."""
-  cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=True)
+def _rules(sink: UOp, topo=None) -> tuple:
+  """(the conversion, callsat's rules CALL, and it as tinygrad's CALL with its buffer_map) of a graph (`topo`: its
+  toposort, if made already)."""
+  cv, roots = to_callsat(sink, topo, consts=True)
   res = _callify(roots)
-  return to_tinygrad(cv, res.call, res.buffer_map)
+  return (cv, res.call, *to_tinygrad(cv, res.call, res.buffer_map))
 
 SLOWER = "backend:measured-slower"   # fallback mode's reason when tinygrad's kernels measured faster than callsat's
 

@@ -82,12 +82,7 @@ def _flat_operand(e: Expr, rvars: tuple) -> bool:
   _, ix, valid = e.arg
   return _r_stride(ix, rvars) is not None and not any(set(rvars) & b.idx.vars() for b in valid)
 
-def _vars_of(e: Expr) -> set:
-  out = set()
-  for x in e.walk():
-    if x.op == 'load': out |= x.arg[1].vars(); out.update(v for b in x.arg[2] for v in b.idx.vars())
-    elif x.op == 'valid': out.update(v for b in x.arg for v in b.idx.vars())
-  return out
+def _vars_of(e: Expr) -> set: return set().union(*(ix.vars() for ix in _expr_idxs(e)))
 
 def _packed(s: Spec, ctx: Ctx) -> list[Spec] | None:
   """A float32 sum of products over several reduce vars whose operands do not read along one flat reduce index (a
@@ -162,12 +157,15 @@ def _detect_matmul(k: Kernel) -> Kernel:
 # ---------------------------------------------------------------------------------------------------------------------
 # axis collapsing and streaming stores
 
-def _kernel_idxs(k: Kernel) -> list:
-  out = [k.store.idx]
-  for x in k.store.value.walk():
+def _expr_idxs(e: Expr) -> list:
+  """Every index an Expr reads: its loads' and their masks', its 'valid' masks'."""
+  out = []
+  for x in e.walk():
     if x.op == 'load': out.append(x.arg[1]); out.extend(b.idx for b in x.arg[2])
     elif x.op == 'valid': out.extend(b.idx for b in x.arg)
   return out
+
+def _kernel_idxs(k: Kernel) -> list: return [k.store.idx] + _expr_idxs(k.store.value)
 
 def _flat_in(ix: Idx, o: Var, i: Var) -> bool:
   """`ix` uses (o, i) only as the flat o*size(i) + i (times a constant), at every level of Div/Mod nesting."""

@@ -158,19 +158,22 @@ def within(ix: Idx, valid: tuple) -> Idx:
   out = _by_range(ix, valid)
   return out if all(isinstance(a, Var) for a, _ in out.terms) else _fitted(out, valid)
 
-def _by_range(ix: Idx, valid: tuple) -> Idx:
+def _map_atoms(ix: Idx, f) -> Idx:
+  """`ix` rebuilt bottom-up: each Div/Mod atom `a`, its argument rebuilt first (`inner`), becomes f(a, inner)."""
   out = Idx.const(ix.c)
-  for a, k in ix.terms:
-    if isinstance(a, Var): out = out + Idx(((a, 1),), 0) * k; continue
-    inner = _by_range(a.x, valid)
+  for a, k in ix.terms: out = out + (Idx(((a, 1),), 0) if isinstance(a, Var) else f(a, _map_atoms(a.x, f))) * k
+  return out
+
+def _rebuilt(a, inner: Idx) -> Idx: return inner // a.d if isinstance(a, Div) else inner % a.d
+
+def _by_range(ix: Idx, valid: tuple) -> Idx:
+  def atom(a, inner: Idx) -> Idx:
     r = _range_under(inner, valid)
     if (r is None or r[0] // a.d != r[1] // a.d) and (q := _lp_range(inner, valid)) is not None: r = q
-    if r is not None and r[0] // a.d == r[1] // a.d:
-      m = r[0] // a.d
-      x = Idx.const(m) if isinstance(a, Div) else inner - m * a.d
-    else: x = inner // a.d if isinstance(a, Div) else inner % a.d
-    out = out + x * k
-  return out
+    if r is None or r[0] // a.d != r[1] // a.d: return _rebuilt(a, inner)
+    m = r[0] // a.d
+    return Idx.const(m) if isinstance(a, Div) else inner - m * a.d
+  return _map_atoms(ix, atom)
 
 _LP: dict = {}   # (x, clauses) -> range: the same masked load is built for every kernel that reads it
 
@@ -231,16 +234,11 @@ def _fitted(ix: Idx, valid: tuple) -> Idx:
   return _with_fits(ix, fits)
 
 def _with_fits(ix: Idx, fits: dict) -> Idx:
-  out = Idx.const(ix.c)
-  for a, k in ix.terms:
-    if isinstance(a, Var): x = Idx(((a, 1),), 0)
-    elif a in fits: x = fits[a]
-    else:
-      inner = _with_fits(a.x, fits)
-      x = inner // a.d if isinstance(a, Div) else inner % a.d
-      if any(t in fits for t, _ in x.terms): x = _with_fits(x, fits)   # the rebuilt atom is a fitted one
-    out = out + x * k
-  return out
+  def atom(a, inner: Idx) -> Idx:
+    if a in fits: return fits[a]
+    x = _rebuilt(a, inner)
+    return _with_fits(x, fits) if any(t in fits for t, _ in x.terms) else x   # the rebuilt atom is a fitted one
+  return _map_atoms(ix, atom)
 
 def _innermost(idxs: list) -> list:
   out, seen = [], set()
