@@ -30,9 +30,12 @@ from egraph.bridge.shadow import Shadow, env_value
 ENV = "CALLSAT_BRIDGE_BACKEND"
 BACKENDS = ("tinygrad", "callsat")
 DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read and write its buffers in place
-# ... and read the host devices a Tensor is made from (numpy arrays: NPY; Python lists: PYTHON, which routes that CALL to
-# callsat's numpy reference executor: uploads, not compute): a user's data, plain host memory, no queue of its own
+# ... and read the host devices a Tensor is made from (numpy arrays: NPY; Python lists: PYTHON): a user's data, plain host
+# memory, no queue of its own
 UPLOADS = ("NPY", "PYTHON")
+# callsat's own PYTHON device means "run on the numpy reference executor": a tinygrad PYTHON buffer (a list's bytes) is
+# read by the native kernels as callsat's NPY data, so a graph that uploads a list (tinygrad's RNG seed) stays compiled
+HOST_AS = {"PYTHON": "NPY"}
 
 def on_host(d) -> bool:
   """A device whose memory callsat's kernels use in place: tinygrad's CPU (CPU:n too: host memory each), NPY, PYTHON."""
@@ -113,6 +116,16 @@ def exact(cv: Conversion, call: Node) -> Node:
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
   return body
 
+def _host_params(body: Node) -> Node:
+  """`body` with every PARAM on a HOST_AS device (nested bodies too) on the device callsat's kernels read it as."""
+  new: dict[int, Node] = {}
+  for n in toposort([body]):
+    srcs = tuple(new[s.id] for s in n.src)
+    d = n.arg.device if n.op is Ops.PARAM else None
+    arg = dataclasses.replace(n.arg, device=HOST_AS[d]) if d in HOST_AS else n.arg
+    new[n.id] = n if srcs == n.src and arg is n.arg else Node(n.op, n.dtype, srcs, arg)
+  return new[body.id]
+
 def program(cv: Conversion, call: Node) -> tuple[Program | None, list[int]]:
   """The Program for callsat's rules CALL and, per base placeholder, the index of the CALL argument it stands for;
   (None, []) for a CALL over no buffer (a realize of what is realized already, a graph that only binds Variables):
@@ -120,12 +133,13 @@ def program(cv: Conversion, call: Node) -> tuple[Program | None, list[int]]:
   callsat cannot build is a refusal now, not an error inside tinygrad's run."""
   if len(call.src) == 1 and not any(n.op is Ops.STORE for n in toposort([call.src[0]])): return None, []
   body = exact(cv, call)
+  if any(HOST_AS.get(p.arg.device) for p in toposort([body]) if p.op is Ops.PARAM): body = _host_params(body)
   bases, order, ph, fresh = [], [], {}, set()
   args = []
   for i, a in enumerate(call.src[1:]):
     b = a if a.op is Ops.BUFFER else a.src[0]
     if b.arg.uid not in ph:
-      ph[b.arg.uid] = new_buffer(b.arg.size, b.dtype, b.arg.device)
+      ph[b.arg.uid] = new_buffer(b.arg.size, b.dtype, HOST_AS.get(b.arg.device, b.arg.device))
       if b.arg.uid not in cv.buffers: fresh.add(ph[b.arg.uid].arg.uid)   # minted by callify: tinygrad allocates it anew
       bases.append(ph[b.arg.uid]); order.append(i)
     p = ph[b.arg.uid]

@@ -298,3 +298,19 @@ def test_measured_check_picks_the_faster(monkeypatch, tmp_path, faster):
   assert not calls and again["verdicts_reused"] >= 1 and again["backend_callsat"] == st["backend_callsat"]
   _run(build, backend="callsat", strict=True)
   assert not calls
+
+def test_python_lists_run_on_native_kernels(monkeypatch):
+  """A Python list's upload (tinygrad's PYTHON device; its RNG seed too) in one graph with compute: its bytes are read
+  by callsat's native kernels; the graph never goes to callsat's numpy reference executor, where callsat's own PYTHON
+  device would send it (beautiful_mnist's first step once took 11 s there)."""
+  import lower.runtime as rt
+  def build():
+    Tensor.manual_seed(5)
+    rows = Tensor([[1.5, -2.0, 3.0, 0.25]] * 8)
+    return [(rows @ Tensor(W[:4].copy())).relu() + Tensor.rand(8, 24), Tensor([3, 1, 2]).cumsum()]
+  want = _stock(build)
+  ran = []
+  monkeypatch.setattr(rt.ReferenceBackend, "run", lambda self, call, storage: ran.append(call))
+  got, st = _run(build, backend="callsat", strict=True)
+  for g, w in zip(got, want): _close(g, w)
+  assert not ran and st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0, st
