@@ -11,14 +11,15 @@ Anything the conversion cannot say (symbolic shapes, bound variables, other devi
 named `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
 from __future__ import annotations
 import dataclasses, itertools, threading
+from collections import OrderedDict
 import numpy as np
-from tinygrad.uop.ops import UOp, Ops as TOps, UPat, PatternMatcher
+from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp, UPat, PatternMatcher
 from tinygrad.dtype import dtypes as tdt
 from tinygrad.device import Device
 import tinygrad.engine.realize as _tg_realize
 from tinygrad.schedule.rangeify import resolve_function
-from egraph.ir.ops import Node, Ops, GroupOp, toposort, new_buffer
-from egraph.ir.symbolic import dims_in
+from egraph.ir.ops import Node, Ops, GroupOp, toposort, new_buffer, const, dims_arg
+from egraph.ir.symbolic import HostDim, dims_in, map_dims
 from egraph.ir.dtype import dtypes
 from egraph.ir.storage import Storage
 from egraph.ir.errors import CallsatError
@@ -28,6 +29,7 @@ from egraph.bridge.convert import BridgeRefusal, Conversion, param_like
 from egraph.bridge.shadow import Shadow, env_value
 
 ENV = "CALLSAT_BRIDGE_BACKEND"
+SYMBOLIC_ENV = "CALLSAT_BRIDGE_SYMBOLIC"   # "specialize": fallback mode too runs graphs over bound variables (see Symbolic)
 BACKENDS = ("tinygrad", "callsat")
 DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read and write its buffers in place
 # ... and read the host devices a Tensor is made from (numpy arrays: NPY; Python lists: PYTHON): a user's data, plain host
@@ -47,6 +49,13 @@ def bridge_backend(value: str | None = None) -> str:
   if b not in BACKENDS: raise CallsatError(f"{ENV} must be one of {BACKENDS}, got {b!r}")
   return b
 
+def specializes(strict: bool) -> bool:
+  """Are graphs over bound variables run by callsat's kernels (Symbolic)? Strict mode's contract says yes; fallback mode
+  leaves them to tinygrad's kernels unless env CALLSAT_BRIDGE_SYMBOLIC=specialize (read when the bridge decides)."""
+  v = env_value(SYMBOLIC_ENV) or ""
+  if v not in ("", "specialize", "tinygrad"): raise CallsatError(f"{SYMBOLIC_ENV} must be 'specialize' or 'tinygrad', got {v!r}")
+  return v == "specialize" or (strict and v != "tinygrad")
+
 _SERIAL = itertools.count()
 EMPTY = "empty"   # the decision for a CALL over no buffer: tinygrad's CALL as it is (it schedules no kernel either)
 
@@ -54,8 +63,8 @@ class Program:
   """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
   buffer of the tinygrad CALL's args (views stay SLICEs of them). The arg of the CUSTOM_FUNCTION the bridge hands
   tinygrad: compared by identity, printed by serial (tinygrad's UOp key reads str(arg))."""
-  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "__weakref__")
-  def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = ()):
+  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "sym", "__weakref__")
+  def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = (), sym: Symbolic | None = None):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
     # tinygrad's CPU devices the arguments live on (each synchronized before a run; NPY/PYTHON are plain host memory)
@@ -63,19 +72,22 @@ class Program:
     self.snaps = snaps   # (base position, placeholder): old values of assigned buffers, copied before each run (position
                          # None: a copy the body makes itself)
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
+    self.sym = sym   # over bound variables: `call` is this value tuple's; sym makes the others
     for _, sb in snaps: self.storage.allocate(sb, zero=False)   # the Program's own memory
   def __repr__(self): return self.name
   __str__ = __repr__
 
-  def run(self, bufs: list) -> None:
-    """Run on tinygrad Buffers (allocated, in base order): their memory bound to the placeholders without a copy."""
+  def run(self, bufs: list, var_vals: dict | None = None) -> None:
+    """Run on tinygrad Buffers (allocated, in base order): their memory bound to the placeholders without a copy;
+    `var_vals` (tinygrad's {name: value}) binds the variables of a Program over them."""
     if len(bufs) != len(self.bases): raise CallsatError(f"{self.name}: {len(bufs)} buffers for {len(self.bases)} arguments")
     with self.lock:   # the storage binds this run's arrays: one run at a time per program
+      call, zero = (self.call, self.zero) if self.sym is None else self.sym.get(var_vals or {})
       for ph, b in zip(self.bases, bufs): self.storage.borrow(ph, self.view(b, ph))
       for i, sb in self.snaps:
         if i is not None: np.copyto(self.storage[sb], self.storage[self.bases[i]])
-      for i in self.zero: self.storage[self.bases[i]].fill(0)   # tinygrad's buffers come from its pool, not zeroed
-      run_call(self.call, self.storage)
+      for i in zero: self.storage[self.bases[i]].fill(0)   # tinygrad's buffers come from its pool, not zeroed
+      run_call(call, self.storage)
 
   def view(self, b, ph: Node) -> np.ndarray:
     """Buffer b's memory as the 1-D array placeholder ph reads, the same array object for the same memory (so the
@@ -90,9 +102,10 @@ class Program:
       self.views[key] = a
     return a
 
-def exact(cv: Conversion, call: Node) -> Node:
-  """callify's rules CALL with every OPAQUE tinygrad op of its body rebuilt as callsat arithmetic (the shadow's
-  conversion); what it cannot rebuild is refused by name."""
+def exact(cv: Conversion, call: Node, symbolic: bool = False) -> tuple[Node, dict]:
+  """callify's rules CALL's body with every OPAQUE tinygrad op rebuilt as callsat arithmetic (the shadow's conversion),
+  and its bound variables' values ({OPAQUE ident: tinygrad expression}); what it cannot rebuild is refused by name.
+  Dimensions and values over tinygrad's bound variables are refused unless `symbolic` (Symbolic makes them concrete)."""
   for n in toposort(call.src[1:]):
     if n.op is Ops.BUFFER and not on_host(n.arg.device):
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device (and read NPY and PYTHON data)")
@@ -100,21 +113,111 @@ def exact(cv: Conversion, call: Node) -> Node:
       raise BridgeRefusal(f"backend:arg:{n.op.name}", "a CALL argument callsat's runner cannot bind")
   sh = Shadow(cv, DEVICE, bodies=True)   # a precompiled function's body (a nested CALL) runs callsat's kernels too
   body = sh.build([call.src[0]])[0]
+  syms, nested = {}, {m.id for c in toposort([body], enter_calls=False) if c.op is Ops.CALL for m in toposort([c.src[0]])}
   for n in toposort([body]):
     if (n.shape is not None and dims_in(n.shape)) or (n.op in GroupOp.Movement and dims_in(n.arg)):
       # a host dimension (a bound Variable's expression) is worth its maximum in callsat's IR: tinygrad binds it
-      raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension tinygrad binds at run time")
+      if not symbolic: raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension tinygrad binds at run time")
+      if n.id in nested: raise BridgeRefusal("backend:form:symbolic-function", f"{n.op.name} {n.shape}: a bound variable in a function's body")
+      if any(not isinstance(d, HostDim) or d.key not in cv.dim_uops for d in dims_in((n.shape, dims_arg(n)))):
+        raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension that is not tinygrad's")
     if n.dtype in dtypes.fp8s:   # tinygrad's CPU computes fp8 through half (subnormals flushed, inf saturated)
       raise BridgeRefusal("backend:dtype:fp8", f"{n.op.name} {n.dtype.name}: tinygrad's CPU fp8 is emulated through half; callsat's is exact")
     if n.op is Ops.OPAQUE:
       u = cv.opaque[n.arg.ident][0]
+      if symbolic and u is not None and n.id not in nested and _variable_expr(u):
+        syms[n.arg.ident] = u   # a bound variable's value (a mean's count, a mask's start): a constant per value tuple
+        continue
       what = "RETYPE" if u is None else u.op.name
       raise BridgeRefusal(f"backend:op:{what}", f"{what} {n.arg.shape} {n.dtype.name}: no exact callsat form")
     if n.op in (Ops.FUNCTION, Ops.BIND) or n.op is Ops.COPY and not (on_host(n.arg) and n.arg not in UPLOADS):
       raise BridgeRefusal(f"backend:op:{n.op.name}", "callsat's backend runs single-device graphs without plain functions or binds")
     if n.op is Ops.PARAM and not on_host(n.arg.device):
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
-  return body
+  return body, syms
+
+_EXPR_OPS = frozenset({TOps.AFTER, TOps.STORE, TOps.CONST, TOps.STACK, TOps.CAST, *TGroupOp.ALU})
+
+def _is_var(x: UOp) -> bool:
+  """tinygrad 0.14's variable: BUFFER(ParamArg slot -1, named); bound, it is AFTER(it, STORE(it, CONST value))."""
+  return x.op is TOps.BUFFER and getattr(x.arg, "slot", None) == -1 and getattr(x.arg, "name", None) is not None
+
+def _variable_expr(u: UOp) -> bool:
+  """Is `u` an expression over tinygrad's variables alone (its value known once they are bound)?"""
+  var = False
+  for x in u.toposort():
+    if _is_var(x): var = True
+    elif x.op not in _EXPR_OPS: return False
+  return var
+
+def _var_names(uops) -> tuple[str, ...]:
+  return tuple(sorted({x.arg.name for u in uops for x in u.toposort() if _is_var(x)}))
+
+def bound_values(tg_call: UOp) -> dict[str, int]:
+  """The values tinygrad's CALL binds its variables to (its bound args: where tinygrad's schedule reads them too)."""
+  return {v.expr: int(val) for v, val in (a.unbind() for a in tg_call.src[1:] if a.is_bound_var)}
+
+class Symbolic:
+  """A Program over tinygrad's bound variables (GPT-2's start_pos, a slice `a[:v]`). callsat's kernels take sizes as
+  constants, so the CALL as built (each host dimension worth its maximum, each variable's value an OPAQUE) is made
+  concrete per tuple of values: dimensions and values computed by tinygrad's own expressions (sym_infer), then compiled.
+  A new value tuple is a new compile (tinygrad's kernels take the values as arguments: this is why fallback mode leaves
+  such graphs to them unless CALLSAT_BRIDGE_SYMBOLIC=specialize); at most MAX tuples per Program are kept, least
+  recently used evicted."""
+  MAX = 16
+  def __init__(self, call: Node, dims: dict, syms: dict, zero_of):
+    self.call, self.dims, self.syms, self.zero_of = call, dims, syms, zero_of
+    self.names = _var_names([*dims.values(), *syms.values()])
+    self.made: OrderedDict = OrderedDict()
+
+  def get(self, var_vals: dict) -> tuple[Node, tuple[int, ...]]:
+    """(the concrete CALL, the base positions to zero-fill) for tinygrad's variable values, compiled on first use."""
+    if (missing := [n for n in self.names if n not in var_vals]):
+      raise CallsatError(f"callsat program over variables {self.names}: no value bound for {missing}")
+    key = tuple(int(var_vals[n]) for n in self.names)
+    if (got := self.made.get(key)) is not None:
+      self.made.move_to_end(key)
+      return got
+    vals = dict(zip(self.names, key))
+    c = _concrete(self.call, {k: u.sym_infer(vals) for k, u in self.dims.items()}, {i: u.sym_infer(vals) for i, u in self.syms.items()})
+    _, partial = prepare(c)
+    got = self.made[key] = (c, self.zero_of(partial))
+    if len(self.made) > self.MAX: self.made.popitem(last=False)
+    return got
+
+def _dims(cv: Conversion, call: Node) -> dict:
+  """{HostDim key: tinygrad expression} of the dimensions in `call` (its top body and args)."""
+  return {d.key: cv.dim_uops[d.key] for n in toposort(list(call.src), enter_calls=False) for d in dims_in((n.shape, dims_arg(n)))}
+
+def _fold_shrinks(call: Node) -> Node:
+  """`call` with each SHRINK of a SHRINK one SHRINK (offsets added), the top body only. tinygrad reads a view of a
+  symbolic output with concrete bounds (`jf(a[:, :v])[:3, :i]`, the JIT's output still bound to the value it was
+  captured with); the inner extent, which may be below the outer bounds at some value, is then never a shape."""
+  new: dict[int, Node] = {}
+  for n in toposort(list(call.src), enter_calls=False):
+    srcs = tuple(s if n.op in (Ops.CALL, Ops.FUNCTION) and i == 0 else new[s.id] for i, s in enumerate(n.src))
+    if n.op is Ops.SHRINK and srcs[0].op is Ops.SHRINK:
+      x, inner = srcs[0].src[0], srcs[0].arg
+      new[n.id] = Node(Ops.SHRINK, n.dtype, (x,), tuple((a + lo, a + hi) for (a, _), (lo, hi) in zip(inner, n.arg)))
+    else: new[n.id] = n if srcs == n.src else n.over(srcs)
+  return call.over(tuple(new[s.id] for s in call.src))
+
+def _concrete(call: Node, dims: dict, syms: dict) -> Node:
+  """`call` with each host dimension its value (`dims`: HostDim key -> int) and each variable's OPAQUE value a constant
+  (`syms`: ident -> int); the top body only (exact refuses variables in a function's body)."""
+  fn = lambda d: dims[d.key] if isinstance(d, HostDim) else d   # noqa: E731
+  new: dict[int, Node] = {}
+  for n in toposort(list(call.src), enter_calls=False):
+    if n.op is Ops.OPAQUE and n.arg.ident in syms:
+      shape = map_dims(n.arg.shape, fn)
+      c = const(syms[n.arg.ident], n.dtype, n.arg.device)
+      new[n.id] = c.reshape((1,) * len(shape)).expand(shape) if shape else c
+      continue
+    srcs = tuple(s if n.op in (Ops.CALL, Ops.FUNCTION) and i == 0 else new[s.id] for i, s in enumerate(n.src))
+    arg = dataclasses.replace(n.arg, shape=map_dims(n.arg.shape, fn)) if n.op is Ops.PARAM else \
+      map_dims(n.arg, fn) if n.op in GroupOp.Movement or n.op is Ops.SLICE else n.arg
+    new[n.id] = n if srcs == n.src and arg == n.arg and repr(arg) == repr(n.arg) else Node(n.op, n.dtype, srcs, arg)
+  return call.over(tuple(new[s.id] for s in call.src))
 
 def _host_params(body: Node) -> Node:
   """`body` with every PARAM on a HOST_AS device (nested bodies too) on the device callsat's kernels read it as."""
@@ -126,13 +229,14 @@ def _host_params(body: Node) -> Node:
     new[n.id] = n if srcs == n.src and arg is n.arg else Node(n.op, n.dtype, srcs, arg)
   return new[body.id]
 
-def program(cv: Conversion, call: Node) -> tuple[Program | None, list[int]]:
+def program(cv: Conversion, call: Node, symbolic: bool = False, vals: dict | None = None) -> tuple[Program | None, list[int]]:
   """The Program for callsat's rules CALL and, per base placeholder, the index of the CALL argument it stands for;
   (None, []) for a CALL over no buffer (a realize of what is realized already, a graph that only binds Variables):
   no kernel of either backend has anything to do. Compiled here (lower/device/native.py's prepare), so a kernel
-  callsat cannot build is a refusal now, not an error inside tinygrad's run."""
+  callsat cannot build is a refusal now, not an error inside tinygrad's run. `symbolic`: a graph over bound variables
+  is taken (Symbolic), compiled now for the values `vals` ({name: value}, tinygrad's CALL's: bound_values)."""
   if len(call.src) == 1 and not any(n.op is Ops.STORE for n in toposort([call.src[0]])): return None, []
-  body = exact(cv, call)
+  body, syms = exact(cv, call, symbolic)
   if any(HOST_AS.get(p.arg.device) for p in toposort([body]) if p.op is Ops.PARAM): body = _host_params(body)
   bases, order, ph, fresh = [], [], {}, set()
   args = []
@@ -147,11 +251,19 @@ def program(cv: Conversion, call: Node) -> tuple[Program | None, list[int]]:
   if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL that stores but holds no buffer")
   body, args, snaps = _snapshots(body, args)
   c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
-  try: kernels, partial = prepare(c)
+  def zero_of(partial) -> tuple[int, ...]: return tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
+  sym = None
+  if symbolic and (syms or _dims(cv, c)):
+    c = _fold_shrinks(c)
+    sym = Symbolic(c, _dims(cv, c), syms, zero_of)
+    if (missing := set(sym.names) - set(vals := vals or {})):
+      raise BridgeRefusal("backend:form:unbound", f"variables {sorted(missing)} have no value in the graph")
+  try:
+    if sym is not None: c = sym.get(vals)[0]   # this graph's values: compiled now
+    kernels, partial = prepare(c)
   except CallsatError as e: raise BridgeRefusal(f"backend:lower:{type(e).__name__}", str(e)) from None
-  zero = tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
   at = {b.arg.uid: i for i, b in enumerate(bases)}
-  return Program(c, bases, kernels, zero, tuple((None if b is None else at[b.arg.uid], s) for b, s in snaps)), order
+  return Program(c, bases, kernels, zero_of(partial), tuple((None if b is None else at[b.arg.uid], s) for b, s in snaps), sym), order
 
 def _root(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST): n = n.src[0]
@@ -271,9 +383,12 @@ def tinygrad_call(prog: Program, order: list[int], tg_call: UOp) -> UOp:
   """The bridge's tinygrad CALL with its body replaced by one item that runs `prog` over the bases of its args."""
   args = tg_call.src[1:]
   bases = [_base(args[i]) for i in order]
-  fn = UOp(TOps.CUSTOM_FUNCTION, tdt.void, (), prog)
+  # a Program over variables names them (tinygrad's schedule passes the values of the variables its items name) and its
+  # CALL keeps their bound args (where tinygrad reads the values from)
+  binds = [a for a in args if a.is_bound_var and a.unbind()[0].expr in prog.sym.names] if prog.sym is not None else []
+  fn = UOp(TOps.CUSTOM_FUNCTION, tdt.void, tuple(a.unbind()[0] for a in binds), prog)
   inner = UOp(TOps.CALL, tdt.void, (fn, *[param_like(b, i) for i, b in enumerate(bases)]))
-  return UOp(TOps.CALL, tdt.void, (UOp(TOps.LINEAR, tdt.void, (inner,)), *bases), tg_call.arg)
+  return UOp(TOps.CALL, tdt.void, (UOp(TOps.LINEAR, tdt.void, (inner,)), *bases, *binds), tg_call.arg)
 
 def _base(u: UOp) -> UOp:
   """The BUFFER under a view argument (SHRINK, BITCAST: what the bridge's way back makes of a SLICE)."""
@@ -294,7 +409,7 @@ def _exec(ctx, call: UOp, ast: UOp):
   if not isinstance(prog := ast.arg, Program): return None
   bufs = [b.ensure_allocated() if b.nbytes else b for b in (u.buffer for u in _tg_realize.resolve_params(call, ctx.input_uops))]
   for d in prog.devices: Device[d].synchronize()   # tinygrad's CPU queues run asynchronously: what they wrote is there
-  prog.run(bufs)
+  prog.run(bufs, ctx.var_vals)
   STATS["runs"] += 1
   return []
 

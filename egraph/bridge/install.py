@@ -31,8 +31,8 @@ from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
-from egraph.bridge.backend import (EMPTY, Program, bridge_backend, inline_functions, program, tinygrad_call, hook,   # noqa: E402
-                                   stats as backend_stats)
+from egraph.bridge.backend import (EMPTY, Program, bridge_backend, bound_values, specializes, inline_functions, program,   # noqa: E402
+                                   tinygrad_call, hook, stats as backend_stats)
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
 
@@ -46,21 +46,22 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   mode = bridge_fusion() if backend == "tinygrad" else "rules"   # callsat's kernels: its own fusion decides, no hints
   # measured: cost mode's hints, and (fallback mode) callsat's kernels against tinygrad's
   measuring = (mode != "rules" or backend != "tinygrad" and _STATE["mode"] == "fallback") and env_switch(MEASURE_ENV)
+  symbolic = backend != "tinygrad" and specializes(_STATE["mode"] == "strict")   # graphs over bound variables: callsat's?
   cache = _cache()
   if cache is None:
-    call, bmap, hints = _decide(big_sink, mode, measuring, backend=backend)
+    call, bmap, hints = _decide(big_sink, mode, measuring, backend=backend, symbolic=symbolic)
     _count_backend(backend, hints)
     return call, bmap
   st = structure(big_sink)
   # the options change the CALL: part of the key (with callsat's kernels, strict raises where fallback runs tinygrad's)
-  key = (mode, measuring, backend, _STATE["mode"] if backend != "tinygrad" else None, st.key)
+  key = (mode, measuring, backend, _STATE["mode"] if backend != "tinygrad" else None, symbolic, st.key)
   if (hit := cache.get(key)) is not None:
     if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
     if mode != "rules": _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
     _count_backend(backend, hit.extra)
     return rebind(hit, st)
   # the key's walk is the whole toposort unless it stopped at a binding (stripped): the conversion walks it once
-  try: call, bmap, hints = _decide(big_sink, mode, measuring, st, backend)
+  try: call, bmap, hints = _decide(big_sink, mode, measuring, st, backend, symbolic)
   except BridgeRefusal as e:
     cache.put(key, BridgeRefusal(e.reason, e.detail), len(st.topo))   # refused by structure alone: refused again without converting
     raise
@@ -69,12 +70,12 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" or backend != "tinygrad" else None), len(st.topo))
   return call, bmap
 
-def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "tinygrad"):
+def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "tinygrad", symbolic: bool = False):
   """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `measuring`: hints are checked by running
   the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
   the graph's structure, if made already; `backend` "callsat": the CALL runs callsat's kernels where it can
-  (egraph/bridge/backend.py; the hints' `backend` says why not)."""
-  if backend != "tinygrad": return _decide_backend(big_sink, measuring, st)
+  (egraph/bridge/backend.py; the hints' `backend` says why not), graphs over bound variables too if `symbolic`."""
+  if backend != "tinygrad": return _decide_backend(big_sink, measuring, st, symbolic)
   cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
   store = verdict_store() if measuring else None
   name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
@@ -99,7 +100,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   if mode != "rules": _count_hints(hints)
   return call, bmap, hints
 
-def _decide_backend(big_sink: UOp, measuring: bool, st=None):
+def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: bool = False):
   """The decision with callsat's kernels (egraph/bridge/backend.py): a Program running the rules CALL, or (fallback)
   the rules CALL for tinygrad's kernels and why. Plain functions are inlined first (their arithmetic runs callsat's
   kernels); a graph left to tinygrad gets the CALL the plain bridge gives (decided as it came). `measuring` (fallback
@@ -116,7 +117,7 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None):
   if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
   def tinygrads(why, m=None):   # tinygrad's kernels run the graph as it came
     return (*(_rules(big_sink, topo)[2:] if back is not None else (call, bmap)), Hints(backend=why, measured=m))
-  try: prog, order = program(cv, ccall)
+  try: prog, order = program(cv, ccall, symbolic, bound_values(call))
   except BridgeRefusal as e:
     if _STATE["mode"] == "strict": raise
     return tinygrads(e.reason)

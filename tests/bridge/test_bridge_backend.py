@@ -123,21 +123,59 @@ def test_tinyjit_capture_and_replay():
   for g, v in zip(got, want): _close(g, v)
   assert backend.stats()["runs"] - runs0 >= 5   # calls 0 and 1 realize, 2-4 replay the capture
 
-def test_symbolic_falls_back_and_strict_raises():
-  """A graph with a bound Variable's dimension runs on tinygrad's kernels (counted by reason) in fallback mode; strict
-  raises naming the form."""
-  cache = Tensor.zeros(4, 8).contiguous().realize()
-  def build(n: int):
-    v = Variable("n", 1, 8).bind(n)
-    return [cache[:, :v].sum(1) * 1.0]
-  want = [_stock(lambda: build(k))[0] for k in (3, 5)]
-  bridge.reset_stats()
-  with bridge.installed(backend="callsat"):
-    for k, w in zip((3, 5), want): _close(build(k)[0].numpy(), w)
-    st = bridge.stats()
-  assert st["backend_reasons"].get("backend:form:symbolic", 0) >= 1, st
-  with bridge.installed(strict=True, backend="callsat"), pytest.raises(BridgeRefusal, match="backend:form:symbolic"):
-    build(6)[0].numpy()
+SYM = _f(4, 8)
+
+def _sym_build(n: int):
+  base = Tensor(SYM).realize()
+  v = Variable("n", 1, 8).bind(n)
+  x = base[:, :v]
+  return [(x.sum(1) + x.mean()) * 1.0, (base[:, v:v + 1] * 2).contiguous()]   # mean: 4*v as a value; a symbolic offset
+
+def test_bound_variables_fall_back_unless_asked(monkeypatch):
+  """A graph over a bound Variable runs tinygrad's kernels in fallback mode (counted by reason: callsat compiles per
+  value), callsat's in strict mode or with CALLSAT_BRIDGE_SYMBOLIC=specialize; stock's values everywhere."""
+  want = {k: _stock(lambda: _sym_build(k)) for k in (3, 5)}
+  for env, strict, on_callsat in ((None, False, False), ("specialize", False, True), (None, True, True), ("tinygrad", True, None)):
+    if env is None: monkeypatch.delenv("CALLSAT_BRIDGE_SYMBOLIC", raising=False)
+    else: monkeypatch.setenv("CALLSAT_BRIDGE_SYMBOLIC", env)
+    bridge.reset_stats()
+    with bridge.installed(backend="callsat", strict=strict):
+      if on_callsat is None:   # strict, told to leave bound variables to tinygrad: refused by name
+        with pytest.raises(BridgeRefusal, match="backend:form:symbolic"): _sym_build(6)[0].numpy()
+        continue
+      for k in (3, 5):
+        for g, w in zip((o.numpy() for o in _sym_build(k)), want[k]): _close(g, w)
+      st = bridge.stats()
+    if on_callsat: assert st["backend_callsat"] >= 2 and st["backend_tinygrad"] == 0, st
+    else: assert st["backend_reasons"].get("backend:form:symbolic", 0) >= 2, st
+
+def test_bound_variables_compiled_once_per_value(monkeypatch):
+  """Under TinyJit replay a Program over a variable is made concrete per value: stock's values at every value, one
+  compile per new value, none for a value met again; at most Symbolic.MAX values kept (least recently used evicted)."""
+  def f(x, n): return ((x[:, :n] + 1).sum(1) * n).realize()   # n as a dimension and as a value
+  want = [_stock(lambda k=k: [f(Tensor(SYM).realize(), Variable("n", 1, 8).bind(k))])[0] for k in range(1, 9)]
+  made = []   # the values each Program was made concrete for, in order
+  real = backend._concrete
+  def concrete(call, dims, syms):
+    made.append(tuple(syms.values()) or tuple(dims.values()))
+    return real(call, dims, syms)
+  monkeypatch.setattr(backend, "_concrete", concrete)
+  monkeypatch.setattr(backend.Symbolic, "MAX", 3)
+  order = [2, 3, 2, 4, 3, 2, 5, 6, 7, 2, 8, 1]
+  with bridge.installed(backend="callsat", strict=True):
+    jf, x = TinyJit(f), Tensor(SYM).realize()
+    got = []
+    for k in order:
+      got.append(jf(x, Variable("n", 1, 8).bind(k)).numpy())
+  for k, g in zip(order, got): _close(g, want[k - 1])
+  # least recently used, 3 kept: 2 3 (2) 4 (3 2) 5 6 7 2 8 1 are compiles, the values in brackets hits
+  assert made == [(2,), (3,), (4,), (5,), (6,), (7,), (2,), (8,), (1,)], made
+  progs = [p for p in _live_programs() if p.sym is not None and p.sym.names == ("n",)]
+  assert [(2,), (8,), (1,)] in [list(p.sym.made) for p in progs] and all(len(p.sym.made) <= 3 for p in progs)
+
+def _live_programs():
+  import gc
+  return [o for o in gc.get_objects() if isinstance(o, backend.Program)]
 
 def test_partial_output_zero_filled():
   """A fresh output callsat writes in part (a pad: the kernels write the body, zero-fill the rest) is zeroed in
