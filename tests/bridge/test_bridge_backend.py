@@ -294,6 +294,22 @@ def test_bridge_programs_on_callsat_kernels(name):
   if name in ON_TINYGRAD: assert any(r.startswith(ON_TINYGRAD[name]) for r in st["backend_reasons"]), st["backend_reasons"]
   else: assert st["backend_tinygrad"] == 0, st["backend_reasons"]
 
+@pytest.mark.parametrize("name", ["symbolic", "symbolic_offset", "symbolic_cat"])
+def test_bridge_symbolic_programs_specialized(name, monkeypatch):
+  """The bridge's own programs over bound variables (slices, a symbolic offset, a symbolic pad) on callsat's kernels
+  with CALLSAT_BRIDGE_SYMBOLIC=specialize: stock's values, nothing left to tinygrad's kernels."""
+  monkeypatch.setenv("CALLSAT_BRIDGE_SYMBOLIC", "specialize")
+  def build():
+    with Context(DEV="CPU"):
+      Tensor.manual_seed(1234)
+      outs = BRIDGE_PROGRAMS[name]()
+      Tensor.realize(*outs)
+      return outs
+  want = _stock(build)
+  got, st = _run(build, backend="callsat")
+  for g, w in zip(got, want): _close(g, w)
+  assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0, st["backend_reasons"]
+
 def test_second_cpu_device():
   """tinygrad's CPU:1 is host memory too: its graphs run callsat's kernels (strict), synchronized with its own queue."""
   def build():
