@@ -119,8 +119,8 @@ def exact(cv: Conversion, call: Node, symbolic: bool = False) -> tuple[Node, dic
       # a host dimension (a bound Variable's expression) is worth its maximum in callsat's IR: tinygrad binds it
       if not symbolic: raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension tinygrad binds at run time")
       if n.id in nested: raise BridgeRefusal("backend:form:symbolic-function", f"{n.op.name} {n.shape}: a bound variable in a function's body")
-      if any(not isinstance(d, HostDim) or d.key not in cv.dim_uops for d in dims_in((n.shape, dims_arg(n)))):
-        raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension that is not tinygrad's")
+      if not all(isinstance(d, HostDim) and _variable_expr(cv.dim_uops.get(d.key)) for d in dims_in((n.shape, dims_arg(n)))):
+        raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension not over bound variables alone (a device's range)")
     if n.dtype in dtypes.fp8s:   # tinygrad's CPU computes fp8 through half (subnormals flushed, inf saturated)
       raise BridgeRefusal("backend:dtype:fp8", f"{n.op.name} {n.dtype.name}: tinygrad's CPU fp8 is emulated through half; callsat's is exact")
     if n.op is Ops.OPAQUE:
@@ -142,8 +142,9 @@ def _is_var(x: UOp) -> bool:
   """tinygrad 0.14's variable: BUFFER(ParamArg slot -1, named); bound, it is AFTER(it, STORE(it, CONST value))."""
   return x.op is TOps.BUFFER and getattr(x.arg, "slot", None) == -1 and getattr(x.arg, "name", None) is not None
 
-def _variable_expr(u: UOp) -> bool:
+def _variable_expr(u: UOp | None) -> bool:
   """Is `u` an expression over tinygrad's variables alone (its value known once they are bound)?"""
+  if u is None: return False
   var = False
   for x in u.toposort():
     if _is_var(x): var = True
