@@ -10,12 +10,13 @@ PARAMs resolve to. The Program is the rules CALL callify chose, its OPAQUE tinyg
 Anything the conversion cannot say (symbolic shapes, bound variables, other devices, function bodies) is a BridgeRefusal
 named `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
 from __future__ import annotations
-import dataclasses, itertools, threading
+import dataclasses, itertools, threading, weakref
 from collections import OrderedDict
 import numpy as np
 from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp, UPat, PatternMatcher
 from tinygrad.dtype import dtypes as tdt
 from tinygrad.device import Device
+from tinygrad.helpers import GlobalCounters
 import tinygrad.engine.realize as _tg_realize
 from tinygrad.schedule.rangeify import resolve_function
 from egraph.ir.ops import Node, Ops, GroupOp, toposort, new_buffer, const, dims_arg
@@ -24,6 +25,7 @@ from egraph.ir.dtype import dtypes
 from egraph.ir.storage import Storage
 from egraph.ir.errors import CallsatError
 from lower.device.native import prepare
+from lower.schedule.work import program_work
 from lower.runtime import run_call
 from egraph.bridge.convert import BridgeRefusal, Conversion, param_like
 from egraph.bridge.shadow import Shadow, env_value
@@ -77,9 +79,9 @@ class Program:
   def __repr__(self): return self.name
   __str__ = __repr__
 
-  def run(self, bufs: list, var_vals: dict | None = None) -> None:
+  def run(self, bufs: list, var_vals: dict | None = None) -> Node:
     """Run on tinygrad Buffers (allocated, in base order): their memory bound to the placeholders without a copy;
-    `var_vals` (tinygrad's {name: value}) binds the variables of a Program over them."""
+    `var_vals` (tinygrad's {name: value}) binds the variables of a Program over them. Returns the CALL that ran."""
     if len(bufs) != len(self.bases): raise CallsatError(f"{self.name}: {len(bufs)} buffers for {len(self.bases)} arguments")
     with self.lock:   # the storage binds this run's arrays: one run at a time per program
       call, zero = (self.call, self.zero) if self.sym is None else self.sym.get(var_vals or {})
@@ -88,6 +90,7 @@ class Program:
         if i is not None: np.copyto(self.storage[sb], self.storage[self.bases[i]])
       for i in zero: self.storage[self.bases[i]].fill(0)   # tinygrad's buffers come from its pool, not zeroed
       run_call(call, self.storage)
+    return call
 
   def view(self, b, ph: Node) -> np.ndarray:
     """Buffer b's memory as the 1-D array placeholder ph reads, the same array object for the same memory (so the
@@ -400,18 +403,32 @@ def _base(u: UOp) -> UOp:
 
 # ---- running inside tinygrad -----------------------------------------------------------------------------------------
 
-STATS = {"runs": 0}
+STATS, _STATS_LOCK = {"runs": 0}, threading.Lock()
 
 def stats() -> dict:
   """runs: Programs run inside tinygrad (TinyJit replays included)."""
-  return dict(STATS)
+  with _STATS_LOCK: return dict(STATS)
+
+_WORK: "weakref.WeakKeyDictionary[Node, tuple[int, int, int]]" = weakref.WeakKeyDictionary()
+
+def work(call: Node) -> tuple[int, int, int]:
+  """(steps, scalar ops, bytes read and written) of a concrete CALL's kernels (lower/schedule/work.py), worked out once."""
+  if (got := _WORK.get(call)) is None:
+    ws = program_work(call)
+    got = _WORK[call] = (len(ws), sum(w.flops for w in ws), sum(w.nbytes for w in ws))
+  return got
 
 def _exec(ctx, call: UOp, ast: UOp):
   if not isinstance(prog := ast.arg, Program): return None
   bufs = [b.ensure_allocated() if b.nbytes else b for b in (u.buffer for u in _tg_realize.resolve_params(call, ctx.input_uops))]
   for d in prog.devices: Device[d].synchronize()   # tinygrad's CPU queues run asynchronously: what they wrote is there
-  prog.run(bufs, ctx.var_vals)
-  STATS["runs"] += 1
+  ran = prog.run(bufs, ctx.var_vals)
+  with _STATS_LOCK: STATS["runs"] += 1
+  if ctx.update_stats:   # tinygrad counts the item as one kernel of no work: its GlobalCounters get callsat's kernels
+    steps, ops, nbytes = work(ran)
+    GlobalCounters.kernel_count += max(steps, 1) - 1
+    GlobalCounters.global_ops += ops
+    GlobalCounters.global_mem += nbytes
   return []
 
 _PM = PatternMatcher([(UPat(TOps.CALL, src=(UPat(TOps.CUSTOM_FUNCTION, name="ast"),), name="call", allow_any_len=True), _exec)])

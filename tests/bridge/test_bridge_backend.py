@@ -368,3 +368,18 @@ def test_python_lists_run_on_native_kernels(monkeypatch):
   got, st = _run(build, backend="callsat", strict=True)
   for g, w in zip(got, want): _close(g, w)
   assert not ran and st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0, st
+
+def test_global_counters_count_callsat_kernels():
+  """tinygrad's GlobalCounters count the kernels callsat ran and their work (left alone, tinygrad would count a Program
+  as one kernel of no work): a matmul and a softmax are several kernels, at least the matmul's multiply-adds and at
+  least the bytes of its operands and result."""
+  from tinygrad.helpers import GlobalCounters
+  x, w = Tensor(X.copy()).realize(), Tensor(W.copy()).realize()
+  with bridge.installed(backend="callsat", strict=True):
+    GlobalCounters.reset()
+    y = ((x @ w) + 1).softmax(-1).realize()
+    k, ops, mem = GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem
+  _close(y.numpy(), _stock(lambda: [((Tensor(X.copy()) @ Tensor(W.copy())) + 1).softmax(-1)])[0])
+  assert k >= 2, k
+  assert ops >= 2 * 32 * 48 * 24, ops
+  assert mem >= (32 * 48 + 48 * 24 + 32 * 24) * 4, mem
