@@ -7,8 +7,9 @@ tinygrad's scheduler resolves the LINEAR like any precompiled one, its memory pl
 item, and `pm_exec` (which the install extends by one pattern) runs it by calling `Program.run` on the Buffers the
 PARAMs resolve to. The Program is the rules CALL callify chose, its OPAQUE tinygrad arithmetic rebuilt as callsat ops
 (the shadow's conversion, egraph/bridge/shadow.py, here required to be complete), compiled once by lower/device/native.py.
-Anything the conversion cannot say (symbolic shapes, bound variables, other devices, function bodies) is a BridgeRefusal
-named `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
+Graphs over bound variables are made concrete per value tuple (Symbolic: strict mode, or CALLSAT_BRIDGE_SYMBOLIC=specialize).
+Anything the conversion cannot say (other devices, an op without an exact form, fp8) is a BridgeRefusal named
+`backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
 from __future__ import annotations
 import dataclasses, itertools, threading, weakref
 from collections import OrderedDict
