@@ -239,7 +239,8 @@ def _count(kind: str, reason: str | None = None) -> None:
 def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
-  bridge_fusion(); env_switch(MEASURE_ENV); verdicts_enabled(); bridge_backend(_STATE["backend"])   # a bad setting is the user's error
+  # a bad setting is the user's error, in fallback mode too
+  bridge_fusion(); env_switch(MEASURE_ENV); verdicts_enabled(); bridge_backend(_STATE["backend"]); specializes(strict)
   try: out = transform_to_call(big_sink)
   except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
     _count("bridged")
@@ -254,7 +255,9 @@ def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
 def install(strict: bool = False, backend: str | None = None) -> None:
   """Make tinygrad's realize, schedule and callify use callsat's pass (idempotent; a second call sets the mode).
   `backend`: "tinygrad" (tinygrad's kernels run the CALL) or "callsat" (callsat's LLVM kernels run it where they can,
-  egraph/bridge/backend.py); None: env CALLSAT_BRIDGE_BACKEND, read on every call, else "tinygrad"."""
+  egraph/bridge/backend.py); None: env CALLSAT_BRIDGE_BACKEND, read on every call, else "tinygrad". With "callsat",
+  graphs over bound variables run callsat's kernels made concrete per value in strict mode, tinygrad's in fallback mode
+  unless env CALLSAT_BRIDGE_SYMBOLIC=specialize ("tinygrad": never; egraph/bridge/backend.py's Symbolic)."""
   check_version()
   if backend is not None: bridge_backend(backend)   # a bad name is the caller's error, now
   with _LOCK:

@@ -383,3 +383,10 @@ def test_global_counters_count_callsat_kernels():
   assert k >= 2, k
   assert ops >= 2 * 32 * 48 * 24, ops
   assert mem >= (32 * 48 + 48 * 24 + 32 * 24) * 4, mem
+
+def test_bad_symbolic_setting(monkeypatch):
+  """A CALLSAT_BRIDGE_SYMBOLIC that is not a setting is the user's error, named, in fallback mode too (never a silent
+  fallback)."""
+  monkeypatch.setenv("CALLSAT_BRIDGE_SYMBOLIC", "always")
+  with bridge.installed(backend="callsat"), pytest.raises(CallsatError, match="CALLSAT_BRIDGE_SYMBOLIC"):
+    (Tensor(X.copy()) + 1).numpy()

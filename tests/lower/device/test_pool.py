@@ -185,6 +185,11 @@ def test_a_dropped_pool_stops_its_workers_before_its_code_goes():
   # a pool's workers run code of its own slab: dropping the pool disposes that engine (its code unmapped), so the workers
   # must have exited first. They used to live on, and one still spinning (or woken) after the dispose died of SIGSEGV
   tasks = lambda: len(os.listdir("/proc/self/task"))
+  def back_to(limit: int) -> bool:   # another part of the process may run a short-lived thread of its own meanwhile (the
+    for _ in range(300):             # full suite once did): a worker left behind never goes, a passing thread does
+      if tasks() <= limit: return True
+      time.sleep(0.01)
+    return False
   n = 10_000
   (c,) = compiler.compile_kernels([(_scale_kernel(n), "pool_drop")])
   a = np.arange(n, dtype=np.float32)
@@ -200,10 +205,10 @@ def test_a_dropped_pool_stops_its_workers_before_its_code_goes():
     np.testing.assert_array_equal(out, a * 3)
     del p; gc.collect()         # right after the job: the workers are still spinning in the pool's code
     assert slab() is None       # the slab went, and its engine was disposed
-    assert tasks() <= before    # with the workers: none left behind
+    assert back_to(before)      # with the workers: none left behind
   p = pool.Pool(cpus)
   p.close(); p.close()          # closed explicitly (idempotent): no more split launches through it
-  assert tasks() <= before and not p.run(c.thunk, 0, [0, 1])
+  assert back_to(before) and not p.run(c.thunk, 0, [0, 1])
 
 def test_threads_setting(monkeypatch):
   monkeypatch.setenv("CALLSAT_THREADS", "3"); assert native._threads() == 3
