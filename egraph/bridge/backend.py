@@ -11,7 +11,7 @@ Graphs over bound variables are made concrete per value tuple (Symbolic: strict 
 Anything the conversion cannot say (other devices, an op without an exact form, fp8) is a BridgeRefusal named
 `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
 from __future__ import annotations
-import dataclasses, itertools, threading, weakref
+import dataclasses, itertools, math, threading, weakref
 from collections import OrderedDict
 import numpy as np
 from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp, UPat, PatternMatcher
@@ -32,7 +32,8 @@ from egraph.bridge.convert import BridgeRefusal, Conversion, param_like
 from egraph.bridge.shadow import Shadow, env_value
 
 ENV = "CALLSAT_BRIDGE_BACKEND"
-SYMBOLIC_ENV = "CALLSAT_BRIDGE_SYMBOLIC"   # "specialize": fallback mode too runs graphs over bound variables (see Symbolic)
+SYMBOLIC_ENV = "CALLSAT_BRIDGE_SYMBOLIC"   # what graphs over bound variables get (symbolic_mode)
+SYMBOLIC = ("tinygrad", "static", "specialize")
 BACKENDS = ("tinygrad", "callsat")
 DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read and write its buffers in place
 # ... and read the host devices a Tensor is made from (numpy arrays: NPY; Python lists: PYTHON): a user's data, plain host
@@ -52,12 +53,15 @@ def bridge_backend(value: str | None = None) -> str:
   if b not in BACKENDS: raise CallsatError(f"{ENV} must be one of {BACKENDS}, got {b!r}")
   return b
 
-def specializes(strict: bool) -> bool:
-  """Are graphs over bound variables run by callsat's kernels (Symbolic)? Strict mode's contract says yes; fallback mode
-  leaves them to tinygrad's kernels unless env CALLSAT_BRIDGE_SYMBOLIC=specialize (read when the bridge decides)."""
-  v = env_value(SYMBOLIC_ENV) or ""
-  if v not in ("", "specialize", "tinygrad"): raise CallsatError(f"{SYMBOLIC_ENV} must be 'specialize' or 'tinygrad', got {v!r}")
-  return v == "specialize" or (strict and v != "tinygrad")
+def symbolic_mode(strict: bool) -> str:
+  """What a graph over bound variables gets from callsat's kernels: "static" (at the variables' maxima, the values read
+  at run time: one compile for every value; a form it does not cover is left to tinygrad's kernels), "specialize"
+  (that, else made concrete and compiled per value tuple: Symbolic) or "tinygrad" (never). Env CALLSAT_BRIDGE_SYMBOLIC
+  (read when the bridge decides), else "specialize" in strict mode (its contract: callsat's kernels or an error) and
+  "static" in fallback mode (a decode loop made concrete per value would compile every token)."""
+  v = env_value(SYMBOLIC_ENV) or ("specialize" if strict else "static")
+  if v not in SYMBOLIC: raise CallsatError(f"{SYMBOLIC_ENV} must be one of {SYMBOLIC}, got {v!r}")
+  return v
 
 _SERIAL = itertools.count()
 EMPTY = "empty"   # the decision for a CALL over no buffer: tinygrad's CALL as it is (it schedules no kernel either)
@@ -66,8 +70,10 @@ class Program:
   """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
   buffer of the tinygrad CALL's args (views stay SLICEs of them). The arg of the CUSTOM_FUNCTION the bridge hands
   tinygrad: compared by identity, printed by serial (tinygrad's UOp key reads str(arg))."""
-  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "sym", "__weakref__")
-  def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = (), sym: Symbolic | None = None):
+  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "sym", "vars", "variables",
+               "__weakref__")
+  def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = (), sym: Symbolic | None = None,
+               fixed: _Static | None = None):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
     # tinygrad's CPU devices the arguments live on (each synchronized before a run; NPY/PYTHON are plain host memory)
@@ -77,6 +83,11 @@ class Program:
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
     self.sym = sym   # over bound variables: `call` is this value tuple's; sym makes the others
     for _, sb in snaps: self.storage.allocate(sb, zero=False)   # the Program's own memory
+    # over bound variables at their maxima: the masks' 0..n-1, and the buffers each run writes the variables' values into
+    self.vars = fixed.vars if fixed is not None else []
+    for b, n in (fixed.iotas if fixed is not None else ()): self.storage.set_data(b, np.arange(n, dtype=np.int32))
+    for b, _ in self.vars: self.storage.allocate(b)
+    self.variables = sym.names if sym is not None else _var_names([u for _, u in self.vars])   # named to tinygrad
   def __repr__(self): return self.name
   __str__ = __repr__
 
@@ -86,6 +97,11 @@ class Program:
     if len(bufs) != len(self.bases): raise CallsatError(f"{self.name}: {len(bufs)} buffers for {len(self.bases)} arguments")
     with self.lock:   # the storage binds this run's arrays: one run at a time per program
       call, zero = (self.call, self.zero) if self.sym is None else self.sym.get(var_vals or {})
+      if self.vars:
+        if (missing := [n for n in self.variables if n not in (var_vals or {})]):
+          raise CallsatError(f"{self.name} over variables {self.variables}: no value bound for {missing}")
+        vals = {n: int(var_vals[n]) for n in self.variables}
+        for b, u in self.vars: self.storage[b][0] = u.sym_infer(vals)
       for ph, b in zip(self.bases, bufs): self.storage.borrow(ph, self.view(b, ph))
       for i, sb in self.snaps:
         if i is not None: np.copyto(self.storage[sb], self.storage[self.bases[i]])
@@ -224,6 +240,132 @@ def _concrete(call: Node, dims: dict, syms: dict) -> Node:
     new[n.id] = n if srcs == n.src and arg == n.arg and repr(arg) == repr(n.arg) else Node(n.op, n.dtype, srcs, arg)
   return call.over(tuple(new[s.id] for s in call.src))
 
+# ---- a graph over bound variables at the variables' maxima ------------------------------------------------------------
+
+class _NotStatic(Exception):
+  """A form the static rewrite does not cover: the graph is made concrete per value instead."""
+
+def _identity(rop: Ops, dt) -> float | int | bool:
+  if rop is Ops.ADD: return 0
+  if rop is Ops.MUL: return 1
+  return False if dt == dtypes.bool else -math.inf if dt.kind == "f" else -(1 << (8 * dt.itemsize - 1)) if dt.kind == "i" else 0
+
+class _Static:
+  """The rewrite `static` performs: every host dimension at its maximum; where the graph reads past a variable's extent
+  the garbage is kept out of every result (reduces masked by `iota < extent`, a read at a variable offset a masked sum,
+  a store at a variable offset a `where` over the whole target); each variable's value (a dimension's, or one the
+  arithmetic reads) is read from a one-element buffer of the Program's that it writes before each run (as callsat's own
+  scalar arguments), so the rewritten graph is one structure and compiles once for every value."""
+  def __init__(self, cv: Conversion, nargs: int):
+    self.cv, self.nargs = cv, nargs
+    self.extra: list[Node] = []   # placeholder BUFFERs appended to the CALL's args (the Program's own memory)
+    self.slot: dict = {}          # what each holds ("iota", n) / ("var", key) -> its index in extra
+    self.iotas: list = []         # (placeholder, n): int32 0..n-1
+    self.vars: list = []          # (placeholder, tinygrad expression): its value, written per run
+    self.new: dict[int, Node] = {}   # the rewrite so far: node id -> its image
+
+  def _param(self, what, make) -> Node:
+    if (i := self.slot.get(what)) is None:
+      i = self.slot[what] = len(self.extra)
+      self.extra.append(make())
+    return self.extra[i].param(self.nargs + i)
+
+  def read(self, key, u: UOp, dtype) -> Node:
+    """A tinygrad expression over variables as a scalar node of `dtype`, read from its buffer."""
+    if not _variable_expr(u): raise _NotStatic("a value not over variables")
+    def make():
+      b = new_buffer(1, dtype, DEVICE)
+      self.vars.append((b, u))
+      return b
+    return self._param(("var", key, dtype), make).reshape(())
+
+  def value(self, d) -> Node:
+    """A dimension's value as an int32 scalar node."""
+    if not isinstance(d, HostDim): return const(int(d), dtypes.int32)
+    if (u := self.cv.dim_uops.get(d.key)) is None: raise _NotStatic("a dimension not tinygrad's")
+    return self.read(d.key, u, dtypes.int32)
+
+  def iota(self, length: int, axis: int, shape: tuple) -> Node:
+    """0..length-1 along `axis`, broadcast to `shape`."""
+    def make():
+      b = new_buffer(length, dtypes.int32, DEVICE)
+      self.iotas.append((b, length))
+      return b
+    p = self._param(("iota", length), make)
+    return p.reshape(tuple(length if i == axis else 1 for i in range(len(shape)))).expand(shape)
+
+  def scalar(self, v: Node, shape: tuple) -> Node: return v.reshape((1,) * len(shape)).expand(shape) if shape else v
+
+  def pick(self, x: Node, axis: int, at: Node) -> Node:
+    """x's entries at index `at` (a scalar node) along axis, that axis kept with extent 1: a masked reduce."""
+    sel = self.iota(x.shape[axis], axis, x.shape).alu(Ops.CMPEQ, self.scalar(at, x.shape))
+    rop = Ops.MAX if x.dtype == dtypes.bool else Ops.ADD
+    zero = self.scalar(const(_identity(rop, x.dtype), x.dtype), x.shape)
+    return Node(Ops.REDUCE, x.dtype, (sel.alu(Ops.WHERE, x, zero),), (rop, (axis,)))
+
+def _ints(t) -> tuple: return tuple(int(d) for d in t)
+
+def _nonunit(shape) -> list: return [repr(d) for d in shape if not (type(d) is int and d == 1)]
+
+def static(cv: Conversion, body: Node, args: list[Node], syms: dict) -> tuple[Node, list[Node], _Static]:
+  """(body, args with the Program's own buffers appended, the rewrite: its iotas and variable buffers) of a graph over
+  bound variables at the variables' maxima (_Static); _NotStatic names a form it does not cover (a store of a symbolic
+  shape: tinygrad lays its buffer out by the value; a PAD or FLIP of a symbolic axis; a reshape that is more than 1s in
+  and out; an offset read or store of more than one element)."""
+  st = _Static(cv, len(args))
+  new: dict[int, Node] = {}
+  st.new = new
+  for n in toposort([body, *args], enter_calls=False):
+    if n.op is Ops.OPAQUE and n.arg.ident in syms and not dims_in(n.arg.shape):   # a value the arithmetic reads
+      new[n.id] = st.scalar(st.read(("value", n.arg.ident), syms[n.arg.ident], n.dtype), n.shape)
+      continue
+    srcs = tuple(s if n.op in (Ops.CALL, Ops.FUNCTION) and i == 0 else new[s.id] for i, s in enumerate(n.src))
+    new[n.id] = _static_one(st, n, srcs)
+  return new[body.id], [new[a.id] for a in args] + st.extra, st
+
+def _static_one(st: _Static, n: Node, srcs: tuple) -> Node:
+  sym = bool(dims_in((n.shape, dims_arg(n))))
+  if n.op is Ops.OPAQUE: raise _NotStatic("OPAQUE")
+  if n.op is Ops.REDUCE:
+    x = srcs[0]
+    for a in n.arg[1]:
+      if isinstance(n.src[0].shape[a], HostDim):   # entries past the extent: the reduce's identity
+        keep = st.iota(x.shape[a], a, x.shape).alu(Ops.CMPLT, st.scalar(st.value(n.src[0].shape[a]), x.shape))
+        x = keep.alu(Ops.WHERE, x, st.scalar(const(_identity(n.arg[0], x.dtype), x.dtype), x.shape))
+    return Node(Ops.REDUCE, n.dtype, (x,), n.arg)
+  if n.op is Ops.STORE:
+    if dims_in(n.src[1].shape): raise _NotStatic("a store of a symbolic shape")
+    t = n.src[0]
+    if t.op is Ops.SHRINK and any(isinstance(lo, HostDim) for lo, _ in t.arg):   # a store at a variable offset
+      base, v = st.new[t.src[0].id], srcs[1]   # the target's source (its image: the shrink itself became a read)
+      if dims_in(t.src[0].shape) or any(isinstance(lo, HostDim) and hi - lo != 1 for lo, hi in t.arg): raise _NotStatic("offset store")
+      if any(not isinstance(lo, HostDim) and (lo, hi) != (0, s) for (lo, hi), s in zip(t.arg, base.shape)): raise _NotStatic("offset store")
+      sel = None
+      for a, (lo, _) in enumerate(t.arg):
+        if isinstance(lo, HostDim):
+          m = st.iota(base.shape[a], a, base.shape).alu(Ops.CMPEQ, st.scalar(st.value(lo), base.shape))
+          sel = m if sel is None else sel.alu(Ops.AND, m)
+      return Node(Ops.STORE, n.dtype, (base, sel.alu(Ops.WHERE, v.expand(base.shape), base)), n.arg)
+  if n.op is Ops.SHRINK and sym:
+    x, arg, picks = srcs[0], [], []
+    for a, ((lo, hi), s) in enumerate(zip(n.arg, n.shape)):
+      if isinstance(lo, HostDim):
+        if s != 1 or isinstance(s, HostDim): raise _NotStatic("offset read")
+        arg.append((0, int(x.shape[a]))); picks.append((a, lo))
+      else:
+        arg.append((int(lo), int(lo) + int(s)))
+        if arg[-1][1] > x.shape[a]: raise _NotStatic("an extent's maximum past its source")
+    y = x.shrink(tuple(arg))
+    for a, lo in picks: y = st.pick(y, a, st.value(lo))
+    return y
+  if not sym: return n if srcs == n.src else n.over(srcs)
+  if n.op is Ops.RESHAPE:
+    if _nonunit(n.src[0].shape) != _nonunit(n.arg): raise _NotStatic("reshape")
+    return srcs[0].reshape(_ints(n.arg))
+  if n.op is Ops.EXPAND: return srcs[0].expand(_ints(n.arg))
+  if n.op in (Ops.PAD, Ops.FLIP, Ops.PARAM, Ops.SLICE, Ops.BUFFER) or n.op in (Ops.CALL, Ops.FUNCTION): raise _NotStatic(n.op.name)
+  return n.over(srcs)
+
 def _host_params(body: Node) -> Node:
   """`body` with every PARAM on a HOST_AS device (nested bodies too) on the device callsat's kernels read it as."""
   new: dict[int, Node] = {}
@@ -234,14 +376,14 @@ def _host_params(body: Node) -> Node:
     new[n.id] = n if srcs == n.src and arg is n.arg else Node(n.op, n.dtype, srcs, arg)
   return new[body.id]
 
-def program(cv: Conversion, call: Node, symbolic: bool = False, vals: dict | None = None) -> tuple[Program | None, list[int]]:
+def program(cv: Conversion, call: Node, symbolic: str = "tinygrad", vals: dict | None = None) -> tuple[Program | None, list[int]]:
   """The Program for callsat's rules CALL and, per base placeholder, the index of the CALL argument it stands for;
   (None, []) for a CALL over no buffer (a realize of what is realized already, a graph that only binds Variables):
   no kernel of either backend has anything to do. Compiled here (lower/device/native.py's prepare), so a kernel
-  callsat cannot build is a refusal now, not an error inside tinygrad's run. `symbolic`: a graph over bound variables
-  is taken (Symbolic), compiled now for the values `vals` ({name: value}, tinygrad's CALL's: bound_values)."""
+  callsat cannot build is a refusal now, not an error inside tinygrad's run. `symbolic` (symbolic_mode): what a graph
+  over bound variables gets, compiled now for the values `vals` ({name: value}, tinygrad's CALL's: bound_values)."""
   if len(call.src) == 1 and not any(n.op is Ops.STORE for n in toposort([call.src[0]])): return None, []
-  body, syms = exact(cv, call, symbolic)
+  body, syms = exact(cv, call, symbolic != "tinygrad")
   if any(HOST_AS.get(p.arg.device) for p in toposort([body]) if p.op is Ops.PARAM): body = _host_params(body)
   bases, order, ph, fresh = [], [], {}, set()
   args = []
@@ -254,21 +396,30 @@ def program(cv: Conversion, call: Node, symbolic: bool = False, vals: dict | Non
     p = ph[b.arg.uid]
     args.append(p if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (p,), a.arg))
   if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL that stores but holds no buffer")
+  fixed = None
+  if syms or _dims(cv, Node(Ops.CALL, dtypes.void, (body, *args), call.arg)):
+    c = _fold_shrinks(Node(Ops.CALL, dtypes.void, (body, *args), call.arg))
+    body, args = c.src[0], list(c.src[1:])
+    try: body, args, fixed = static(cv, body, args, syms); syms = {}   # one structure for every value
+    except _NotStatic as e:
+      if symbolic != "specialize":
+        raise BridgeRefusal("backend:form:symbolic", f"{e}: compiled per value only with {SYMBOLIC_ENV}=specialize") from None
   body, args, snaps = _snapshots(body, args)
   c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
   def zero_of(partial) -> tuple[int, ...]: return tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
   sym = None
-  if symbolic and (syms or _dims(cv, c)):
-    c = _fold_shrinks(c)
+  if syms or _dims(cv, c):
     sym = Symbolic(c, _dims(cv, c), syms, zero_of)
     if (missing := set(sym.names) - set(vals := vals or {})):
       raise BridgeRefusal("backend:form:unbound", f"variables {sorted(missing)} have no value in the graph")
+  if fixed is not None and (missing := set(_var_names([u for _, u in fixed.vars])) - set(vals := vals or {})):
+    raise BridgeRefusal("backend:form:unbound", f"variables {sorted(missing)} have no value in the graph")
   try:
     if sym is not None: c = sym.get(vals)[0]   # this graph's values: compiled now
     kernels, partial = prepare(c)
   except CallsatError as e: raise BridgeRefusal(f"backend:lower:{type(e).__name__}", str(e)) from None
   at = {b.arg.uid: i for i, b in enumerate(bases)}
-  return Program(c, bases, kernels, zero_of(partial), tuple((None if b is None else at[b.arg.uid], s) for b, s in snaps), sym), order
+  return Program(c, bases, kernels, zero_of(partial), tuple((None if b is None else at[b.arg.uid], s) for b, s in snaps), sym, fixed), order
 
 def _root(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST): n = n.src[0]
@@ -390,7 +541,7 @@ def tinygrad_call(prog: Program, order: list[int], tg_call: UOp) -> UOp:
   bases = [_base(args[i]) for i in order]
   # a Program over variables names them (tinygrad's schedule passes the values of the variables its items name) and its
   # CALL keeps their bound args (where tinygrad reads the values from)
-  binds = [a for a in args if a.is_bound_var and a.unbind()[0].expr in prog.sym.names] if prog.sym is not None else []
+  binds = [a for a in args if a.is_bound_var and a.unbind()[0].expr in prog.variables]
   fn = UOp(TOps.CUSTOM_FUNCTION, tdt.void, tuple(a.unbind()[0] for a in binds), prog)
   inner = UOp(TOps.CALL, tdt.void, (fn, *[param_like(b, i) for i, b in enumerate(bases)]))
   return UOp(TOps.CALL, tdt.void, (UOp(TOps.LINEAR, tdt.void, (inner,)), *bases, *binds), tg_call.arg)

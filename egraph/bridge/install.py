@@ -31,7 +31,7 @@ from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
-from egraph.bridge.backend import (EMPTY, Program, bridge_backend, bound_values, specializes, inline_functions, program,   # noqa: E402
+from egraph.bridge.backend import (EMPTY, Program, bridge_backend, bound_values, symbolic_mode, inline_functions, program,   # noqa: E402
                                    tinygrad_call, hook, stats as backend_stats)
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
@@ -46,7 +46,7 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   mode = bridge_fusion() if backend == "tinygrad" else "rules"   # callsat's kernels: its own fusion decides, no hints
   # measured: cost mode's hints, and (fallback mode) callsat's kernels against tinygrad's
   measuring = (mode != "rules" or backend != "tinygrad" and _STATE["mode"] == "fallback") and env_switch(MEASURE_ENV)
-  symbolic = backend != "tinygrad" and specializes(_STATE["mode"] == "strict")   # graphs over bound variables: callsat's?
+  symbolic = symbolic_mode(_STATE["mode"] == "strict") if backend != "tinygrad" else "tinygrad"   # graphs over bound variables
   cache = _cache()
   if cache is None:
     call, bmap, hints = _decide(big_sink, mode, measuring, backend=backend, symbolic=symbolic)
@@ -70,11 +70,11 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" or backend != "tinygrad" else None), len(st.topo))
   return call, bmap
 
-def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "tinygrad", symbolic: bool = False):
+def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "tinygrad", symbolic: str = "tinygrad"):
   """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `measuring`: hints are checked by running
   the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
   the graph's structure, if made already; `backend` "callsat": the CALL runs callsat's kernels where it can
-  (egraph/bridge/backend.py; the hints' `backend` says why not), graphs over bound variables too if `symbolic`."""
+  (egraph/bridge/backend.py; the hints' `backend` says why not), graphs over bound variables as `symbolic` says (backend.symbolic_mode)."""
   if backend != "tinygrad": return _decide_backend(big_sink, measuring, st, symbolic)
   cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
   store = verdict_store() if measuring else None
@@ -100,7 +100,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   if mode != "rules": _count_hints(hints)
   return call, bmap, hints
 
-def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: bool = False):
+def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "tinygrad"):
   """The decision with callsat's kernels (egraph/bridge/backend.py): a Program running the rules CALL, or (fallback)
   the rules CALL for tinygrad's kernels and why. Plain functions are inlined first (their arithmetic runs callsat's
   kernels); a graph left to tinygrad gets the CALL the plain bridge gives (decided as it came). `measuring` (fallback
@@ -240,7 +240,7 @@ def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
   # a bad setting is the user's error, in fallback mode too
-  bridge_fusion(); env_switch(MEASURE_ENV); verdicts_enabled(); bridge_backend(_STATE["backend"]); specializes(strict)
+  bridge_fusion(); env_switch(MEASURE_ENV); verdicts_enabled(); bridge_backend(_STATE["backend"]); symbolic_mode(strict)
   try: out = transform_to_call(big_sink)
   except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
     _count("bridged")
@@ -256,8 +256,9 @@ def install(strict: bool = False, backend: str | None = None) -> None:
   """Make tinygrad's realize, schedule and callify use callsat's pass (idempotent; a second call sets the mode).
   `backend`: "tinygrad" (tinygrad's kernels run the CALL) or "callsat" (callsat's LLVM kernels run it where they can,
   egraph/bridge/backend.py); None: env CALLSAT_BRIDGE_BACKEND, read on every call, else "tinygrad". With "callsat",
-  graphs over bound variables run callsat's kernels made concrete per value in strict mode, tinygrad's in fallback mode
-  unless env CALLSAT_BRIDGE_SYMBOLIC=specialize ("tinygrad": never; egraph/bridge/backend.py's Symbolic)."""
+  graphs over bound variables run callsat's kernels as egraph/bridge/backend.py's symbolic_mode says: at the
+  variables' maxima with the values read at run time (one compile), else (strict mode, or env
+  CALLSAT_BRIDGE_SYMBOLIC=specialize) made concrete per value."""
   check_version()
   if backend is not None: bridge_backend(backend)   # a bad name is the caller's error, now
   with _LOCK:

@@ -126,34 +126,69 @@ def test_tinyjit_capture_and_replay():
 SYM = _f(4, 8)
 
 def _sym_build(n: int):
+  """Over a bound variable, within the static form: a sum and a mean (4*v as a value) over a slice, a read at an offset."""
   base = Tensor(SYM).realize()
   v = Variable("n", 1, 8).bind(n)
   x = base[:, :v]
-  return [(x.sum(1) + x.mean()) * 1.0, (base[:, v:v + 1] * 2).contiguous()]   # mean: 4*v as a value; a symbolic offset
+  return [(x.sum(1) + x.mean()) * 1.0, (base[:, v:v + 1] * 2).contiguous()]
 
-def test_bound_variables_fall_back_unless_asked(monkeypatch):
-  """A graph over a bound Variable runs tinygrad's kernels in fallback mode (counted by reason: callsat compiles per
-  value), callsat's in strict mode or with CALLSAT_BRIDGE_SYMBOLIC=specialize; stock's values everywhere."""
-  want = {k: _stock(lambda: _sym_build(k)) for k in (3, 5)}
-  for env, strict, on_callsat in ((None, False, False), ("specialize", False, True), (None, True, True), ("tinygrad", True, None)):
-    if env is None: monkeypatch.delenv("CALLSAT_BRIDGE_SYMBOLIC", raising=False)
-    else: monkeypatch.setenv("CALLSAT_BRIDGE_SYMBOLIC", env)
+def _sym_out(n: int):
+  """Over a bound variable, outside the static form: a stored value of symbolic shape (tinygrad lays its buffer out by
+  the value), read back at the value."""
+  v = Variable("n", 1, 8).bind(n)
+  y = (Tensor(SYM).realize()[:, :v] + 1).realize()
+  return [(y[:, :n] * 1).contiguous()]
+
+def _set_symbolic(monkeypatch, env):
+  if env is None: monkeypatch.delenv("CALLSAT_BRIDGE_SYMBOLIC", raising=False)
+  else: monkeypatch.setenv("CALLSAT_BRIDGE_SYMBOLIC", env)
+
+@pytest.mark.parametrize("env, strict, static_on, out_on", [(None, False, True, False), ("specialize", False, True, True),
+                                                            (None, True, True, True), ("static", True, True, None),
+                                                            ("tinygrad", True, None, None), ("tinygrad", False, False, False)])
+def test_bound_variables_by_setting(monkeypatch, env, strict, static_on, out_on):
+  """What a graph over a bound Variable gets (backend.symbolic_mode): the static form (at the variable's maximum, its
+  value read at run time) in fallback mode by default; a form outside it (a stored symbolic shape) made concrete per
+  value only in strict mode or with CALLSAT_BRIDGE_SYMBOLIC=specialize; "tinygrad" never. Stock's values everywhere;
+  where callsat's kernels may not run: tinygrad's (fallback, counted) or a named refusal (strict, None here)."""
+  _set_symbolic(monkeypatch, env)
+  for build, on in ((_sym_build, static_on), (_sym_out, out_on)):
+    want = {k: _stock(lambda: build(k)) for k in (3, 5)}
     bridge.reset_stats()
     with bridge.installed(backend="callsat", strict=strict):
-      if on_callsat is None:   # strict, told to leave bound variables to tinygrad: refused by name
-        with pytest.raises(BridgeRefusal, match="backend:form:symbolic"): _sym_build(6)[0].numpy()
+      if on is None:
+        with pytest.raises(BridgeRefusal, match="backend:form:symbolic"): build(6)[0].numpy()
         continue
       for k in (3, 5):
-        for g, w in zip((o.numpy() for o in _sym_build(k)), want[k]): _close(g, w)
+        for g, w in zip((o.numpy() for o in build(k)), want[k]): _close(g, w)
       st = bridge.stats()
-    if on_callsat: assert st["backend_callsat"] >= 2 and st["backend_tinygrad"] == 0, st
-    else: assert st["backend_reasons"].get("backend:form:symbolic", 0) >= 2, st
+    if on: assert st["backend_callsat"] >= 2 and st["backend_tinygrad"] == 0, (build.__name__, st)
+    else: assert st["backend_reasons"].get("backend:form:symbolic", 0) >= 2, (build.__name__, st)
+
+def test_bound_variables_static_compiles_once(monkeypatch):
+  """Under TinyJit replay over seven values, a graph in the static form is one Program compiled once (the value is
+  written into the Program's own buffer before each run: nothing is made concrete per value), with stock's values."""
+  def f(x, n): return ((x[:, :n] + 1).sum(1) * n + x[:, n:n + 1].sum(1)).realize()   # a dimension, a value, an offset
+  want = [_stock(lambda k=k: [f(Tensor(SYM).realize(), Variable("n", 1, 7).bind(k))])[0] for k in range(1, 8)]
+  concrete, prepared = [], []
+  real_c, real_p = backend._concrete, backend.prepare
+  monkeypatch.setattr(backend, "_concrete", lambda *a: concrete.append(a) or real_c(*a))
+  monkeypatch.setattr(backend, "prepare", lambda c: prepared.append(c) or real_p(c))
+  order = [3, 1, 7, 2, 3, 6, 4, 5]
+  with bridge.installed(backend="callsat"):
+    jf, x = TinyJit(f), Tensor(SYM).realize()
+    got = [jf(x, Variable("n", 1, 7).bind(k)).numpy() for k in order]
+  for k, g in zip(order, got): _close(g, want[k - 1])
+  assert not concrete and 1 <= len(prepared) <= 2, len(prepared)   # decided once (the JIT's first two calls schedule)
+  progs = [p for p in _live_programs() if p.variables == ("n",) and p.vars]
+  assert progs and all(p.sym is None for p in progs)
 
 def test_bound_variables_compiled_once_per_value(monkeypatch):
-  """Under TinyJit replay a Program over a variable is made concrete per value: stock's values at every value, one
-  compile per new value, none for a value met again; at most Symbolic.MAX values kept (least recently used evicted)."""
-  def f(x, n): return ((x[:, :n] + 1).sum(1) * n).realize()   # n as a dimension and as a value
-  want = [_stock(lambda k=k: [f(Tensor(SYM).realize(), Variable("n", 1, 8).bind(k))])[0] for k in range(1, 9)]
+  """Strict mode makes a graph outside the static form concrete per value under TinyJit replay: stock's values at every
+  value, one compile per new value, none for a value met again; at most Symbolic.MAX values kept (least recently used
+  evicted)."""
+  def f(x, n): return (x[:, :n] * n + 1).realize()   # a stored symbolic shape: per value
+  want = [_stock(lambda k=k: [f(Tensor(SYM).realize(), Variable("n", 1, 8).bind(k))[:, :k].contiguous()])[0] for k in range(1, 9)]
   made = []   # the values each Program was made concrete for, in order
   real = backend._concrete
   def concrete(call, dims, syms):
@@ -166,7 +201,7 @@ def test_bound_variables_compiled_once_per_value(monkeypatch):
     jf, x = TinyJit(f), Tensor(SYM).realize()
     got = []
     for k in order:
-      got.append(jf(x, Variable("n", 1, 8).bind(k)).numpy())
+      got.append(jf(x, Variable("n", 1, 8).bind(k))[:, :k].numpy())
   for k, g in zip(order, got): _close(g, want[k - 1])
   # least recently used, 3 kept: 2 3 (2) 4 (3 2) 5 6 7 2 8 1 are compiles, the values in brackets hits
   assert made == [(2,), (3,), (4,), (5,), (6,), (7,), (2,), (8,), (1,)], made
