@@ -305,7 +305,9 @@ class _Static:
 
 def _ints(t) -> tuple: return tuple(int(d) for d in t)
 
-def _nonunit(shape) -> list: return [repr(d) for d in shape if not (type(d) is int and d == 1)]
+def _nonunit(shape) -> list:
+  """A shape's entries other than 1, a host dimension by its key (two variables of one range print alike)."""
+  return [d.key if isinstance(d, HostDim) else int(d) for d in shape if isinstance(d, HostDim) or d != 1]
 
 def static(cv: Conversion, body: Node, args: list[Node], syms: dict) -> tuple[Node, list[Node], _Static]:
   """(body, args with the Program's own buffers appended, the rewrite: its iotas and variable buffers) of a graph over
@@ -363,6 +365,7 @@ def _static_one(st: _Static, n: Node, srcs: tuple) -> Node:
     if _nonunit(n.src[0].shape) != _nonunit(n.arg): raise _NotStatic("reshape")
     return srcs[0].reshape(_ints(n.arg))
   if n.op is Ops.EXPAND: return srcs[0].expand(_ints(n.arg))
+  if n.op is Ops.BITCAST and n.dtype.itemsize != n.src[0].dtype.itemsize: raise _NotStatic("a bitcast resizing a symbolic axis")
   if n.op in (Ops.PAD, Ops.FLIP, Ops.PARAM, Ops.SLICE, Ops.BUFFER) or n.op in (Ops.CALL, Ops.FUNCTION): raise _NotStatic(n.op.name)
   return n.over(srcs)
 

@@ -425,3 +425,19 @@ def test_bad_symbolic_setting(monkeypatch):
   monkeypatch.setenv("CALLSAT_BRIDGE_SYMBOLIC", "always")
   with bridge.installed(backend="callsat"), pytest.raises(CallsatError, match="CALLSAT_BRIDGE_SYMBOLIC"):
     (Tensor(X.copy()) + 1).numpy()
+
+def test_store_at_a_variable_offset():
+  """A KV-cache update (an assign at a variable offset, GPT-2's `cache_kv[:, :, start_pos:start_pos+1]`) and reads at
+  the variable's extent, in the static form (fallback mode, one Program for every position): stock's values."""
+  def build():
+    cache = Tensor.zeros(2, 6, 3).contiguous().realize()
+    outs = []
+    for k in (0, 2, 5, 3):
+      p = Variable("p", 0, 5).bind(k)
+      cache[:, p:p + 1, :].assign(Tensor(SYM[:2, :3].reshape(2, 1, 3).copy()) * (k + 1)).realize()
+      outs.append((cache[:, :p + 1, :].sum(1) + cache[:, :p + 1, :].max(1)).contiguous().realize())
+    return [*outs, cache]
+  want = _stock(build)
+  got, st = _run(build, backend="callsat")
+  for g, w in zip(got, want): _close(g, w)
+  assert st["backend_callsat"] >= 8 and st["backend_tinygrad"] == 0, st["backend_reasons"]
