@@ -315,8 +315,7 @@ def static(cv: Conversion, body: Node, args: list[Node], syms: dict) -> tuple[No
   shape: tinygrad lays its buffer out by the value; a PAD or FLIP of a symbolic axis; a reshape that is more than 1s in
   and out; an offset read or store of more than one element)."""
   st = _Static(cv, len(args))
-  new: dict[int, Node] = {}
-  st.new = new
+  new = st.new
   for n in toposort([body, *args], enter_calls=False):
     if n.op is Ops.OPAQUE and n.arg.ident in syms and not dims_in(n.arg.shape):   # a value the arithmetic reads
       new[n.id] = st.scalar(st.read(("value", n.arg.ident), syms[n.arg.ident], n.dtype), n.shape)
@@ -341,7 +340,8 @@ def _static_one(st: _Static, n: Node, srcs: tuple) -> Node:
     if t.op is Ops.SHRINK and any(isinstance(lo, HostDim) for lo, _ in t.arg):   # a store at a variable offset
       base, v = st.new[t.src[0].id], srcs[1]   # the target's source (its image: the shrink itself became a read)
       if dims_in(t.src[0].shape) or any(isinstance(lo, HostDim) and hi - lo != 1 for lo, hi in t.arg): raise _NotStatic("offset store")
-      if any(not isinstance(lo, HostDim) and (lo, hi) != (0, s) for (lo, hi), s in zip(t.arg, base.shape)): raise _NotStatic("offset store")
+      if any(not isinstance(lo, HostDim) and (isinstance(hi, HostDim) or (lo, hi) != (0, s)) for (lo, hi), s in zip(t.arg, base.shape)):
+        raise _NotStatic("an offset store that is not over the whole of its other axes")
       sel = None
       for a, (lo, _) in enumerate(t.arg):
         if isinstance(lo, HostDim):
