@@ -441,3 +441,18 @@ def test_store_at_a_variable_offset():
   got, st = _run(build, backend="callsat")
   for g, w in zip(got, want): _close(g, w)
   assert st["backend_callsat"] >= 8 and st["backend_tinygrad"] == 0, st["backend_reasons"]
+
+def test_static_form_keeps_what_lies_past_the_extent_out():
+  """In the static form a reduce over a variable's extent runs to its maximum: what lies past the extent (here larger
+  than anything inside, and ints beside floats) must reach no result, for each reduce's identity (sum, product, max,
+  min) and at the extents' edges."""
+  data = (np.arange(32, dtype=np.float32).reshape(4, 8) + 1) / 8
+  def build(k: int):
+    v = Variable("e", 1, 8).bind(k)
+    x, i = Tensor(data.copy()).realize()[:, :v], Tensor(np.arange(32, dtype=np.int32).reshape(4, 8)).realize()[:, :v]
+    return [x.sum(1), x.prod(1), x.max(1), x.min(1), (-x).max(), i.max(1), i.sum(), (x > 1).any(1)]
+  for k in (1, 3, 8):
+    want = _stock(lambda: build(k))
+    got, st = _run(lambda: build(k), backend="callsat")
+    for g, w in zip(got, want): _close(g, w)
+    assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0, st["backend_reasons"]
