@@ -7,7 +7,9 @@ tinygrad's scheduler resolves the LINEAR like any precompiled one, its memory pl
 item, and `pm_exec` (which the install extends by one pattern) runs it by calling `Program.run` on the Buffers the
 PARAMs resolve to. The Program is the rules CALL callify chose, its OPAQUE tinygrad arithmetic rebuilt as callsat ops
 (the shadow's conversion, egraph/bridge/shadow.py, here required to be complete), compiled once by lower/device/native.py.
-Graphs over bound variables are made concrete per value tuple (Symbolic: strict mode, or CALLSAT_BRIDGE_SYMBOLIC=specialize).
+Graphs over bound variables run at the variables' maxima with their values read at run time (`static`: one compile for
+every value); outside that form they are made concrete per value tuple (Symbolic: strict mode, or
+CALLSAT_BRIDGE_SYMBOLIC=specialize).
 Anything the conversion cannot say (other devices, an op without an exact form, fp8) is a BridgeRefusal named
 `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
 from __future__ import annotations
@@ -179,12 +181,12 @@ def bound_values(tg_call: UOp) -> dict[str, int]:
   return {v.expr: int(val) for v, val in (a.unbind() for a in tg_call.src[1:] if a.is_bound_var)}
 
 class Symbolic:
-  """A Program over tinygrad's bound variables (GPT-2's start_pos, a slice `a[:v]`). callsat's kernels take sizes as
-  constants, so the CALL as built (each host dimension worth its maximum, each variable's value an OPAQUE) is made
-  concrete per tuple of values: dimensions and values computed by tinygrad's own expressions (sym_infer), then compiled.
-  A new value tuple is a new compile (tinygrad's kernels take the values as arguments: this is why fallback mode leaves
-  such graphs to them unless CALLSAT_BRIDGE_SYMBOLIC=specialize); at most MAX tuples per Program are kept, least
-  recently used evicted."""
+  """A Program over tinygrad's bound variables outside the static form (a stored value of symbolic shape, ...).
+  callsat's kernels take sizes as constants, so the CALL as built (each host dimension worth its maximum, each
+  variable's value an OPAQUE) is made concrete per tuple of values: dimensions and values computed by tinygrad's own
+  expressions (sym_infer), then compiled. A new value tuple is a new compile (this is why fallback mode leaves such
+  graphs to tinygrad's kernels unless CALLSAT_BRIDGE_SYMBOLIC=specialize); at most MAX tuples per Program are kept,
+  least recently used evicted."""
   MAX = 16
   def __init__(self, call: Node, dims: dict, syms: dict, zero_of):
     self.call, self.dims, self.syms, self.zero_of = call, dims, syms, zero_of
