@@ -13,17 +13,16 @@ CALLSAT_BRIDGE_SYMBOLIC=specialize).
 Anything the conversion cannot say (other devices, an op without an exact form, fp8) is a BridgeRefusal named
 `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
 from __future__ import annotations
-import dataclasses, itertools, math, threading, weakref
-from collections import OrderedDict
+import dataclasses, itertools, threading, weakref
 import numpy as np
-from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp, UPat, PatternMatcher
+from tinygrad.uop.ops import UOp, Ops as TOps, UPat, PatternMatcher
 from tinygrad.dtype import dtypes as tdt
 from tinygrad.device import Device
 from tinygrad.helpers import GlobalCounters
 import tinygrad.engine.realize as _tg_realize
 from tinygrad.schedule.rangeify import resolve_function
-from egraph.ir.ops import Node, Ops, GroupOp, toposort, new_buffer, const, dims_arg
-from egraph.ir.symbolic import HostDim, dims_in, map_dims
+from egraph.ir.ops import Node, Ops, GroupOp, toposort, new_buffer, dims_arg
+from egraph.ir.symbolic import HostDim, dims_in
 from egraph.ir.dtype import dtypes
 from egraph.ir.storage import Storage
 from egraph.ir.errors import CallsatError
@@ -32,10 +31,10 @@ from lower.schedule.work import program_work
 from lower.runtime import run_call
 from egraph.bridge.convert import BridgeRefusal, Conversion, param_like
 from egraph.bridge.shadow import Shadow, env_value
+from egraph.bridge.symbolic import (SYMBOLIC_ENV, NotStatic, Static, Symbolic, dims_of, fold_shrinks, static, var_names,
+                                    variable_expr)
 
 ENV = "CALLSAT_BRIDGE_BACKEND"
-SYMBOLIC_ENV = "CALLSAT_BRIDGE_SYMBOLIC"   # what graphs over bound variables get (symbolic_mode)
-SYMBOLIC = ("tinygrad", "static", "specialize")
 BACKENDS = ("tinygrad", "callsat")
 DEVICE = "CPU"   # tinygrad's CPU device: host memory, so callsat's kernels read and write its buffers in place
 # ... and read the host devices a Tensor is made from (numpy arrays: NPY; Python lists: PYTHON): a user's data, plain host
@@ -55,16 +54,6 @@ def bridge_backend(value: str | None = None) -> str:
   if b not in BACKENDS: raise CallsatError(f"{ENV} must be one of {BACKENDS}, got {b!r}")
   return b
 
-def symbolic_mode(strict: bool) -> str:
-  """What a graph over bound variables gets from callsat's kernels: "static" (at the variables' maxima, the values read
-  at run time: one compile for every value; a form it does not cover is left to tinygrad's kernels), "specialize"
-  (that, else made concrete and compiled per value tuple: Symbolic) or "tinygrad" (never). Env CALLSAT_BRIDGE_SYMBOLIC
-  (read when the bridge decides), else "specialize" in strict mode (its contract: callsat's kernels or an error) and
-  "static" in fallback mode (a decode loop made concrete per value would compile every token)."""
-  v = env_value(SYMBOLIC_ENV) or ("specialize" if strict else "static")
-  if v not in SYMBOLIC: raise CallsatError(f"{SYMBOLIC_ENV} must be one of {SYMBOLIC}, got {v!r}")
-  return v
-
 _SERIAL = itertools.count()
 EMPTY = "empty"   # the decision for a CALL over no buffer: tinygrad's CALL as it is (it schedules no kernel either)
 
@@ -75,7 +64,7 @@ class Program:
   __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "sym", "vars", "variables",
                "__weakref__")
   def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = (), sym: Symbolic | None = None,
-               fixed: _Static | None = None):
+               fixed: Static | None = None):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
     # tinygrad's CPU devices the arguments live on (each synchronized before a run; NPY/PYTHON are plain host memory)
@@ -89,7 +78,7 @@ class Program:
     self.vars = fixed.vars if fixed is not None else []
     for b, n in (fixed.iotas if fixed is not None else ()): self.storage.set_data(b, np.arange(n, dtype=np.int32))
     for b, _ in self.vars: self.storage.allocate(b)
-    self.variables = sym.names if sym is not None else _var_names([u for _, u in self.vars])   # named to tinygrad
+    self.variables = sym.names if sym is not None else var_names([u for _, u in self.vars])   # named to tinygrad
   def __repr__(self): return self.name
   __str__ = __repr__
 
@@ -141,13 +130,13 @@ def exact(cv: Conversion, call: Node, symbolic: bool = False) -> tuple[Node, dic
       # a host dimension (a bound Variable's expression) is worth its maximum in callsat's IR: tinygrad binds it
       if not symbolic: raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension tinygrad binds at run time")
       if n.id in nested: raise BridgeRefusal("backend:form:symbolic-function", f"{n.op.name} {n.shape}: a bound variable in a function's body")
-      if not all(isinstance(d, HostDim) and _variable_expr(cv.dim_uops.get(d.key)) for d in dims_in((n.shape, dims_arg(n)))):
+      if not all(isinstance(d, HostDim) and variable_expr(cv.dim_uops.get(d.key)) for d in dims_in((n.shape, dims_arg(n)))):
         raise BridgeRefusal("backend:form:symbolic", f"{n.op.name} {n.shape}: a dimension not over bound variables alone (a device's range)")
     if n.dtype in dtypes.fp8s:   # tinygrad's CPU computes fp8 through half (subnormals flushed, inf saturated)
       raise BridgeRefusal("backend:dtype:fp8", f"{n.op.name} {n.dtype.name}: tinygrad's CPU fp8 is emulated through half; callsat's is exact")
     if n.op is Ops.OPAQUE:
       u = cv.opaque[n.arg.ident][0]
-      if symbolic and u is not None and n.id not in nested and _variable_expr(u):
+      if symbolic and u is not None and n.id not in nested and variable_expr(u):
         syms[n.arg.ident] = u   # a bound variable's value (a mean's count, a mask's start): a constant per value tuple
         continue
       what = "RETYPE" if u is None else u.op.name
@@ -157,219 +146,6 @@ def exact(cv: Conversion, call: Node, symbolic: bool = False) -> tuple[Node, dic
     if n.op is Ops.PARAM and not on_host(n.arg.device):
       raise BridgeRefusal(f"backend:device:{n.arg.device}", "callsat's kernels run tinygrad's CPU device")
   return body, syms
-
-_EXPR_OPS = frozenset({TOps.AFTER, TOps.STORE, TOps.CONST, TOps.STACK, TOps.CAST, *TGroupOp.ALU})
-
-def _is_var(x: UOp) -> bool:
-  """tinygrad 0.14's variable: BUFFER(ParamArg slot -1, named); bound, it is AFTER(it, STORE(it, CONST value))."""
-  return x.op is TOps.BUFFER and getattr(x.arg, "slot", None) == -1 and getattr(x.arg, "name", None) is not None
-
-def _variable_expr(u: UOp | None) -> bool:
-  """Is `u` an expression over tinygrad's variables alone (its value known once they are bound)?"""
-  if u is None: return False
-  var = False
-  for x in u.toposort():
-    if _is_var(x): var = True
-    elif x.op not in _EXPR_OPS: return False
-  return var
-
-def _var_names(uops) -> tuple[str, ...]:
-  return tuple(sorted({x.arg.name for u in uops for x in u.toposort() if _is_var(x)}))
-
-def bound_values(tg_call: UOp) -> dict[str, int]:
-  """The values tinygrad's CALL binds its variables to (its bound args: where tinygrad's schedule reads them too)."""
-  return {v.expr: int(val) for v, val in (a.unbind() for a in tg_call.src[1:] if a.is_bound_var)}
-
-class Symbolic:
-  """A Program over tinygrad's bound variables outside the static form (a stored value of symbolic shape, ...).
-  callsat's kernels take sizes as constants, so the CALL as built (each host dimension worth its maximum, each
-  variable's value an OPAQUE) is made concrete per tuple of values: dimensions and values computed by tinygrad's own
-  expressions (sym_infer), then compiled. A new value tuple is a new compile (this is why fallback mode leaves such
-  graphs to tinygrad's kernels unless CALLSAT_BRIDGE_SYMBOLIC=specialize); at most MAX tuples per Program are kept,
-  least recently used evicted."""
-  MAX = 16
-  def __init__(self, call: Node, dims: dict, syms: dict, zero_of):
-    self.call, self.dims, self.syms, self.zero_of = call, dims, syms, zero_of
-    self.names = _var_names([*dims.values(), *syms.values()])
-    self.made: OrderedDict = OrderedDict()
-
-  def get(self, var_vals: dict) -> tuple[Node, tuple[int, ...]]:
-    """(the concrete CALL, the base positions to zero-fill) for tinygrad's variable values, compiled on first use."""
-    if (missing := [n for n in self.names if n not in var_vals]):
-      raise CallsatError(f"callsat program over variables {self.names}: no value bound for {missing}")
-    key = tuple(int(var_vals[n]) for n in self.names)
-    if (got := self.made.get(key)) is not None:
-      self.made.move_to_end(key)
-      return got
-    vals = dict(zip(self.names, key))
-    c = _concrete(self.call, {k: u.sym_infer(vals) for k, u in self.dims.items()}, {i: u.sym_infer(vals) for i, u in self.syms.items()})
-    _, partial = prepare(c)
-    got = self.made[key] = (c, self.zero_of(partial))
-    if len(self.made) > self.MAX: self.made.popitem(last=False)
-    return got
-
-def _dims(cv: Conversion, call: Node) -> dict:
-  """{HostDim key: tinygrad expression} of the dimensions in `call` (its top body and args)."""
-  return {d.key: cv.dim_uops[d.key] for n in toposort(list(call.src), enter_calls=False) for d in dims_in((n.shape, dims_arg(n)))}
-
-def _fold_shrinks(call: Node) -> Node:
-  """`call` with each SHRINK of a SHRINK one SHRINK (offsets added), the top body only. tinygrad reads a view of a
-  symbolic output with concrete bounds (`jf(a[:, :v])[:3, :i]`, the JIT's output still bound to the value it was
-  captured with); the inner extent, which may be below the outer bounds at some value, is then never a shape."""
-  new: dict[int, Node] = {}
-  for n in toposort(list(call.src), enter_calls=False):
-    srcs = tuple(s if n.op in (Ops.CALL, Ops.FUNCTION) and i == 0 else new[s.id] for i, s in enumerate(n.src))
-    if n.op is Ops.SHRINK and srcs[0].op is Ops.SHRINK:
-      x, inner = srcs[0].src[0], srcs[0].arg
-      new[n.id] = Node(Ops.SHRINK, n.dtype, (x,), tuple((a + lo, a + hi) for (a, _), (lo, hi) in zip(inner, n.arg)))
-    else: new[n.id] = n if srcs == n.src else n.over(srcs)
-  return call.over(tuple(new[s.id] for s in call.src))
-
-def _concrete(call: Node, dims: dict, syms: dict) -> Node:
-  """`call` with each host dimension its value (`dims`: HostDim key -> int) and each variable's OPAQUE value a constant
-  (`syms`: ident -> int); the top body only (exact refuses variables in a function's body)."""
-  fn = lambda d: dims[d.key] if isinstance(d, HostDim) else d   # noqa: E731
-  new: dict[int, Node] = {}
-  for n in toposort(list(call.src), enter_calls=False):
-    if n.op is Ops.OPAQUE and n.arg.ident in syms:
-      shape = map_dims(n.arg.shape, fn)
-      c = const(syms[n.arg.ident], n.dtype, n.arg.device)
-      new[n.id] = c.reshape((1,) * len(shape)).expand(shape) if shape else c
-      continue
-    srcs = tuple(s if n.op in (Ops.CALL, Ops.FUNCTION) and i == 0 else new[s.id] for i, s in enumerate(n.src))
-    arg = dataclasses.replace(n.arg, shape=map_dims(n.arg.shape, fn)) if n.op is Ops.PARAM else \
-      map_dims(n.arg, fn) if n.op in GroupOp.Movement or n.op is Ops.SLICE else n.arg
-    new[n.id] = n if srcs == n.src and arg == n.arg and repr(arg) == repr(n.arg) else Node(n.op, n.dtype, srcs, arg)
-  return call.over(tuple(new[s.id] for s in call.src))
-
-# ---- a graph over bound variables at the variables' maxima ------------------------------------------------------------
-
-class _NotStatic(Exception):
-  """A form the static rewrite does not cover: the graph is made concrete per value instead."""
-
-def _identity(rop: Ops, dt) -> float | int | bool:
-  if rop is Ops.ADD: return 0
-  if rop is Ops.MUL: return 1
-  return False if dt == dtypes.bool else -math.inf if dt.kind == "f" else -(1 << (8 * dt.itemsize - 1)) if dt.kind == "i" else 0
-
-class _Static:
-  """The rewrite `static` performs: every host dimension at its maximum; where the graph reads past a variable's extent
-  the garbage is kept out of every result (reduces masked by `iota < extent`, a read at a variable offset a masked sum,
-  a store at a variable offset a `where` over the whole target); each variable's value (a dimension's, or one the
-  arithmetic reads) is read from a one-element buffer of the Program's that it writes before each run (as callsat's own
-  scalar arguments), so the rewritten graph is one structure and compiles once for every value."""
-  def __init__(self, cv: Conversion, nargs: int):
-    self.cv, self.nargs = cv, nargs
-    self.extra: list[Node] = []   # placeholder BUFFERs appended to the CALL's args (the Program's own memory)
-    self.slot: dict = {}          # what each holds ("iota", n) / ("var", key) -> its index in extra
-    self.iotas: list = []         # (placeholder, n): int32 0..n-1
-    self.vars: list = []          # (placeholder, tinygrad expression): its value, written per run
-    self.new: dict[int, Node] = {}   # the rewrite so far: node id -> its image
-
-  def _param(self, what, make) -> Node:
-    if (i := self.slot.get(what)) is None:
-      i = self.slot[what] = len(self.extra)
-      self.extra.append(make())
-    return self.extra[i].param(self.nargs + i)
-
-  def read(self, key, u: UOp, dtype) -> Node:
-    """A tinygrad expression over variables as a scalar node of `dtype`, read from its buffer."""
-    if not _variable_expr(u): raise _NotStatic("a value not over variables")
-    def make():
-      b = new_buffer(1, dtype, DEVICE)
-      self.vars.append((b, u))
-      return b
-    return self._param(("var", key, dtype), make).reshape(())
-
-  def value(self, d) -> Node:
-    """A dimension's value as an int32 scalar node."""
-    if not isinstance(d, HostDim): return const(int(d), dtypes.int32)
-    if (u := self.cv.dim_uops.get(d.key)) is None: raise _NotStatic("a dimension not tinygrad's")
-    return self.read(d.key, u, dtypes.int32)
-
-  def iota(self, length: int, axis: int, shape: tuple) -> Node:
-    """0..length-1 along `axis`, broadcast to `shape`."""
-    def make():
-      b = new_buffer(length, dtypes.int32, DEVICE)
-      self.iotas.append((b, length))
-      return b
-    p = self._param(("iota", length), make)
-    return p.reshape(tuple(length if i == axis else 1 for i in range(len(shape)))).expand(shape)
-
-  def scalar(self, v: Node, shape: tuple) -> Node: return v.reshape((1,) * len(shape)).expand(shape) if shape else v
-
-  def pick(self, x: Node, axis: int, at: Node) -> Node:
-    """x's entries at index `at` (a scalar node) along axis, that axis kept with extent 1: a masked reduce."""
-    sel = self.iota(x.shape[axis], axis, x.shape).alu(Ops.CMPEQ, self.scalar(at, x.shape))
-    rop = Ops.MAX if x.dtype == dtypes.bool else Ops.ADD
-    zero = self.scalar(const(_identity(rop, x.dtype), x.dtype), x.shape)
-    return Node(Ops.REDUCE, x.dtype, (sel.alu(Ops.WHERE, x, zero),), (rop, (axis,)))
-
-def _ints(t) -> tuple: return tuple(int(d) for d in t)
-
-def _nonunit(shape) -> list:
-  """A shape's entries other than 1, a host dimension by its key (two variables of one range print alike)."""
-  return [d.key if isinstance(d, HostDim) else int(d) for d in shape if isinstance(d, HostDim) or d != 1]
-
-def static(cv: Conversion, body: Node, args: list[Node], syms: dict) -> tuple[Node, list[Node], _Static]:
-  """(body, args with the Program's own buffers appended, the rewrite: its iotas and variable buffers) of a graph over
-  bound variables at the variables' maxima (_Static); _NotStatic names a form it does not cover (a store of a symbolic
-  shape: tinygrad lays its buffer out by the value; a PAD or FLIP of a symbolic axis; a reshape that is more than 1s in
-  and out; an offset read or store of more than one element)."""
-  st = _Static(cv, len(args))
-  new = st.new
-  for n in toposort([body, *args], enter_calls=False):
-    if n.op is Ops.OPAQUE and n.arg.ident in syms and not dims_in(n.arg.shape):   # a value the arithmetic reads
-      new[n.id] = st.scalar(st.read(("value", n.arg.ident), syms[n.arg.ident], n.dtype), n.shape)
-      continue
-    srcs = tuple(s if n.op in (Ops.CALL, Ops.FUNCTION) and i == 0 else new[s.id] for i, s in enumerate(n.src))
-    new[n.id] = _static_one(st, n, srcs)
-  return new[body.id], [new[a.id] for a in args] + st.extra, st
-
-def _static_one(st: _Static, n: Node, srcs: tuple) -> Node:
-  sym = bool(dims_in((n.shape, dims_arg(n))))
-  if n.op is Ops.OPAQUE: raise _NotStatic("OPAQUE")
-  if n.op is Ops.REDUCE:
-    x = srcs[0]
-    for a in n.arg[1]:
-      if isinstance(n.src[0].shape[a], HostDim):   # entries past the extent: the reduce's identity
-        keep = st.iota(x.shape[a], a, x.shape).alu(Ops.CMPLT, st.scalar(st.value(n.src[0].shape[a]), x.shape))
-        x = keep.alu(Ops.WHERE, x, st.scalar(const(_identity(n.arg[0], x.dtype), x.dtype), x.shape))
-    return Node(Ops.REDUCE, n.dtype, (x,), n.arg)
-  if n.op is Ops.STORE:
-    if dims_in(n.src[1].shape): raise _NotStatic("a store of a symbolic shape")
-    t = n.src[0]
-    if t.op is Ops.SHRINK and any(isinstance(lo, HostDim) for lo, _ in t.arg):   # a store at a variable offset
-      base, v = st.new[t.src[0].id], srcs[1]   # the target's source (its image: the shrink itself became a read)
-      if dims_in(t.src[0].shape) or any(isinstance(lo, HostDim) and hi - lo != 1 for lo, hi in t.arg): raise _NotStatic("offset store")
-      if any(not isinstance(lo, HostDim) and (isinstance(hi, HostDim) or (lo, hi) != (0, s)) for (lo, hi), s in zip(t.arg, base.shape)):
-        raise _NotStatic("an offset store that is not over the whole of its other axes")
-      sel = None
-      for a, (lo, _) in enumerate(t.arg):
-        if isinstance(lo, HostDim):
-          m = st.iota(base.shape[a], a, base.shape).alu(Ops.CMPEQ, st.scalar(st.value(lo), base.shape))
-          sel = m if sel is None else sel.alu(Ops.AND, m)
-      return Node(Ops.STORE, n.dtype, (base, sel.alu(Ops.WHERE, v.expand(base.shape), base)), n.arg)
-  if n.op is Ops.SHRINK and sym:
-    x, arg, picks = srcs[0], [], []
-    for a, ((lo, hi), s) in enumerate(zip(n.arg, n.shape)):
-      if isinstance(lo, HostDim):
-        if s != 1 or isinstance(s, HostDim): raise _NotStatic("offset read")
-        arg.append((0, int(x.shape[a]))); picks.append((a, lo))
-      else:
-        arg.append((int(lo), int(lo) + int(s)))
-        if arg[-1][1] > x.shape[a]: raise _NotStatic("an extent's maximum past its source")
-    y = x.shrink(tuple(arg))
-    for a, lo in picks: y = st.pick(y, a, st.value(lo))
-    return y
-  if not sym: return n if srcs == n.src else n.over(srcs)
-  if n.op is Ops.RESHAPE:
-    if _nonunit(n.src[0].shape) != _nonunit(n.arg): raise _NotStatic("reshape")
-    return srcs[0].reshape(_ints(n.arg))
-  if n.op is Ops.EXPAND: return srcs[0].expand(_ints(n.arg))
-  if n.op is Ops.BITCAST and n.dtype.itemsize != n.src[0].dtype.itemsize: raise _NotStatic("a bitcast resizing a symbolic axis")
-  if n.op in (Ops.PAD, Ops.FLIP, Ops.PARAM, Ops.SLICE, Ops.BUFFER) or n.op in (Ops.CALL, Ops.FUNCTION): raise _NotStatic(n.op.name)
-  return n.over(srcs)
 
 def _host_params(body: Node) -> Node:
   """`body` with every PARAM on a HOST_AS device (nested bodies too) on the device callsat's kernels read it as."""
@@ -402,22 +178,22 @@ def program(cv: Conversion, call: Node, symbolic: str = "tinygrad", vals: dict |
     args.append(p if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (p,), a.arg))
   if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL that stores but holds no buffer")
   fixed = None
-  if syms or _dims(cv, Node(Ops.CALL, dtypes.void, (body, *args), call.arg)):
-    c = _fold_shrinks(Node(Ops.CALL, dtypes.void, (body, *args), call.arg))
+  if syms or dims_of(cv, Node(Ops.CALL, dtypes.void, (body, *args), call.arg)):
+    c = fold_shrinks(Node(Ops.CALL, dtypes.void, (body, *args), call.arg))
     body, args = c.src[0], list(c.src[1:])
-    try: body, args, fixed = static(cv, body, args, syms); syms = {}   # one structure for every value
-    except _NotStatic as e:
+    try: body, args, fixed = static(cv, body, args, syms, DEVICE); syms = {}   # one structure for every value
+    except NotStatic as e:
       if symbolic != "specialize":
         raise BridgeRefusal("backend:form:symbolic", f"{e}: compiled per value only with {SYMBOLIC_ENV}=specialize") from None
   body, args, snaps = _snapshots(body, args)
   c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
   def zero_of(partial) -> tuple[int, ...]: return tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
   sym = None
-  if syms or _dims(cv, c):
-    sym = Symbolic(c, _dims(cv, c), syms, zero_of)
+  if syms or dims_of(cv, c):
+    sym = Symbolic(c, dims_of(cv, c), syms, zero_of)
     if (missing := set(sym.names) - set(vals := vals or {})):
       raise BridgeRefusal("backend:form:unbound", f"variables {sorted(missing)} have no value in the graph")
-  if fixed is not None and (missing := set(_var_names([u for _, u in fixed.vars])) - set(vals := vals or {})):
+  if fixed is not None and (missing := set(var_names([u for _, u in fixed.vars])) - set(vals := vals or {})):
     raise BridgeRefusal("backend:form:unbound", f"variables {sorted(missing)} have no value in the graph")
   try:
     if sym is not None: c = sym.get(vals)[0]   # this graph's values: compiled now

@@ -31,8 +31,9 @@ from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
-from egraph.bridge.backend import (EMPTY, Program, bridge_backend, bound_values, symbolic_mode, inline_functions, program,   # noqa: E402
-                                   tinygrad_call, hook, stats as backend_stats)
+from egraph.bridge.backend import (EMPTY, Program, bridge_backend, inline_functions, program, tinygrad_call, hook,   # noqa: E402
+                                   stats as backend_stats)
+from egraph.bridge.symbolic import bound_values, symbolic_mode   # noqa: E402
 
 STOCK_TRANSFORM = _tg_tensor.transform_to_call   # tinygrad's own pass, as imported
 

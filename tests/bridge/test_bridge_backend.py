@@ -11,7 +11,7 @@ from tinygrad import Tensor, TinyJit, Context, Variable, nn, function   # noqa: 
 from egraph import tinygrad as bridge   # noqa: E402
 from tinygrad_cpu import require_cpu   # noqa: E402
 from bridge_programs import PROGRAMS as BRIDGE_PROGRAMS   # noqa: E402
-from egraph.bridge import backend   # noqa: E402
+from egraph.bridge import backend, symbolic   # noqa: E402
 from egraph.bridge.convert import BridgeRefusal   # noqa: E402
 from egraph.ir.errors import CallsatError   # noqa: E402
 
@@ -171,8 +171,8 @@ def test_bound_variables_static_compiles_once(monkeypatch):
   def f(x, n): return ((x[:, :n] + 1).sum(1) * n + x[:, n:n + 1].sum(1)).realize()   # a dimension, a value, an offset
   want = [_stock(lambda k=k: [f(Tensor(SYM).realize(), Variable("n", 1, 7).bind(k))])[0] for k in range(1, 8)]
   concrete, prepared = [], []
-  real_c, real_p = backend._concrete, backend.prepare
-  monkeypatch.setattr(backend, "_concrete", lambda *a: concrete.append(a) or real_c(*a))
+  real_c, real_p = symbolic._concrete, backend.prepare
+  monkeypatch.setattr(symbolic, "_concrete", lambda *a: concrete.append(a) or real_c(*a))
   monkeypatch.setattr(backend, "prepare", lambda c: prepared.append(c) or real_p(c))
   order = [3, 1, 7, 2, 3, 6, 4, 5]
   with bridge.installed(backend="callsat"):
@@ -190,12 +190,12 @@ def test_bound_variables_compiled_once_per_value(monkeypatch):
   def f(x, n): return (x[:, :n] * n + 1).realize()   # a stored symbolic shape: per value
   want = [_stock(lambda k=k: [f(Tensor(SYM).realize(), Variable("n", 1, 8).bind(k))[:, :k].contiguous()])[0] for k in range(1, 9)]
   made = []   # the values each Program was made concrete for, in order
-  real = backend._concrete
+  real = symbolic._concrete
   def concrete(call, dims, syms):
     made.append(tuple(syms.values()) or tuple(dims.values()))
     return real(call, dims, syms)
-  monkeypatch.setattr(backend, "_concrete", concrete)
-  monkeypatch.setattr(backend.Symbolic, "MAX", 3)
+  monkeypatch.setattr(symbolic, "_concrete", concrete)
+  monkeypatch.setattr(symbolic.Symbolic, "MAX", 3)
   order = [2, 3, 2, 4, 3, 2, 5, 6, 7, 2, 8, 1]
   with bridge.installed(backend="callsat", strict=True):
     jf, x = TinyJit(f), Tensor(SYM).realize()
