@@ -75,7 +75,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `measuring`: hints are checked by running
   the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
   the graph's structure, if made already; `backend` "callsat": the CALL runs callsat's kernels where it can
-  (egraph/bridge/backend.py; the hints' `backend` says why not), graphs over bound variables as `symbolic` says (backend.symbolic_mode)."""
+  (egraph/bridge/backend.py; the hints' `backend` says why not), graphs over bound variables as `symbolic` says (symbolic.symbolic_mode)."""
   if backend != "tinygrad": return _decide_backend(big_sink, measuring, st, symbolic)
   cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
   store = verdict_store() if measuring else None
@@ -257,7 +257,7 @@ def install(strict: bool = False, backend: str | None = None) -> None:
   """Make tinygrad's realize, schedule and callify use callsat's pass (idempotent; a second call sets the mode).
   `backend`: "tinygrad" (tinygrad's kernels run the CALL) or "callsat" (callsat's LLVM kernels run it where they can,
   egraph/bridge/backend.py); None: env CALLSAT_BRIDGE_BACKEND, read on every call, else "tinygrad". With "callsat",
-  graphs over bound variables run callsat's kernels as egraph/bridge/backend.py's symbolic_mode says: at the
+  graphs over bound variables run callsat's kernels as egraph/bridge/symbolic.py's symbolic_mode says: at the
   variables' maxima with the values read at run time (one compile), else (strict mode, or env
   CALLSAT_BRIDGE_SYMBOLIC=specialize) made concrete per value."""
   check_version()

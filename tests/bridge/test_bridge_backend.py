@@ -147,7 +147,7 @@ def _set_symbolic(monkeypatch, env):
                                                             (None, True, True, True), ("static", True, True, None),
                                                             ("tinygrad", True, None, None), ("tinygrad", False, False, False)])
 def test_bound_variables_by_setting(monkeypatch, env, strict, static_on, out_on):
-  """What a graph over a bound Variable gets (backend.symbolic_mode): the static form (at the variable's maximum, its
+  """What a graph over a bound Variable gets (symbolic.symbolic_mode): the static form (at the variable's maximum, its
   value read at run time) in fallback mode by default; a form outside it (a stored symbolic shape) made concrete per
   value only in strict mode or with CALLSAT_BRIDGE_SYMBOLIC=specialize; "tinygrad" never. Stock's values everywhere;
   where callsat's kernels may not run: tinygrad's (fallback, counted) or a named refusal (strict, None here)."""
