@@ -31,7 +31,7 @@ from lower.schedule.work import program_work
 from lower.runtime import run_call
 from egraph.bridge.convert import BridgeRefusal, Conversion, param_like
 from egraph.bridge.shadow import Shadow, env_value
-from egraph.bridge.symbolic import (SYMBOLIC_ENV, NotStatic, Static, Symbolic, dims_of, fold_shrinks, static, var_names,
+from egraph.bridge.symbolic import (SYMBOLIC_ENV, NotStatic, Static, Symbolic, dims_of, fold_shrinks, static, values_for,
                                     variable_expr)
 
 ENV = "CALLSAT_BRIDGE_BACKEND"
@@ -78,7 +78,7 @@ class Program:
     self.vars = fixed.vars if fixed is not None else []
     for b, n in (fixed.iotas if fixed is not None else ()): self.storage.set_data(b, np.arange(n, dtype=np.int32))
     for b, _ in self.vars: self.storage.allocate(b)
-    self.variables = sym.names if sym is not None else var_names([u for _, u in self.vars])   # named to tinygrad
+    self.variables = (sym or fixed).names if (sym or fixed) is not None else ()   # named to tinygrad
   def __repr__(self): return self.name
   __str__ = __repr__
 
@@ -89,9 +89,7 @@ class Program:
     with self.lock:   # the storage binds this run's arrays: one run at a time per program
       call, zero = (self.call, self.zero) if self.sym is None else self.sym.get(var_vals or {})
       if self.vars:
-        if (missing := [n for n in self.variables if n not in (var_vals or {})]):
-          raise CallsatError(f"{self.name} over variables {self.variables}: no value bound for {missing}")
-        vals = {n: int(var_vals[n]) for n in self.variables}
+        vals = values_for(self.variables, var_vals, self.name)
         for b, u in self.vars: self.storage[b][0] = u.sym_infer(vals)
       for ph, b in zip(self.bases, bufs): self.storage.borrow(ph, self.view(b, ph))
       for i, sb in self.snaps:
@@ -177,9 +175,9 @@ def program(cv: Conversion, call: Node, symbolic: str = "tinygrad", vals: dict |
     p = ph[b.arg.uid]
     args.append(p if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (p,), a.arg))
   if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL that stores but holds no buffer")
-  fixed = None
-  if syms or dims_of(cv, Node(Ops.CALL, dtypes.void, (body, *args), call.arg)):
-    c = fold_shrinks(Node(Ops.CALL, dtypes.void, (body, *args), call.arg))
+  fixed, c = None, Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
+  if syms or dims_of(cv, c):
+    c = fold_shrinks(c)
     body, args = c.src[0], list(c.src[1:])
     try: body, args, fixed = static(cv, body, args, syms, DEVICE); syms = {}   # one structure for every value
     except NotStatic as e:
@@ -188,12 +186,9 @@ def program(cv: Conversion, call: Node, symbolic: str = "tinygrad", vals: dict |
   body, args, snaps = _snapshots(body, args)
   c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
   def zero_of(partial) -> tuple[int, ...]: return tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
-  sym = None
-  if syms or dims_of(cv, c):
-    sym = Symbolic(c, dims_of(cv, c), syms, zero_of)
-    if (missing := set(sym.names) - set(vals := vals or {})):
-      raise BridgeRefusal("backend:form:unbound", f"variables {sorted(missing)} have no value in the graph")
-  if fixed is not None and (missing := set(var_names([u for _, u in fixed.vars])) - set(vals := vals or {})):
+  dims = dims_of(cv, c)   # left after the static form: none
+  sym = Symbolic(c, dims, syms, zero_of) if syms or dims else None
+  if (over := sym or fixed) is not None and (missing := set(over.names) - set(vals := vals or {})):
     raise BridgeRefusal("backend:form:unbound", f"variables {sorted(missing)} have no value in the graph")
   try:
     if sym is not None: c = sym.get(vals)[0]   # this graph's values: compiled now

@@ -148,9 +148,12 @@ def _measured_backend(stock: UOp, ours: UOp, prog) -> Measured | None:
   except Exception:
     with _LOCK: _COUNTS["measure_errors"] += 1
     return None
+  _count_measured(m)
+  return m
+
+def _count_measured(m: Measured) -> None:
   with _LOCK:
     _COUNTS["measured"] += 1; _COUNTS["measure_seconds"] += m.seconds; _COUNTS["measure_dropped"] += not m.keep
-  return m
 
 def _as_measured(v: Verdict) -> Measured: return Measured(v.stock_s, v.hinted_s, v.rounds, 0.0, v.ratio)
 
@@ -170,8 +173,7 @@ def _measured(hints: Hints, stock: UOp, hinted: UOp, device) -> Hints:
     with _LOCK: _COUNTS["measure_errors"] += 1
     return dataclasses.replace(hints, idents=frozenset(), uops=[], failed=True,   # this call's answer, never cached
                                note=f"hints dropped: measuring failed: {type(e).__name__}: {e}")
-  with _LOCK:
-    _COUNTS["measured"] += 1; _COUNTS["measure_seconds"] += m.seconds; _COUNTS["measure_dropped"] += not m.keep
+  _count_measured(m)
   if m.keep: return dataclasses.replace(hints, measured=m)
   return dataclasses.replace(hints, idents=frozenset(), uops=[], measured=m,
                              note=f"{len(hints.idents)} hints dropped: {m}, not faster by more than {margin():.0%}")

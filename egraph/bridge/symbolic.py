@@ -4,11 +4,11 @@ what lies past a variable's extent kept out of every result, the values read at 
 buffers: one compile for every value) and, outside it, the CALL made concrete per value tuple (`Symbolic`). What a
 graph gets is `symbolic_mode`'s setting."""
 from __future__ import annotations
-import dataclasses, math
+import math
 from collections import OrderedDict
 from tinygrad.uop.ops import UOp, Ops as TOps, GroupOp as TGroupOp
-from egraph.ir.ops import Node, Ops, GroupOp, toposort, new_buffer, const, dims_arg
-from egraph.ir.symbolic import HostDim, dims_in, map_dims
+from egraph.ir.ops import Node, Ops, toposort, new_buffer, const, dims_arg, map_args, substitute
+from egraph.ir.symbolic import HostDim, dims_in
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError
 from lower.device.native import prepare
@@ -43,8 +43,13 @@ def variable_expr(u: UOp | None) -> bool:
     elif x.op not in _EXPR_OPS: return False
   return var
 
-def var_names(uops) -> tuple[str, ...]:
-  return tuple(sorted({x.arg.name for u in uops for x in u.toposort() if _is_var(x)}))
+def var_names(uops) -> tuple[str, ...]: return tuple(sorted({v.expr for u in uops for v in u.variables()}))
+
+def values_for(names: tuple, var_vals: dict | None, who: str) -> dict[str, int]:
+  """{name: value} of tinygrad's run values for `names`; a name it lacks is the caller's error, named."""
+  if (missing := [n for n in names if n not in (var_vals or {})]):
+    raise CallsatError(f"{who} over variables {names}: no value bound for {missing}")
+  return {n: int(var_vals[n]) for n in names}
 
 def bound_values(tg_call: UOp) -> dict[str, int]:
   """The values tinygrad's CALL binds its variables to (its bound args: where tinygrad's schedule reads them too)."""
@@ -65,13 +70,11 @@ class Symbolic:
 
   def get(self, var_vals: dict) -> tuple[Node, tuple[int, ...]]:
     """(the concrete CALL, the base positions to zero-fill) for tinygrad's variable values, compiled on first use."""
-    if (missing := [n for n in self.names if n not in var_vals]):
-      raise CallsatError(f"callsat program over variables {self.names}: no value bound for {missing}")
-    key = tuple(int(var_vals[n]) for n in self.names)
+    vals = values_for(self.names, var_vals, "callsat program")
+    key = tuple(vals.values())
     if (got := self.made.get(key)) is not None:
       self.made.move_to_end(key)
       return got
-    vals = dict(zip(self.names, key))
     c = _concrete(self.call, {k: u.sym_infer(vals) for k, u in self.dims.items()}, {i: u.sym_infer(vals) for i, u in self.syms.items()})
     _, partial = prepare(c)
     got = self.made[key] = (c, self.zero_of(partial))
@@ -98,19 +101,11 @@ def fold_shrinks(call: Node) -> Node:
 def _concrete(call: Node, dims: dict, syms: dict) -> Node:
   """`call` with each host dimension its value (`dims`: HostDim key -> int) and each variable's OPAQUE value a constant
   (`syms`: ident -> int); the top body only (exact refuses variables in a function's body)."""
-  fn = lambda d: dims[d.key] if isinstance(d, HostDim) else d   # noqa: E731
-  new: dict[int, Node] = {}
-  for n in toposort(list(call.src), enter_calls=False):
-    if n.op is Ops.OPAQUE and n.arg.ident in syms:
-      shape = map_dims(n.arg.shape, fn)
-      c = const(syms[n.arg.ident], n.dtype, n.arg.device)
-      new[n.id] = c.reshape((1,) * len(shape)).expand(shape) if shape else c
-      continue
-    srcs = tuple(s if n.op in (Ops.CALL, Ops.FUNCTION) and i == 0 else new[s.id] for i, s in enumerate(n.src))
-    arg = dataclasses.replace(n.arg, shape=map_dims(n.arg.shape, fn)) if n.op is Ops.PARAM else \
-      map_dims(n.arg, fn) if n.op in GroupOp.Movement or n.op is Ops.SLICE else n.arg
-    new[n.id] = n if srcs == n.src and arg == n.arg and repr(arg) == repr(n.arg) else Node(n.op, n.dtype, srcs, arg)
-  return call.over(tuple(new[s.id] for s in call.src))
+  values = {n: _scalar(const(syms[n.arg.ident], n.dtype, n.arg.device), n.shape)
+            for n in toposort(list(call.src), enter_calls=False) if n.op is Ops.OPAQUE and n.arg.ident in syms}
+  return call.over(tuple(map_args(substitute(list(call.src), values), lambda d: dims[d.key] if isinstance(d, HostDim) else d)))
+
+def _scalar(v: Node, shape: tuple) -> Node: return v.reshape((1,) * len(shape)).expand(shape) if shape else v
 
 # ---- a graph over bound variables at the variables' maxima ------------------------------------------------------------
 
@@ -135,6 +130,9 @@ class Static:
     self.iotas: list = []         # (placeholder, n): int32 0..n-1
     self.vars: list = []          # (placeholder, tinygrad expression): its value, written per run
     self.new: dict[int, Node] = {}   # the rewrite so far: node id -> its image
+
+  @property
+  def names(self) -> tuple[str, ...]: return var_names([u for _, u in self.vars])
 
   def _param(self, what, make) -> Node:
     if (i := self.slot.get(what)) is None:
@@ -166,13 +164,11 @@ class Static:
     p = self._param(("iota", length), make)
     return p.reshape(tuple(length if i == axis else 1 for i in range(len(shape)))).expand(shape)
 
-  def scalar(self, v: Node, shape: tuple) -> Node: return v.reshape((1,) * len(shape)).expand(shape) if shape else v
-
   def pick(self, x: Node, axis: int, at: Node) -> Node:
     """x's entries at index `at` (a scalar node) along axis, that axis kept with extent 1: a masked reduce."""
-    sel = self.iota(x.shape[axis], axis, x.shape).alu(Ops.CMPEQ, self.scalar(at, x.shape))
+    sel = self.iota(x.shape[axis], axis, x.shape).alu(Ops.CMPEQ, _scalar(at, x.shape))
     rop = Ops.MAX if x.dtype == dtypes.bool else Ops.ADD
-    zero = self.scalar(const(_identity(rop, x.dtype), x.dtype), x.shape)
+    zero = _scalar(const(_identity(rop, x.dtype), x.dtype), x.shape)
     return Node(Ops.REDUCE, x.dtype, (sel.alu(Ops.WHERE, x, zero),), (rop, (axis,)))
 
 def _ints(t) -> tuple: return tuple(int(d) for d in t)
@@ -190,7 +186,7 @@ def static(cv: Conversion, body: Node, args: list[Node], syms: dict, device: str
   new = st.new
   for n in toposort([body, *args], enter_calls=False):
     if n.op is Ops.OPAQUE and n.arg.ident in syms and not dims_in(n.arg.shape):   # a value the arithmetic reads
-      new[n.id] = st.scalar(st.read(("value", n.arg.ident), syms[n.arg.ident], n.dtype), n.shape)
+      new[n.id] = _scalar(st.read(("value", n.arg.ident), syms[n.arg.ident], n.dtype), n.shape)
       continue
     srcs = tuple(s if n.op in (Ops.CALL, Ops.FUNCTION) and i == 0 else new[s.id] for i, s in enumerate(n.src))
     new[n.id] = _static_one(st, n, srcs)
@@ -203,8 +199,8 @@ def _static_one(st: Static, n: Node, srcs: tuple) -> Node:
     x = srcs[0]
     for a in n.arg[1]:
       if isinstance(n.src[0].shape[a], HostDim):   # entries past the extent: the reduce's identity
-        keep = st.iota(x.shape[a], a, x.shape).alu(Ops.CMPLT, st.scalar(st.value(n.src[0].shape[a]), x.shape))
-        x = keep.alu(Ops.WHERE, x, st.scalar(const(_identity(n.arg[0], x.dtype), x.dtype), x.shape))
+        keep = st.iota(x.shape[a], a, x.shape).alu(Ops.CMPLT, _scalar(st.value(n.src[0].shape[a]), x.shape))
+        x = keep.alu(Ops.WHERE, x, _scalar(const(_identity(n.arg[0], x.dtype), x.dtype), x.shape))
     return Node(Ops.REDUCE, n.dtype, (x,), n.arg)
   if n.op is Ops.STORE:
     if dims_in(n.src[1].shape): raise NotStatic("a store of a symbolic shape")
@@ -217,7 +213,7 @@ def _static_one(st: Static, n: Node, srcs: tuple) -> Node:
       sel = None
       for a, (lo, _) in enumerate(t.arg):
         if isinstance(lo, HostDim):
-          m = st.iota(base.shape[a], a, base.shape).alu(Ops.CMPEQ, st.scalar(st.value(lo), base.shape))
+          m = st.iota(base.shape[a], a, base.shape).alu(Ops.CMPEQ, _scalar(st.value(lo), base.shape))
           sel = m if sel is None else sel.alu(Ops.AND, m)
       return Node(Ops.STORE, n.dtype, (base, sel.alu(Ops.WHERE, v.expand(base.shape), base)), n.arg)
   if n.op is Ops.SHRINK and sym:
