@@ -10,6 +10,9 @@ PARAMs resolve to. The Program is the rules CALL callify chose, its OPAQUE tinyg
 Graphs over bound variables run at the variables' maxima with their values read at run time (`static`: one compile for
 every value); outside that form they are made concrete per value tuple (Symbolic: strict mode, or
 CALLSAT_BRIDGE_SYMBOLIC=specialize).
+Multi-device tensors over CPU devices run too: tinygrad's per-device select of a copied value (`shard`) is callsat's
+MULTI of it (the shadow's `unshard`), and a Program copies each device's buffer in and out of callsat's device-major
+storage around a run.
 Anything the conversion cannot say (other devices, an op without an exact form, fp8) is a BridgeRefusal named
 `backend:...`: fallback mode gives that graph tinygrad's kernels and counts why, strict raises."""
 from __future__ import annotations
@@ -17,7 +20,7 @@ import dataclasses, itertools, threading, weakref
 import numpy as np
 from tinygrad.uop.ops import UOp, Ops as TOps, UPat, PatternMatcher
 from tinygrad.dtype import dtypes as tdt
-from tinygrad.device import Device
+from tinygrad.device import Device, MultiBuffer
 from tinygrad.helpers import GlobalCounters
 import tinygrad.engine.realize as _tg_realize
 from tinygrad.schedule.rangeify import resolve_function
@@ -45,8 +48,12 @@ UPLOADS = ("NPY", "PYTHON")
 HOST_AS = {"PYTHON": "NPY"}
 
 def on_host(d) -> bool:
-  """A device whose memory callsat's kernels use in place: tinygrad's CPU (CPU:n too: host memory each), NPY, PYTHON."""
+  """A device whose memory callsat's kernels use in place: tinygrad's CPU (CPU:n too: host memory each), NPY, PYTHON;
+  or a tuple of CPU devices (tinygrad's multi-device tensors: one host buffer per device)."""
+  if isinstance(d, tuple): return bool(d) and all(isinstance(x, str) and x.partition(":")[0] == DEVICE for x in d)
   return isinstance(d, str) and (d in UPLOADS or d.partition(":")[0] == DEVICE)
+
+def _devices(d) -> tuple: return d if isinstance(d, tuple) else (d,)
 
 def bridge_backend(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_BACKEND (read when the bridge runs), else "tinygrad"."""
@@ -61,19 +68,22 @@ class Program:
   """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
   buffer of the tinygrad CALL's args (views stay SLICEs of them). The arg of the CUSTOM_FUNCTION the bridge hands
   tinygrad: compared by identity, printed by serial (tinygrad's UOp key reads str(arg))."""
-  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "sym", "vars", "variables",
-               "__weakref__")
+  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "multi", "sym", "vars",
+               "variables", "__weakref__")
   def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = (), sym: Symbolic | None = None,
                fixed: Static | None = None):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
     # tinygrad's CPU devices the arguments live on (each synchronized before a run; NPY/PYTHON are plain host memory)
-    self.devices = tuple(sorted({b.arg.device for b in bases if b.arg.device not in UPLOADS}))
+    self.devices = tuple(sorted({d for b in bases for d in _devices(b.arg.device) if d not in UPLOADS}))
+    # bases on a tuple of devices: tinygrad keeps one buffer per device, callsat's storage is device-major (one array),
+    # so the Program holds that array and copies the device buffers in before a run and out after it
+    self.multi = tuple(i for i, b in enumerate(bases) if isinstance(b.arg.device, tuple))
     self.snaps = snaps   # (base position, placeholder): old values of assigned buffers, copied before each run (position
                          # None: a copy the body makes itself)
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
     self.sym = sym   # over bound variables: `call` is this value tuple's; sym makes the others
-    for _, sb in snaps: self.storage.allocate(sb, zero=False)   # the Program's own memory
+    for sb in [sb for _, sb in snaps] + [bases[i] for i in self.multi]: self.storage.allocate(sb, zero=False)   # the Program's own memory
     # over bound variables at their maxima: the masks' 0..n-1, and the buffers each run writes the variables' values into
     self.vars = fixed.vars if fixed is not None else []
     for b, n in (fixed.iotas if fixed is not None else ()): self.storage.set_data(b, np.arange(n, dtype=np.int32))
@@ -83,20 +93,31 @@ class Program:
   __str__ = __repr__
 
   def run(self, bufs: list, var_vals: dict | None = None) -> Node:
-    """Run on tinygrad Buffers (allocated, in base order): their memory bound to the placeholders without a copy;
-    `var_vals` (tinygrad's {name: value}) binds the variables of a Program over them. Returns the CALL that ran."""
+    """Run on tinygrad Buffers (allocated, in base order; a list of per-device Buffers for a base on a tuple of devices):
+    their memory bound to the placeholders without a copy (copied for per-device bases); `var_vals` (tinygrad's
+    {name: value}) binds the variables of a Program over them. Returns the CALL that ran."""
     if len(bufs) != len(self.bases): raise CallsatError(f"{self.name}: {len(bufs)} buffers for {len(self.bases)} arguments")
     with self.lock:   # the storage binds this run's arrays: one run at a time per program
       call, zero = (self.call, self.zero) if self.sym is None else self.sym.get(var_vals or {})
       if self.vars:
         vals = values_for(self.variables, var_vals, self.name)
         for b, u in self.vars: self.storage[b][0] = u.sym_infer(vals)
-      for ph, b in zip(self.bases, bufs): self.storage.borrow(ph, self.view(b, ph))
+      for i, (ph, b) in enumerate(zip(self.bases, bufs)):
+        if i not in self.multi: self.storage.borrow(ph, self.view(b, ph))
+        else:
+          for a, d in zip(self._shards(i), b): np.copyto(a, self.view(d, ph))
       for i, sb in self.snaps:
         if i is not None: np.copyto(self.storage[sb], self.storage[self.bases[i]])
       for i in zero: self.storage[self.bases[i]].fill(0)   # tinygrad's buffers come from its pool, not zeroed
       run_call(call, self.storage)
+      for i in self.multi:
+        for a, d in zip(self._shards(i), bufs[i]): np.copyto(self.view(d, self.bases[i]), a)
     return call
+
+  def _shards(self, i: int) -> list[np.ndarray]:
+    """Per-device base i's storage, one array per device (in the tuple's order)."""
+    ph = self.bases[i]
+    return list(self.storage[ph].reshape(len(ph.arg.device), ph.arg.size))
 
   def view(self, b, ph: Node) -> np.ndarray:
     """Buffer b's memory as the 1-D array placeholder ph reads, the same array object for the same memory (so the
@@ -346,9 +367,12 @@ def work(call: Node) -> tuple[int, int, int]:
     got = _WORK[call] = (len(ws), sum(w.flops for w in ws), sum(w.nbytes for w in ws))
   return got
 
+def _allocated(b): return b.ensure_allocated() if b.nbytes else b
+
 def _exec(ctx, call: UOp, ast: UOp):
   if not isinstance(prog := ast.arg, Program): return None
-  bufs = [b.ensure_allocated() if b.nbytes else b for b in (u.buffer for u in _tg_realize.resolve_params(call, ctx.input_uops))]
+  bufs = [[_allocated(d) for d in b.bufs] if isinstance(b, MultiBuffer) else _allocated(b)
+          for b in (u.buffer for u in _tg_realize.resolve_params(call, ctx.input_uops))]
   for d in prog.devices: Device[d].synchronize()   # tinygrad's CPU queues run asynchronously: what they wrote is there
   ran = prog.run(bufs, ctx.var_vals)
   with _STATS_LOCK: STATS["runs"] += 1

@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses, math, os, time
 from importlib.metadata import version, PackageNotFoundError
 from dataclasses import dataclass, field
-from tinygrad.uop.ops import UOp, Ops as TOps
+from tinygrad.uop.ops import UOp, Ops as TOps, AxisType
 from tinygrad.dtype import dtypes as tdt
-from egraph.ir.ops import Node, Ops, ALU_OPS, BufferArg, toposort, const
+from egraph.ir.ops import Node, Ops, ALU_OPS, BufferArg, toposort, const, is_shard
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError
 from egraph.engine.encode import encode
@@ -109,6 +109,7 @@ class Shadow:
   def one(self, n: Node, src: tuple) -> Node:
     if n.op is Ops.BUFFER: return Node(Ops.BUFFER, n.dtype, (), BufferArg(n.arg.uid, n.arg.size, self.dev(n.arg.device)))
     if n.op is Ops.COPY: return Node(Ops.COPY, n.dtype, src, self.dev(n.arg))
+    if n.op is Ops.MULTI and (y := self.unshard(n)) is not None: return self.memo[y.id]
     if n.op is not Ops.OPAQUE: return n.over(src)
     try: x = self.arith(n, src)
     except CallsatError: x = None   # a form the shadow cannot say (symbolic, mixed dtypes): it stays opaque
@@ -144,10 +145,30 @@ class Shadow:
     else: return None
     return self.made(r if r.dtype == n.dtype else r.cast(n.dtype), n)
 
+  def unshard(self, n: Node) -> Node | None:
+    """The logical value y that MULTI n's source selects per device as tinygrad's `shard` does (a SHRINK of y at offset
+    dnum*s, size s along n's axis, s the shard size, dnum the DEVICE range): n is y itself; else None."""
+    if (x := n.src[0]).op is not Ops.OPAQUE or (got := self.cv.opaque[x.arg.ident])[0] is None or got[0].op is not TOps.SHRINK or got[1][:1] != (0,):
+      return None
+    u, y, axis, ndev = got[0], x.src[0], n.arg, len(n.device)
+    if is_shard(y) or y.shape != n.shape or not _ints(y.shape) or y.shape[axis] % ndev: return None
+    size = y.shape[axis] // ndev
+    for i, (off, sz) in enumerate(u.marg):
+      if i != axis and (off, sz) != (0, y.shape[i]): return None
+      if i == axis and (sz != size or not _device_offset(off, ndev, size)): return None
+    return y
+
   def made(self, r: Node, n: Node) -> Node:
     """r, recorded as the callsat form of OPAQUE n (what a hint on r names)."""
     self.origin[r.id] = n.arg.ident
     return r
+
+def _device_offset(off, ndev: int, size: int) -> bool:
+  """Is tinygrad's offset `off` dnum*size on device dnum of ndev (dnum: the one DEVICE range it reads)?"""
+  if not isinstance(off, UOp): return False
+  rngs = [r for r in off.toposort() if r.op is TOps.RANGE and r.arg[-1] is AxisType.DEVICE]
+  if len(rngs) != 1: return False   # (a bound variable left in it fails the CONST check below)
+  return all((v := off.substitute({rngs[0]: rngs[0].const_like(d)}).simplify()).op is TOps.CONST and v.arg == d * size for d in range(ndev))
 
 def _to(x: Node, shape: tuple) -> Node:
   """x broadcast to `shape` as tinygrad's ALU ops do implicitly (numpy rules): leading size-1 axes, then EXPAND."""

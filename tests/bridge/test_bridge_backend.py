@@ -308,8 +308,7 @@ def test_rng_counter_advanced_twice_in_one_graph():
 # the bridge's own programs (tests/bridge_programs.py, the ones tests/bridge/test_tinygrad_bridge.py realizes strict) on
 # tinygrad's CPU device with callsat's kernels, fallback mode: stock's values; what tinygrad's kernels ran is named
 ON_TINYGRAD = {"symbolic": "backend:form:symbolic", "symbolic_offset": "backend:form:symbolic",
-               "symbolic_cat": "backend:form:symbolic", "sharded": "backend:device:", "sharded_precompile": "backend:device:",
-               "fp8": "backend:dtype:fp8"}
+               "symbolic_cat": "backend:form:symbolic", "fp8": "backend:dtype:fp8"}
 
 @pytest.mark.parametrize("name", list(BRIDGE_PROGRAMS))
 def test_bridge_programs_on_callsat_kernels(name):
@@ -354,6 +353,44 @@ def test_second_cpu_device():
   got, st = _run(build, backend="callsat", strict=True)
   for g, w in zip(got, want): _close(g, w)
   assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
+
+DEVS = ("CPU:1", "CPU:2")
+Y = _f(32, 48)
+
+def _assigned():
+  w = Tensor(X).shard(DEVS, 0).contiguous().realize()
+  for _ in range(3): w.assign(w * 0.5 + 1).realize()
+  return [w]
+
+def _jitted():
+  step = TinyJit(lambda x: (x * 3).sum(1).realize())
+  return [step(Tensor(X + i).shard(DEVS, 0)) for i in range(4)]
+
+SHARDED = {
+  "elementwise": lambda: [Tensor(X).shard(DEVS, 0) * 2 + Tensor(Y).shard(DEVS, 0), Tensor(X).shard(DEVS, 1).exp()],
+  "replicated": lambda: [Tensor(X).shard(DEVS) + 1],
+  "reduces": lambda: [Tensor(X).shard(DEVS, 0).sum(1), Tensor(X).shard(DEVS, 0).sum(0), Tensor(X).shard(DEVS, 1).max()],
+  "matmul": lambda: [Tensor(X).shard(DEVS, 0) @ Tensor(W).shard(DEVS)],
+  "assign": _assigned,
+  "tinyjit": _jitted,
+}
+
+@pytest.mark.parametrize("name", list(SHARDED))
+def test_sharded_tensors(name):
+  """tinygrad's multi-device tensors over CPU devices (one host buffer per device) run callsat's kernels, strict: its
+  per-device select of a copied value (`shard`) is callsat's MULTI of that value, and a Program copies each device's
+  buffer in and out of callsat's device-major storage. Stock values, and every device's buffer holds stock's shard."""
+  def per_device(ts): return [np.stack([b.numpy() for b in t.realize().uop.buffer.bufs]) for t in ts]
+  with Context(DEBUG=0):
+    want = _stock(SHARDED[name])
+    want_shards = per_device(SHARDED[name]())
+  bridge.reset_stats()
+  with bridge.installed(backend="callsat", strict=True):
+    got = [np.array(v.numpy()) for v in SHARDED[name]()]
+    got_shards = per_device(SHARDED[name]())
+    st = bridge.stats()
+  for g, w in zip(got + got_shards, want + want_shards): _close(g, w)
+  assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0, st["backend_reasons"]
 
 @pytest.mark.parametrize("faster", ["callsat", "tinygrad"])
 def test_measured_check_picks_the_faster(monkeypatch, tmp_path, faster):
