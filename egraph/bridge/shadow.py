@@ -109,7 +109,7 @@ class Shadow:
   def one(self, n: Node, src: tuple) -> Node:
     if n.op is Ops.BUFFER: return Node(Ops.BUFFER, n.dtype, (), BufferArg(n.arg.uid, n.arg.size, self.dev(n.arg.device)))
     if n.op is Ops.COPY: return Node(Ops.COPY, n.dtype, src, self.dev(n.arg))
-    if n.op is Ops.MULTI and (y := self.unshard(n)) is not None: return self.memo[y.id]
+    if n.op is Ops.MULTI and (y := self.unshard(n)) is not None: return y
     if n.op is not Ops.OPAQUE: return n.over(src)
     try: x = self.arith(n, src)
     except CallsatError: x = None   # a form the shadow cannot say (symbolic, mixed dtypes): it stays opaque
@@ -146,17 +146,25 @@ class Shadow:
     return self.made(r if r.dtype == n.dtype else r.cast(n.dtype), n)
 
   def unshard(self, n: Node) -> Node | None:
-    """The logical value y that MULTI n's source selects per device as tinygrad's `shard` does (a SHRINK of y at offset
-    dnum*s, size s along n's axis, s the shard size, dnum the DEVICE range): n is y itself; else None."""
-    if (x := n.src[0]).op is not Ops.OPAQUE or (got := self.cv.opaque[x.arg.ident])[0] is None or got[0].op is not TOps.SHRINK or got[1][:1] != (0,):
-      return None
-    u, y, axis, ndev = got[0], x.src[0], n.arg, len(n.device)
+    """MULTI n (per-device values -> the logical value split along n's axis) of one of tinygrad's two per-device forms,
+    as the logical value itself (built); else None:
+    - a SHRINK of a logical value y at offset dnum*s, size s along the axis (tinygrad's `shard`; dnum the DEVICE range,
+      s the shard size): y;
+    - an MSTACK of single-device values, one per device of the tuple (the shards gathered back): their concatenation
+      along the axis, each copied onto the tuple."""
+    if (x := n.src[0]).op is not Ops.OPAQUE or (got := self.cv.opaque[x.arg.ident])[0] is None: return None
+    u, axis, ndev = got[0], n.arg, len(n.device)
+    if u.op is TOps.MSTACK and len(x.src) == ndev and all(s.device == d and s.shape == x.shape for s, d in zip(x.src, n.device)):
+      if not _ints(n.shape) or got[1] != tuple(range(ndev)): return None
+      return _concat([Node(Ops.COPY, s.dtype, (self.memo[s.id],), self.dev(n.device)) for s in x.src], axis, n.shape, self.dev(n.device))
+    if u.op is not TOps.SHRINK or got[1][:1] != (0,): return None
+    y = x.src[0]
     if is_shard(y) or y.shape != n.shape or not _ints(y.shape) or y.shape[axis] % ndev: return None
     size = y.shape[axis] // ndev
     for i, (off, sz) in enumerate(u.marg):
       if i != axis and (off, sz) != (0, y.shape[i]): return None
       if i == axis and (sz != size or not _device_offset(off, ndev, size)): return None
-    return y
+    return self.memo[y.id]
 
   def made(self, r: Node, n: Node) -> Node:
     """r, recorded as the callsat form of OPAQUE n (what a hint on r names)."""
@@ -176,14 +184,18 @@ def _to(x: Node, shape: tuple) -> Node:
   return x.reshape((1,) * (len(shape) - len(x.shape)) + tuple(x.shape)).expand(shape)
 
 def _stack(parts: list[Node], shape: tuple, device) -> Node:
-  """tinygrad's STACK: part i at index i of a new leading axis. Each part padded into place, picked by a padded mask
-  (a WHERE, not a sum of the pads: x + 0.0 would turn -0.0 into 0.0)."""
-  out = None
+  """tinygrad's STACK: part i at index i of a new leading axis."""
+  return _concat([p.reshape((1,) + tuple(shape[1:])) for p in parts], 0, shape, device)
+
+def _concat(parts: list[Node], axis: int, shape: tuple, device) -> Node:
+  """parts (equal shapes) one after another along `axis`. Each part padded into place, picked by a padded mask (a
+  WHERE, not a sum of the pads: x + 0.0 would turn -0.0 into 0.0)."""
+  out, k = None, parts[0].shape[axis]
   for i, p in enumerate(parts):
-    at = ((i, len(parts) - 1 - i),) + ((0, 0),) * (len(shape) - 1)
-    x = p.reshape((1,) + tuple(shape[1:])).pad(at)
+    at = tuple((i * k, (len(parts) - 1 - i) * k) if a == axis else (0, 0) for a in range(len(shape)))
+    x = p.pad(at)
     if out is None: out = x; continue
-    mask = const(True, dtypes.bool, device).reshape((1,) * len(shape)).expand((1,) + tuple(shape[1:])).pad(at)
+    mask = const(True, dtypes.bool, device).reshape((1,) * len(shape)).expand(p.shape).pad(at)
     out = Node(Ops.WHERE, None, (mask, x, out))
   return out
 

@@ -366,6 +366,16 @@ def _jitted():
   step = TinyJit(lambda x: (x * 3).sum(1).realize())
   return [step(Tensor(X + i).shard(DEVS, 0)) for i in range(4)]
 
+def _offloaded_optimizer():
+  """test_optim's LAMB with its state moved to one device: tinygrad gathers the shards back with an MSTACK."""
+  t = Tensor(X[:4, :8].copy()).shard(DEVS, axis=1)
+  with Context(TRAINING=1):
+    opt = nn.optim.LAMB([t])
+    for p in opt.m + opt.v + [opt.b1_t, opt.b2_t]: p.to_("CPU")
+    t.sum().backward()
+    opt.step()
+  return [t]
+
 SHARDED = {
   "elementwise": lambda: [Tensor(X).shard(DEVS, 0) * 2 + Tensor(Y).shard(DEVS, 0), Tensor(X).shard(DEVS, 1).exp()],
   "replicated": lambda: [Tensor(X).shard(DEVS) + 1],
@@ -373,6 +383,7 @@ SHARDED = {
   "matmul": lambda: [Tensor(X).shard(DEVS, 0) @ Tensor(W).shard(DEVS)],
   "assign": _assigned,
   "tinyjit": _jitted,
+  "offloaded optimizer": _offloaded_optimizer,
 }
 
 @pytest.mark.parametrize("name", list(SHARDED))
