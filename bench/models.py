@@ -14,6 +14,8 @@ and inputs (nothing is downloaded):
               temperature 0.8 (multinomial sampling: tinygrad's RNG inside the JIT); .tolist() of the sampled token
   gpt2-decode the same Transformer without JIT: each token a new Tensor, greedy, read back with .item()
   mnist       beautiful_mnist's train_step (TinyJit, Adam; its own randint draws BS of the uint8 noise images); loss.item()
+  mnist-grad  the same Model's loss and gradients under TinyJit, a new batch each call, no optimizer: loss, and each
+              gradient's absolute and squared sums (the step's values without Adam's amplification of rounding)
   resnet18    ResNet18 forward under TinyJit on 1x3x32x32 (a new input each step); output summary
   bert        Bert (the encoder with its embeddings) forward, no JIT, 2 x 32 tokens; output summary
   eager-mlp   an MLP trained with SGD without TinyJit: zero_grad, backward, step, loss.item() per step
@@ -126,6 +128,27 @@ def mnist(steps: int, rng):
   Tensor.realize(X, Y); _realize_all(bm.opt)
   return lambda i: [model.train_step(X, Y).item()]
 
+def mnist_grad(steps: int, rng):
+  """beautiful_mnist's Model, its loss and gradients under TinyJit on a new batch each call, no optimizer: the training
+  step's values without Adam's first step, which divides each gradient by its own magnitude (a gradient near 0 that
+  differs in its 4th digit moves a weight by up to 2 lr, so mnist's losses part from stock's after step 1)."""
+  import examples.beautiful_mnist as bm
+  from tinygrad import Tensor, TinyJit, Context, nn
+  model = bm.Model()
+  _load_random(model, rng)
+  params = nn.state.get_parameters(model)
+  X = [Tensor(rng.integers(0, 256, (MNIST_BS, 1, 28, 28), dtype="uint8")) for _ in range(steps + 2)]
+  Y = [Tensor(rng.integers(0, 10, MNIST_BS, dtype="uint8")) for _ in range(steps + 2)]
+  Tensor.realize(*X, *Y)
+  @TinyJit
+  @Context(TRAINING=1)
+  def grads(x: Tensor, y: Tensor) -> Tensor:
+    for p in params: p.grad, p.requires_grad = None, True
+    loss = model(x).sparse_categorical_crossentropy(y).backward()
+    gs = [p.grad for p in params if p.grad is not None]   # (BatchNorm's running statistics get none)
+    return Tensor.stack(loss, *[g.abs().sum() for g in gs], *[g.square().sum() for g in gs]).realize()
+  return lambda i: grads(X[i], Y[i]).tolist()   # absolute and squared sums: no cancellation for a tolerance to meet
+
 def resnet18(steps: int, rng):
   from extra.models.resnet import ResNet18
   from tinygrad import Tensor, TinyJit
@@ -163,12 +186,13 @@ def eager_mlp(steps: int, rng):
     return [loss.item()]
   return call
 
-MODELS = {"gpt2-gen": gpt2_gen, "gpt2-decode": gpt2_decode, "mnist": mnist, "resnet18": resnet18, "bert": bert,
-          "eager-mlp": eager_mlp}
+MODELS = {"gpt2-gen": gpt2_gen, "gpt2-decode": gpt2_decode, "mnist": mnist, "mnist-grad": mnist_grad, "resnet18": resnet18,
+          "bert": bert, "eager-mlp": eager_mlp}
 # steady calls per process: a few seconds each at most (non-JIT steps take 0.1-0.5 s of tinygrad scheduling on 2 cores)
-STEPS = {"gpt2-gen": 20, "gpt2-decode": 12, "mnist": 6, "resnet18": 10, "bert": 6, "eager-mlp": 10}
+STEPS = {"gpt2-gen": 20, "gpt2-decode": 12, "mnist": 6, "mnist-grad": 6, "resnet18": 10, "bert": 6, "eager-mlp": 10}
 SIZES = {"gpt2-gen": "Transformer dim 64, 4 heads, 2 layers, vocab 512, 1-token prompt",
          "gpt2-decode": "same model, greedy, no JIT", "mnist": f"Model, Adam, BS {MNIST_BS} of {MNIST_N} 28x28 uint8",
+         "mnist-grad": f"same Model, loss and gradients, BS {MNIST_BS}, a new batch per call",
          "resnet18": f"ResNet18 (1000 classes), 1x3x{RESNET_HW}x{RESNET_HW}",
          "bert": f"Bert hidden 64, 2 layers, 4 heads, ffn 256, vocab 512, {BERT_SHAPE[0]}x{BERT_SHAPE[1]} tokens",
          "eager-mlp": f"MLP {'-'.join(map(str, MLP))}, batch 64, SGD momentum 0.9"}
