@@ -133,6 +133,7 @@ class Shadow:
       return self.made(_stack(_operands(u, src, shape[1:], range(len(src))), shape, self.dev(n.arg.device)), n)
     if u.op in (TOps.DETACH, TOps.CONTIGUOUS_BACKWARD):   # gradient markers: the value itself
       return self.made(Node(Ops.DETACH, None, (src[0],)), n)
+    if u.op is TOps.ALLREDUCE: return self.allreduce(n, u, src[0])
     if u.op is TOps.REDUCE:
       if len(u.src) != 1 or u.arg[0] not in _REDUCE or not isinstance(k := u.arg[1], int) or k < 1: return None
       return self.made(Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k)))), n).reshape(shape)
@@ -165,6 +166,18 @@ class Shadow:
       if i != axis and (off, sz) != (0, y.shape[i]): return None
       if i == axis and (sz != size or not _device_offset(off, ndev, size)): return None
     return self.memo[y.id]
+
+  def allreduce(self, n: Node, u: UOp, x: Node) -> Node | None:
+    """tinygrad's ALLREDUCE of a value sharded along axis a over D devices (each device gets the op over every device's
+    shard, shards stay where they were) as logical arithmetic: the value with a split into (D, shard), reduced over D,
+    repeated D times along a. None for another form (a replicated source, another device tuple, another op)."""
+    try: a = u.src[0].axis
+    except Exception: return None   # tinygrad cannot say (several sharded axes)
+    if not isinstance(a, int) or u.arg[1] != u.src[0].device or u.arg[0] not in _REDUCE or x.shape != n.shape: return None
+    ndev, shape = len(u.arg[1]), n.shape
+    split = shape[:a] + (ndev, shape[a] // ndev) + shape[a + 1:]
+    r = Node(Ops.REDUCE, None, (x.reshape(split),), (_REDUCE[u.arg[0]], (a,)))
+    return self.made(r.expand(split).reshape(shape), n)
 
   def made(self, r: Node, n: Node) -> Node:
     """r, recorded as the callsat form of OPAQUE n (what a hint on r names)."""

@@ -185,6 +185,7 @@ def static(cv: Conversion, body: Node, args: list[Node], syms: dict, device: str
   st = Static(cv, len(args), device)
   new = st.new
   for n in toposort([body, *args], enter_calls=False):
+    if isinstance(n.device, tuple): raise NotStatic(f"{n.op.name} on {n.device}: a multi-device graph (its masks would be per device)")
     if n.op is Ops.OPAQUE and n.arg.ident in syms and not dims_in(n.arg.shape):   # a value the arithmetic reads
       new[n.id] = _scalar(st.read(("value", n.arg.ident), syms[n.arg.ident], n.dtype), n.shape)
       continue

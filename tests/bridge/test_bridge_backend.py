@@ -8,6 +8,7 @@ import pytest
 
 tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor, TinyJit, Context, Variable, nn, function   # noqa: E402
+from tinygrad.uop.ops import UOp, Ops as TOps   # noqa: E402
 from egraph import tinygrad as bridge   # noqa: E402
 from tinygrad_cpu import require_cpu   # noqa: E402
 from bridge_programs import PROGRAMS as BRIDGE_PROGRAMS   # noqa: E402
@@ -376,6 +377,11 @@ def _offloaded_optimizer():
     opt.step()
   return [t]
 
+def _allreduced():
+  """tinygrad's ALLREDUCE (test_multitensor's form): every device gets the sum over all devices' shards."""
+  ts = Tensor(X).shard(DEVS, 0).realize()
+  return [Tensor(UOp.allreduce(ts.uop, TOps.ADD, ts.device)), Tensor(UOp.allreduce((ts * 2).uop, TOps.MAX, ts.device))]
+
 SHARDED = {
   "elementwise": lambda: [Tensor(X).shard(DEVS, 0) * 2 + Tensor(Y).shard(DEVS, 0), Tensor(X).shard(DEVS, 1).exp()],
   "replicated": lambda: [Tensor(X).shard(DEVS) + 1],
@@ -384,6 +390,7 @@ SHARDED = {
   "assign": _assigned,
   "tinyjit": _jitted,
   "offloaded optimizer": _offloaded_optimizer,
+  "allreduce": _allreduced,
 }
 
 @pytest.mark.parametrize("name", list(SHARDED))
