@@ -33,22 +33,29 @@ def _postorder(e: Expr) -> list:
   return out
 
 def _uses(k: Kernel) -> list:
-  """(Expr, times it runs) for every node of the kernel's value: the product of the loop sizes from the outermost down
-  to the innermost loop it depends on (LLVM hoists loop-invariant code, e.g. a row's 1/sqrt out of the column loop)."""
-  order = list(k.domain)
+  """(Expr, times it runs) for every node of the kernel's value: the product of the sizes of the loops around it, from
+  the outermost down to the innermost one it depends on (LLVM hoists loop-invariant code, e.g. a row's 1/sqrt out of the
+  column loop). The loops around a node are the kernel's domain and the loops of the reduces it sits in, not those of
+  sibling reduces (a kernel of 40 sibling reduces runs each one's loop once per element, not their product)."""
   deps: dict = {}
   for x in _postorder(k.store.value):
-    if x.op == 'reduce':
-      order += [v for v in x.arg[1] if v not in order]
-      deps[id(x)] = set().union(*(deps[id(c)] for c in x.src)) - set(x.arg[1])
+    if x.op == 'reduce': deps[id(x)] = set().union(*(deps[id(c)] for c in x.src)) - set(x.arg[1])
     else: deps[id(x)] = _loop_vars(x).union(*(deps[id(c)] for c in x.src))
-  pos = {v: i for i, v in enumerate(order)}
-  cum = [1]
-  for v in order: cum.append(cum[-1] * v.size)
-  out = []
+  # the reduce loops around each node, outermost first (a node shared by two nestings: the deeper one)
+  around: dict = {id(k.store.value): ()}
+  stack = [k.store.value]
+  while stack:
+    x = stack.pop()
+    inner = around[id(x)] + tuple(v for v in x.arg[1] if v not in around[id(x)]) if x.op == 'reduce' else around[id(x)]
+    for c in x.src:
+      if id(c) not in around or len(around[id(c)]) < len(inner): around[id(c)] = inner; stack.append(c)
+  dom, out = list(k.domain), []
   for x in _postorder(k.store.value):
-    d = deps[id(x)] | (set(x.arg[1]) if x.op == 'reduce' else set())   # a reduce's accumulation runs over its own vars
-    out.append((x, cum[max((pos[v] for v in d if v in pos), default=-1) + 1]))
+    own = tuple(x.arg[1]) if x.op == 'reduce' else ()   # a reduce's accumulation runs over its own vars
+    order = dom + [v for v in around[id(x)] + own if v not in dom]
+    d = deps[id(x)] | set(own)
+    last = max((i for i, v in enumerate(order) if v in d), default=-1)
+    out.append((x, math.prod(v.size for v in order[:last + 1])))
   return out
 
 def kernel_work(k: Kernel, mems: tuple = (), device: str = "CPU", streamed: frozenset = frozenset()) -> KernelWork:

@@ -65,6 +65,14 @@ def test_matmul_and_transpose_and_hoisted_work():
   [e] = works_of(X * r.sqrt())   # the row's sqrt is loop-invariant in the column loop: 256 sqrts, not 256*128
   assert (e.divisions, e.transcendentals, e.flops) == (256, 0, 256 + 256 * 128)
 
+def test_sibling_reduces_count_their_own_loops():
+  """Three reduces side by side in one kernel each run their own loop once per row: R*C accumulations each (their loops
+  were multiplied together: R*C^3, and beautiful_mnist's gradient kernels counted 1e66 ops)."""
+  R, C = 16, 40
+  x = Tensor(np.ones((R, C), np.float32)).realize()
+  [w] = works_of(x.sum(axis=1) + x.max(axis=1) + (x * x).sum(axis=1))
+  assert (w.kind, w.flops) == ("reduce", 3 * R * C + R * C + 2 * R)   # 3 accumulations and x*x per element, 2 adds per row
+
 def test_softmax_kernels_and_peak():
   x = Tensor(np.ones((32, 64), np.float32)).realize()
   res = callify(x.softmax().node)
