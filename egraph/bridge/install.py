@@ -44,9 +44,9 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   cost-store as STOREs of the CALL (egraph/bridge/shadow.py). A graph whose structure was decided before (other
   buffers, other bound values) is rebound from the structural cache (egraph/bridge/cache.py; CALLSAT_BRIDGE_CACHE)."""
   backend = bridge_backend(_STATE["backend"])
-  mode = bridge_fusion() if backend == "tinygrad" else "rules"   # callsat's kernels: its own fusion decides, no hints
+  mode = bridge_fusion()   # with callsat's kernels, cost mode's stores are priced on callsat's own time model
   # measured: cost mode's hints, and (fallback mode) callsat's kernels against tinygrad's
-  measuring = (mode != "rules" or backend != "tinygrad" and _STATE["mode"] == "fallback") and env_switch(MEASURE_ENV)
+  measuring = (mode != "rules" if backend == "tinygrad" else _STATE["mode"] == "fallback") and env_switch(MEASURE_ENV)
   symbolic = symbolic_mode(_STATE["mode"] == "strict") if backend != "tinygrad" else "tinygrad"   # graphs over bound variables
   cache = _cache()
   if cache is None:
@@ -76,7 +76,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
   the graph's structure, if made already; `backend` "callsat": the CALL runs callsat's kernels where it can
   (egraph/bridge/backend.py; the hints' `backend` says why not), graphs over bound variables as `symbolic` says (symbolic.symbolic_mode)."""
-  if backend != "tinygrad": return _decide_backend(big_sink, measuring, st, symbolic)
+  if backend != "tinygrad": return _decide_backend(big_sink, measuring, st, symbolic, mode)
   cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
   store = verdict_store() if measuring else None
   name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
@@ -101,7 +101,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   if mode != "rules": _count_hints(hints)
   return call, bmap, hints
 
-def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "tinygrad"):
+def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "tinygrad", mode: str = "rules"):
   """The decision with callsat's kernels (egraph/bridge/backend.py): a Program running the rules CALL, or (fallback)
   the rules CALL for tinygrad's kernels and why. Plain functions are inlined first (their arithmetic runs callsat's
   kernels); a graph left to tinygrad gets the CALL the plain bridge gives (decided as it came). `measuring` (fallback
@@ -109,34 +109,38 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "ti
   per user like cost mode's verdicts (a structure measured slower before is not even compiled)."""
   topo = None if st is None or st.stripped else st.topo
   store = verdict_store() if measuring else None
-  name = digest("backend", tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
+  name = digest("backend", mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
   if (known := store.get(name) if store is not None else None) is not None:
     with _LOCK: _COUNTS["verdicts_reused"] += 1
-    if not known.keep: return (*_rules(big_sink, topo)[2:], Hints(backend=SLOWER, measured=_as_measured(known)))
+    if not known.keep: return (*_rules(big_sink, topo)[2:4], Hints(backend=SLOWER, measured=_as_measured(known)))
   sink, back = inline_functions(big_sink)
-  cv, ccall, call, bmap = _rules(sink, topo if back is None else None)
+  cv, ccall, call, bmap, hints = _rules(sink, topo if back is None else None, mode != "rules")
+  if mode != "rules": _count_hints(hints)
   if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
-  def tinygrads(why, m=None):   # tinygrad's kernels run the graph as it came
-    return (*(_rules(big_sink, topo)[2:] if back is not None else (call, bmap)), Hints(backend=why, measured=m))
+  def tinygrads(why, m=None):   # tinygrad's kernels run the graph as it came (without cost mode's stores)
+    return (*(_rules(big_sink, topo)[2:4] if back is not None or hints.idents else (call, bmap)), Hints(backend=why, measured=m))
   try: prog, order = program(cv, ccall, symbolic, bound_values(call))
   except BridgeRefusal as e:
     if _STATE["mode"] == "strict": raise
     return tinygrads(e.reason)
   if prog is None: return call, bmap, Hints(backend=EMPTY)
-  ours = tinygrad_call(prog, order, call)
-  if not measuring: return ours, bmap, Hints(backend=prog)   # strict: callsat's kernels, measured or not
-  if known is not None: return ours, bmap, Hints(backend=prog, measured=_as_measured(known))
-  if (m := _measured_backend(call, ours, prog)) is not None and store is not None:
+  ours, hints = tinygrad_call(prog, order, call), dataclasses.replace(hints, backend=prog)
+  if not measuring: return ours, bmap, hints   # strict: callsat's kernels, measured or not
+  if known is not None: return ours, bmap, dataclasses.replace(hints, measured=_as_measured(known))
+  stock = _rules(big_sink, topo)[2] if back is not None or hints.idents else call
+  if (m := _measured_backend(stock, ours, prog)) is not None and store is not None:
     store.put(name, Verdict(m.keep, (), m.stock_s, m.hinted_s, m.rounds, m.ratio))
   if m is not None and not m.keep: return tinygrads(SLOWER, m)
-  return ours, bmap, Hints(backend=prog, measured=m)
+  return ours, bmap, dataclasses.replace(hints, measured=m)
 
-def _rules(sink: UOp, topo=None) -> tuple:
-  """(the conversion, callsat's rules CALL, and it as tinygrad's CALL with its buffer_map) of a graph (`topo`: its
-  toposort, if made already)."""
+def _rules(sink: UOp, topo=None, cost: bool = False) -> tuple:
+  """(the conversion, callsat's rules CALL, it as tinygrad's CALL with its buffer_map, the cost-mode hints) of a graph
+  (`topo`: its toposort, if made already); `cost`: with the values callsat's cost mode stores, priced on callsat's own
+  kernels, stored too."""
   cv, roots = to_callsat(sink, topo, consts=True)
-  res = _callify(roots)
-  return (cv, res.call, *to_tinygrad(cv, res.call, res.buffer_map))
+  hints = _hints(cv, roots, "callsat") if cost else Hints()
+  res = _callify(realize_hints(cv, roots, hints.idents))
+  return (cv, res.call, *to_tinygrad(cv, res.call, res.buffer_map), hints)
 
 SLOWER = "backend:measured-slower"   # fallback mode's reason when tinygrad's kernels measured faster than callsat's
 
@@ -178,10 +182,10 @@ def _measured(hints: Hints, stock: UOp, hinted: UOp, device) -> Hints:
   return dataclasses.replace(hints, idents=frozenset(), uops=[], measured=m,
                              note=f"{len(hints.idents)} hints dropped: {m}, not faster by more than {margin():.0%}")
 
-def _hints(cv, roots) -> Hints:
+def _hints(cv, roots, kernels: str = "tinygrad") -> Hints:
   """cost_hints. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
   is counted; strict (and a direct call) raises it."""
-  try: h = cost_hints(cv, roots)
+  try: h = cost_hints(cv, roots, kernels)
   except Exception as e:
     if _STATE["mode"] != "fallback": raise
     h = Hints(note=f"{type(e).__name__}: {e}", failed=True)

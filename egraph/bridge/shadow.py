@@ -225,15 +225,17 @@ def _operands(u: UOp, src: tuple, shape: tuple, vals) -> list[Node]:
     out.append(_to(s, shape))
   return out
 
-def cost_hints(cv: Conversion, roots: list[Node]) -> Hints:
+def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad") -> Hints:
   """The values of cv's graph that callsat's cost-mode partition stores beyond the program's realize points, as OPAQUE
-  idents of tinygrad ALU/REDUCE values (never weak-typed ones, never a realize point itself). No hints (and a note) for
-  realize points on several devices, sharded or on a DISK, or a graph callsat has no time model for."""
+  idents of tinygrad ALU/REDUCE values (never weak-typed ones, never a realize point itself), priced on the `kernels`
+  that will run them: tinygrad's (its calibration for the device) or callsat's own (CALLSAT_BRIDGE_BACKEND=callsat).
+  No hints (and a note) for realize points on several devices, sharded or on a DISK, or a graph callsat has no time
+  model for."""
   t0 = time.perf_counter()
   devs = {r.device for r in roots if r.device is not None}   # the realize points' (inputs may be copied in from a host)
   if len(devs) != 1 or not isinstance(d := next(iter(devs)), str) or d.startswith("DISK"):
     return Hints(note=f"devices {sorted(map(str, devs))}: cost mode prices one device", seconds=time.perf_counter() - t0)
-  try: tm, err = tinygrad_model(d)
+  try: tm, err = tinygrad_model(d) if kernels == "tinygrad" else callsat_model(d)
   except NoTimeModel as e: return Hints(note=str(e), seconds=time.perf_counter() - t0)
   sh = Shadow(cv, d)
   enc = encode(sh.build(roots), "realized")
@@ -254,7 +256,7 @@ def cost_hints(cv: Conversion, roots: list[Node]) -> Hints:
   if ANCHOR and idents and (stock is None or hinted is None or hinted >= stock * math.exp(-err)):
     gain = "not costed" if stock is None or hinted is None else f"predicted {stock * 1e6:.1f} -> {hinted * 1e6:.1f} us ({1 - hinted / stock:+.1%})"
     return Hints(candidates=len(cands), partition=rep, stock_s=stock, hinted_s=hinted, seconds=time.perf_counter() - t0,
-                 note=f"{len(idents)} hints dropped: {gain}, within the model's error on tinygrad's kernels ({1 - math.exp(-err):.0%})")
+                 note=f"{len(idents)} hints dropped: {gain}, within the model's error on {kernels}'s kernels ({1 - math.exp(-err):.0%})")
   return Hints(frozenset(idents), [cv.opaque[i][0] for i in sorted(idents)], len(cands), rep,
                "" if idents else "the partition stores nothing beyond the realize points", time.perf_counter() - t0,
                stock_s=stock, hinted_s=hinted)
@@ -273,6 +275,15 @@ def tinygrad_model(device: str) -> tuple[TimeModel, float]:
   return got
 
 _MODELS: dict = {}   # calibration key -> (TimeModel, its error): the file is read once per process
+
+def callsat_model(device: str) -> tuple[TimeModel, float]:
+  """callsat's own time model of its CPU kernels (bench/calibrate.py) for a tinygrad CPU device, and its recorded error
+  (none recorded: any predicted gain counts)."""
+  if device.partition(":")[0] != COST_DEVICE: raise NoTimeModel(f"callsat's kernels run tinygrad's CPU device, not {device}")
+  if (got := _MODELS.get(COST_DEVICE)) is None:
+    tm = TimeModel.load(COST_DEVICE)
+    got = _MODELS[COST_DEVICE] = (tm, float(tm.log_error))
+  return got
 
 def realize_hints(cv: Conversion, roots: list[Node], idents: frozenset) -> list[Node]:
   """cv's roots with every consumer of a hinted OPAQUE reading CONTIGUOUS(it), as if the program had asked for it:

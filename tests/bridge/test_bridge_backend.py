@@ -355,6 +355,38 @@ def test_second_cpu_device():
   for g, w in zip(got, want): _close(g, w)
   assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0
 
+@pytest.mark.parametrize("name", ["matmul+softmax", "layernorm", "reduces"])
+def test_cost_mode_on_callsat_kernels(name, monkeypatch):
+  """CALLSAT_BRIDGE_FUSION=cost with callsat's kernels: the values callsat's cost mode stores are priced on callsat's own
+  time model and stored in the Program (the anchor off: every store the partition chooses); stock's values."""
+  from egraph.bridge import shadow
+  monkeypatch.setattr(shadow, "ANCHOR", False)
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  priced = []
+  real = shadow.callsat_model
+  monkeypatch.setattr(shadow, "callsat_model", lambda d: priced.append(d) or real(d))
+  want = _stock(PROGRAMS[name])
+  got, st = _run(PROGRAMS[name], backend="callsat", strict=True)
+  for g, w in zip(got, want): _close(g, w)
+  assert st["backend_callsat"] >= 1 and st["backend_tinygrad"] == 0 and priced, st
+
+def test_cost_mode_stores_reach_the_program(monkeypatch):
+  """A value the partition chooses to store is stored by the Program: one more argument than the rules Program's."""
+  from egraph.bridge import shadow, install
+  monkeypatch.setattr(shadow, "ANCHOR", False)
+  def build(): return [Tensor(X).softmax(-1) * 2]
+  made, real = [], install.program
+  monkeypatch.setattr(install, "program", lambda *a, **k: made.append(got := real(*a, **k)) or got)
+  bases = {}
+  for mode in ("rules", "cost"):
+    monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", mode)
+    made.clear()
+    got, _ = _run(build, backend="callsat", strict=True)
+    _close(got[0], _stock(build)[0])
+    bases[mode] = max(len(p.bases) for p, _ in made if p is not None)
+    if mode == "cost": assert install.last_hints().idents   # softmax: the partition stores a reduce
+  assert bases["cost"] > bases["rules"], bases
+
 DEVS = ("CPU:1", "CPU:2")
 Y = _f(32, 48)
 
