@@ -106,7 +106,8 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "ti
   the rules CALL for tinygrad's kernels and why. Plain functions are inlined first (their arithmetic runs callsat's
   kernels); a graph left to tinygrad gets the CALL the plain bridge gives (decided as it came). `measuring` (fallback
   mode): the Program runs only where it measured faster than tinygrad's kernels, checked once per structure and kept
-  per user like cost mode's verdicts (a structure measured slower before is not even compiled)."""
+  per user like cost mode's verdicts (a structure measured slower before is not even compiled). Cost mode's stores
+  (`mode` cost) are measured first against the same Program without them and kept only where they win."""
   topo = None if st is None or st.stripped else st.topo
   store = verdict_store() if measuring else None
   name = digest("backend", mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
@@ -114,22 +115,33 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "ti
     with _LOCK: _COUNTS["verdicts_reused"] += 1
     if not known.keep: return (*_rules(big_sink, topo)[2:4], Hints(backend=SLOWER, measured=_as_measured(known)))
   sink, back = inline_functions(big_sink)
-  cv, ccall, call, bmap, hints = _rules(sink, topo if back is None else None, mode != "rules")
+  cost = mode != "rules" and (known is None or bool(known.idents))   # stores that lost before are not chosen again
+  def made(hinted: bool):   # (the Program or why not, its tinygrad CALL and buffer_map, the hints)
+    cv, ccall, call, bmap, hints = _rules(sink, topo if back is None else None, hinted)
+    if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
+    try: prog, order = program(cv, ccall, symbolic, bound_values(call))
+    except BridgeRefusal as e:
+      if _STATE["mode"] == "strict": raise
+      return e.reason, call, bmap, hints
+    return (None if prog is None else (prog, tinygrad_call(prog, order, call))), call, bmap, hints
+  got, call, bmap, hints = made(cost)
   if mode != "rules": _count_hints(hints)
-  if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
   def tinygrads(why, m=None):   # tinygrad's kernels run the graph as it came (without cost mode's stores)
     return (*(_rules(big_sink, topo)[2:4] if back is not None or hints.idents else (call, bmap)), Hints(backend=why, measured=m))
-  try: prog, order = program(cv, ccall, symbolic, bound_values(call))
-  except BridgeRefusal as e:
-    if _STATE["mode"] == "strict": raise
-    return tinygrads(e.reason)
-  if prog is None: return call, bmap, Hints(backend=EMPTY)
-  ours, hints = tinygrad_call(prog, order, call), dataclasses.replace(hints, backend=prog)
+  if isinstance(got, str): return tinygrads(got)
+  if got is None: return call, bmap, Hints(backend=EMPTY)
+  (prog, ours), hints = got, dataclasses.replace(hints, backend=got[0])
   if not measuring: return ours, bmap, hints   # strict: callsat's kernels, measured or not
   if known is not None: return ours, bmap, dataclasses.replace(hints, measured=_as_measured(known))
+  if hints.idents:   # the stores against the same Program without them: kept only where they win
+    plain, pcall, pbmap, _ = made(False)
+    if isinstance(plain, tuple) and (m := _measured_backend(plain[1], ours, prog)) is not None and not m.keep:
+      (prog, ours), call, bmap = plain, pcall, pbmap
+      hints = dataclasses.replace(hints, idents=frozenset(), uops=[], backend=prog, measured=m,
+                                  note=f"{len(hints.idents)} stores dropped: {m}, not faster than the Program without them")
   stock = _rules(big_sink, topo)[2] if back is not None or hints.idents else call
   if (m := _measured_backend(stock, ours, prog)) is not None and store is not None:
-    store.put(name, Verdict(m.keep, (), m.stock_s, m.hinted_s, m.rounds, m.ratio))
+    store.put(name, Verdict(m.keep, tuple(sorted(hints.idents)), m.stock_s, m.hinted_s, m.rounds, m.ratio))
   if m is not None and not m.keep: return tinygrads(SLOWER, m)
   return ours, bmap, dataclasses.replace(hints, measured=m)
 

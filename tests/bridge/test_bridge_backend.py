@@ -475,6 +475,45 @@ def test_measured_check_picks_the_faster(monkeypatch, tmp_path, faster):
   _run(build, backend="callsat", strict=True)
   assert not calls
 
+@pytest.mark.parametrize("stores_win", [True, False])
+def test_cost_stores_measured_against_the_program_without_them(monkeypatch, tmp_path, stores_win):
+  """Fallback, cost mode with callsat's kernels: a Program with cost mode's stores is first timed against the same graph's
+  Program without them (outcome forced here) and keeps them only when they win; the kept verdict remembers which, so
+  a new process builds the winner without measuring. Stock values either way."""
+  from egraph.bridge import install as inst, shadow
+  from egraph.bridge.measure import Measured
+  from egraph.bridge.cache import StructureCache
+  monkeypatch.setattr(shadow, "ANCHOR", False)
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
+  monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS_DIR", str(tmp_path))
+  pairs = []
+  def fake(stock, ours, device):   # vs the Program without stores: as forced; vs tinygrad's kernels: callsat wins
+    against_plain = any(isinstance(u.arg, backend.Program) for u in stock.toposort() if u.op is TOps.CUSTOM_FUNCTION)
+    pairs.append(against_plain)
+    win = stores_win or not against_plain
+    return Measured(1e-3, 5e-4 if win else 2e-3, 5, 0.0, 0.5 if win else 2.0)
+  monkeypatch.setattr(inst, "measure", fake)
+  made, real = [], inst.program
+  monkeypatch.setattr(inst, "program", lambda *a, **k: made.append(got := real(*a, **k)) or got)
+  def build(): return [Tensor(X).softmax(-1) * 2]
+  want = _stock(build)
+  def run():
+    inst.set_cache(StructureCache())   # decided here, as a new process would
+    try: return _run(build, backend="callsat")
+    finally: inst.set_cache(StructureCache())
+  got, st = run()
+  _close(got[0], want[0])
+  assert pairs == [True, False] and st["backend_callsat"] >= 1, (pairs, st)
+  ran = [p for p, _ in made if p is not None]
+  hinted, plain = (len(p.bases) for p in ran)   # built in this order; the stores are arguments of their own
+  assert hinted > plain and st["measure_dropped"] == (not stores_win)
+  pairs.clear(); made.clear()
+  got, again = run()
+  _close(got[0], want[0])
+  assert not pairs and again["verdicts_reused"] >= 1 and len(made) == 1
+  assert len(made[0][0].bases) == (hinted if stores_win else plain)   # the winner, built without measuring
+
 def test_python_lists_run_on_native_kernels(monkeypatch):
   """A Python list's upload (tinygrad's PYTHON device; its RNG seed too) in one graph with compute: its bytes are read
   by callsat's native kernels; the graph never goes to callsat's numpy reference executor, where callsat's own PYTHON
