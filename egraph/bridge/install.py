@@ -116,19 +116,23 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "ti
     if not known.keep: return (*_rules(big_sink, topo)[2:4], Hints(backend=SLOWER, measured=_as_measured(known)))
   sink, back = inline_functions(big_sink)
   cost = mode != "rules" and (known is None or bool(known.idents))   # stores that lost before are not chosen again
-  def made(hinted: bool):   # (the Program or why not, its tinygrad CALL and buffer_map, the hints)
+  def made(hinted: bool):   # (the Program, or the refusal, its tinygrad CALL and buffer_map, the hints)
     cv, ccall, call, bmap, hints = _rules(sink, topo if back is None else None, hinted)
     if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
     try: prog, order = program(cv, ccall, symbolic, bound_values(call))
-    except BridgeRefusal as e:
-      if _STATE["mode"] == "strict": raise
-      return e.reason, call, bmap, hints
+    except BridgeRefusal as e: return e, call, bmap, hints
     return (None if prog is None else (prog, tinygrad_call(prog, order, call))), call, bmap, hints
   got, call, bmap, hints = made(cost)
   if mode != "rules": _count_hints(hints)
+  if isinstance(got, BridgeRefusal) and hints.idents:   # the stores put the graph out of callsat's reach (a stored value
+    why = got                                            # of symbolic shape leaves the static form): dropped
+    got, call, bmap, _ = made(False)
+    hints = dataclasses.replace(hints, idents=frozenset(), uops=[], note=f"{len(hints.idents)} stores dropped: {why.reason}")
   def tinygrads(why, m=None):   # tinygrad's kernels run the graph as it came (without cost mode's stores)
     return (*(_rules(big_sink, topo)[2:4] if back is not None or hints.idents else (call, bmap)), Hints(backend=why, measured=m))
-  if isinstance(got, str): return tinygrads(got)
+  if isinstance(got, BridgeRefusal):
+    if _STATE["mode"] == "strict": raise got
+    return tinygrads(got.reason)
   if got is None: return call, bmap, Hints(backend=EMPTY)
   (prog, ours), hints = got, dataclasses.replace(hints, backend=got[0])
   if not measuring: return ours, bmap, hints   # strict: callsat's kernels, measured or not

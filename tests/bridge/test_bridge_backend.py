@@ -373,6 +373,7 @@ def test_cost_mode_on_callsat_kernels(name, monkeypatch):
 def test_cost_mode_stores_reach_the_program(monkeypatch):
   """A value the partition chooses to store is stored by the Program: one more argument than the rules Program's."""
   from egraph.bridge import shadow, install
+  from egraph.bridge.cache import StructureCache
   monkeypatch.setattr(shadow, "ANCHOR", False)
   def build(): return [Tensor(X).softmax(-1) * 2]
   made, real = [], install.program
@@ -381,7 +382,9 @@ def test_cost_mode_stores_reach_the_program(monkeypatch):
   for mode in ("rules", "cost"):
     monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", mode)
     made.clear()
-    got, _ = _run(build, backend="callsat", strict=True)
+    install.set_cache(StructureCache())   # decided here, not taken from an earlier test's entry
+    try: got, _ = _run(build, backend="callsat", strict=True)
+    finally: install.set_cache(StructureCache())
     _close(got[0], _stock(build)[0])
     bases[mode] = max(len(p.bases) for p, _ in made if p is not None)
     if mode == "cost": assert install.last_hints().idents   # softmax: the partition stores a reduce
@@ -474,6 +477,27 @@ def test_measured_check_picks_the_faster(monkeypatch, tmp_path, faster):
   assert not calls and again["verdicts_reused"] >= 1 and again["backend_callsat"] == st["backend_callsat"]
   _run(build, backend="callsat", strict=True)
   assert not calls
+
+def test_cost_stores_that_put_the_graph_out_of_reach_are_dropped(monkeypatch):
+  """A Program callsat cannot build with cost mode's stores (e.g. a stored value of symbolic shape leaves the static
+  form) is built without them, in strict mode too: the stores are an option, not a refusal."""
+  from egraph.bridge import install as inst, shadow
+  monkeypatch.setattr(shadow, "ANCHOR", False)
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  tries, real = [], inst.program
+  def program(cv, call, *a, **k):
+    tries.append(len(call.src) - 1)
+    if len(tries) == 1: raise BridgeRefusal("backend:form:symbolic", "a store of symbolic shape (forced)")
+    return real(cv, call, *a, **k)
+  monkeypatch.setattr(inst, "program", program)
+  def build(): return [Tensor(X).softmax(-1) * 2]
+  want = _stock(build)
+  from egraph.bridge.cache import StructureCache
+  inst.set_cache(StructureCache())   # decided here, not taken from an earlier test's entry
+  try: got, st = _run(build, backend="callsat", strict=True)
+  finally: inst.set_cache(StructureCache())
+  _close(got[0], want[0])
+  assert len(tries) == 2 and tries[0] > tries[1] and st["backend_callsat"] == 1, (tries, st)
 
 @pytest.mark.parametrize("stores_win", [True, False])
 def test_cost_stores_measured_against_the_program_without_them(monkeypatch, tmp_path, stores_win):
