@@ -119,7 +119,10 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "ti
   def made(hinted: bool):   # (the Program, or the refusal, its tinygrad CALL and buffer_map, the hints)
     cv, ccall, call, bmap, hints = _rules(sink, topo if back is None else None, hinted)
     if back is not None: bmap = {o: bmap[n] for o, n in back.items() if n in bmap}   # the program's tensors are the originals'
-    try: prog, order = program(cv, ccall, symbolic, bound_values(call))
+    # with stores, a graph over bound variables must stay in the static form (one compile for every value): a store
+    # of symbolic shape made concrete per value would compile every token
+    sym = "static" if hinted and hints.idents and symbolic == "specialize" else symbolic
+    try: prog, order = program(cv, ccall, sym, bound_values(call))
     except BridgeRefusal as e: return e, call, bmap, hints
     return (None if prog is None else (prog, tinygrad_call(prog, order, call))), call, bmap, hints
   got, call, bmap, hints = made(cost)
