@@ -29,6 +29,10 @@ def _threads() -> int:
 
 THREADS = _threads()
 PARALLEL_WORK = 1 << 21          # estimated element-ops above which a kernel is split across THREADS
+# ... or above which, in a CALL with another such kernel right before or after it, it is split too: the workers'
+# futex wake-up (~50 us, more than a medium kernel gains from a second thread when they sleep) is paid once for the run
+# of them (an optimizer update over several tensors; a 3 MB update: 43 -> 29 us once they are awake)
+PARALLEL_WORK_RUN = 1 << 20
 ROUND_WORK = 1 << 25             # element-ops per round of a long kernel (~5-20 ms): Ctrl-C waits at most one round
 CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a busy core takes fewer (lower/device/pool.py)
 # a tiled matmul call packs all of B (K x N) for the rows it is given, so its chunks are at least this many rows (fewer
@@ -172,8 +176,15 @@ class _Sched:
         steps.append(((dst.root, dst.off), (src.root, src.off), src.nbytes))
       else:
         steps.append((ki, [(m.root, m.off) for m in s.mems], s.work)); ki += 1
-    self.steps = steps
+    self.steps = split_runs(steps)
     self.nbytes = cache.SCHEDULE_BYTES + 3 * sum(map(len, self.keys))
+
+def split_runs(steps: list) -> list:
+  """steps with each kernel of a run of at least two adjacent kernels of PARALLEL_WORK_RUN or more element-ops counted
+  as PARALLEL_WORK at least (split: the run pays the workers' wake-up once)."""
+  big = [type(s[0]) is not tuple and s[2] >= PARALLEL_WORK_RUN for s in steps]
+  return [(s[0], s[1], max(s[2], PARALLEL_WORK)) if big[i] and ((i > 0 and big[i - 1]) or (i + 1 < len(steps) and big[i + 1])) else s
+          for i, s in enumerate(steps)]
 
 def binding_key(call, checked: bool) -> tuple:
   """(bind or None, the BUFFER nodes, the schedule key): a CALL whose arguments are distinct whole BUFFERs (what the

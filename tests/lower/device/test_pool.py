@@ -236,3 +236,25 @@ def test_launches_stay_right_while_a_workers_core_is_busy():
       for cuts in run.rounds(3, 1 + i % 5): assert p.run(c.thunk, ctypes.addressof(run.argv), cuts, 2)
       np.testing.assert_array_equal(out, a * 3)
   finally: hog.kill(); hog.wait()
+
+def test_medium_kernels_in_a_run_split():
+  """A kernel below PARALLEL_WORK but at least PARALLEL_WORK_RUN is split when a kernel of that size is next to it
+  (the run pays the workers' wake-up once); alone, or next only to a copy or a small kernel, it is not."""
+  big, mid, small = native.PARALLEL_WORK, native.PARALLEL_WORK_RUN, native.PARALLEL_WORK_RUN - 1
+  copy = ((0, 0), (1, 0), 64)
+  steps = [(0, [], mid), (1, [], mid), copy, (2, [], mid), (3, [], small), (4, [], big), (5, [], mid), copy, (6, [], mid)]
+  works = [s[2] for s in native.split_runs(steps)]
+  assert works == [big, big, 64, mid, small, big, big, 64, mid]
+
+def test_optimizer_update_over_several_tensors_is_right():
+  """An SGD-like update of three medium tensors in one CALL (their kernels now split as a run): numpy's values."""
+  rng = np.random.default_rng(3)
+  from egraph import Tensor
+  ws = [rng.standard_normal(300_000).astype(np.float32) for _ in range(3)]
+  gs = [rng.standard_normal(300_000).astype(np.float32) for _ in range(3)]
+  ts = [(Tensor(w).realize(), Tensor(g).realize()) for w, g in zip(ws, gs)]
+  outs = [w - g * 0.05 for w, g in ts]
+  before = native.STATS["rounds"]
+  Tensor.realize(*outs)
+  if native.THREADS > 1: assert native.STATS["rounds"] - before >= 3   # each update split (one round each)
+  for o, w, g in zip(outs, ws, gs): np.testing.assert_allclose(o.numpy(), w - g * np.float32(0.05), rtol=1e-6)
