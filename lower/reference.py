@@ -156,6 +156,12 @@ def _param(n: Node, params: list[np.ndarray] | None) -> np.ndarray:
 
 def _store(n: Node, tgt: np.ndarray, val: np.ndarray, memo: dict[int, Any]) -> None:
   b = n.src[0]
+  w = b.src[0] if b.op is Ops.SHRINK else b
+  while w.op in (Ops.AFTER, Ops.DETACH): w = w.src[0]
+  if b.op is Ops.SHRINK and w.op is Ops.MULTI and not is_shard(n.src[1]):   # a window of a sharded value: the logical
+    full = np.concatenate(list(memo[w.src[0].id]), axis=w.arg)               # value with the window replaced, stored whole
+    full[tuple(slice(lo, hi) for lo, hi in b.arg)] = val
+    b, val = w, full
   if b.op is Ops.MULTI:   # a logical value into per-device storage: each device gets its shard
     D = len(b.device)
     if is_shard(n.src[1]): val = np.stack([np.split(val[d], D, b.arg)[d] for d in range(D)])   # per-device copies: each its own shard

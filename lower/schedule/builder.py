@@ -292,6 +292,26 @@ def _target(t: Node, bind: dict):
     return flat_index(idx, base.shape)
   return m, index
 
+def _under_after(n: Node) -> Node:
+  while n.op in (Ops.AFTER, Ops.DETACH): n = n.src[0]
+  return n
+
+def _window_targets(win: tuple, multi: Node, bind: dict) -> list:
+  """targets of a STORE into a SHRINK window of a MULTI (an assign to a slice of a sharded value): device d writes the
+  part of the window its shard holds, shard-local; a device whose shard the window misses gets no kernel."""
+  x, a = multi.src[0], multi.arg
+  m, index = _target(x, bind)
+  size, (lo, hi) = x.shape[a], win[a]
+  out = []
+  for d, dv in enumerate(multi.device):
+    s0, s1 = max(lo, d * size), min(hi, (d + 1) * size)
+    if s0 >= s1: continue
+    shape = tuple(s1 - s0 if i == a else e - b for i, (b, e) in enumerate(win))
+    offs = tuple(s0 - d * size if i == a else b for i, (b, _) in enumerate(win))   # the kernel's index -> shard-local
+    out.append((m.on(d), lambda idx, offs=offs: index(tuple(v + o for v, o in zip(idx, offs))), shape, (dv, multi.device, d),
+                lambda idx, s0=s0: idx[:a] + (idx[a] + s0 - lo,) + idx[a + 1:]))   # ... -> the stored value's
+  return out
+
 def targets(t: Node, bind: dict) -> list:
   """(Mem, store index, domain shape, kernel device, value index) for each kernel a STORE into `t` needs: one per
   device of a multi-device target (its shard of a MULTI, or its copy of per-device storage), else one."""
@@ -307,6 +327,8 @@ def targets(t: Node, bind: dict) -> list:
     def shifted(d):
       return lambda idx: idx[:a] + (idx[a] + d * x.shape[a],) + idx[a + 1:]
     return [(m.on(d), index, x.shape, (dv, devs, d), shifted(d)) for d, dv in enumerate(devs)]
+  if m.op is Ops.SHRINK and (w := _under_after(m.src[0])).op is Ops.MULTI and all(isinstance(v, int) for r in m.arg for v in r):
+    return _window_targets(m.arg, w, bind)
   if not is_shard(t):
     ops, n = [], t
     while n.src and n.op is not Ops.MULTI: ops.append(n.op.name); n = n.src[0]

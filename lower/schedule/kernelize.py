@@ -12,7 +12,8 @@
   reduce over the shard axis, a shrink across shards, a COPY off the devices) it reads the other devices' copies
   directly (CPU:n are all host memory) and Program.peers records it. Multi-device temporaries are split along their
   shard axis (ir.shard_axes), each device computing its part. Kernels of one STORE that read each other's targets all
-  compute into temporaries before any copy back. A STORE into a view of a MULTI raises UnsupportedOpError.
+  compute into temporaries before any copy back. A STORE into a SHRINK window of a MULTI is one kernel per device whose
+  shard the window reaches; into any other view of a MULTI it raises UnsupportedOpError.
 * The value of a STORE is fused into one kernel over the target's shape. Movement ops (reshape, permute, expand, shrink,
   pad, flip) and SLICE views become index arithmetic (kernel.Idx); nothing is copied for them.
 * A REDUCE is computed in place, as an accumulator loop nest, unless a broadcasting EXPAND lies between it and the

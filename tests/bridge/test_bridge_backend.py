@@ -398,6 +398,13 @@ def _assigned():
   for _ in range(3): w.assign(w * 0.5 + 1).realize()
   return [w]
 
+def _slice_assigned():
+  w = Tensor(X).shard(DEVS, 0).contiguous().realize()
+  # windows whole along the shard axis (tinygrad 0.14 refuses most others, and its scheduler fails on one device's shard)
+  w[:, 5:9].assign(Tensor(Y[:, :4].copy()).shard(DEVS, 0) * 3).realize()
+  w[:, 20:30].assign(w[:, 30:40] - 1).realize()
+  return [w]
+
 def _jitted():
   step = TinyJit(lambda x: (x * 3).sum(1).realize())
   return [step(Tensor(X + i).shard(DEVS, 0)) for i in range(4)]
@@ -423,6 +430,7 @@ SHARDED = {
   "reduces": lambda: [Tensor(X).shard(DEVS, 0).sum(1), Tensor(X).shard(DEVS, 0).sum(0), Tensor(X).shard(DEVS, 1).max()],
   "matmul": lambda: [Tensor(X).shard(DEVS, 0) @ Tensor(W).shard(DEVS)],
   "assign": _assigned,
+  "assign a slice": _slice_assigned,
   "tinyjit": _jitted,
   "offloaded optimizer": _offloaded_optimizer,
   "allreduce": _allreduced,
