@@ -319,8 +319,7 @@ def targets(t: Node, bind: dict) -> list:
   if not isinstance(devs, tuple):
     m, index = _target(t, bind)
     return [(m, index, t.shape, (devs, None, None), None)]
-  m = t
-  while m.op in (Ops.AFTER, Ops.DETACH): m = m.src[0]   # an earlier write's AFTER: the same storage
+  m = _under_after(t)   # an earlier write's AFTER: the same storage
   if m.op is Ops.MULTI:   # device d writes its shard: the logical value at the shard's indices
     x, a = m.src[0], m.arg
     m, index = _target(x, bind)
