@@ -196,7 +196,7 @@ def program(cv: Conversion, call: Node, symbolic: str = "tinygrad", vals: dict |
     p = ph[b.arg.uid]
     args.append(p if a.op is Ops.BUFFER else Node(Ops.SLICE, a.dtype, (p,), a.arg))
   if not bases: raise BridgeRefusal("backend:form:no-storage", "a CALL that stores but holds no buffer")
-  fixed, c = None, Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
+  fixed, dims, c = None, {}, Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
   if syms or dims_of(cv, c):
     c = fold_shrinks(c)
     body, args = c.src[0], list(c.src[1:])
@@ -204,10 +204,10 @@ def program(cv: Conversion, call: Node, symbolic: str = "tinygrad", vals: dict |
     except NotStatic as e:
       if symbolic != "specialize":
         raise BridgeRefusal("backend:form:symbolic", f"{e}: compiled per value only with {SYMBOLIC_ENV}=specialize") from None
+      dims = dims_of(cv, c)   # made concrete per value (the snapshots below keep their shapes)
   body, args, snaps = _snapshots(body, args)
   c = Node(Ops.CALL, dtypes.void, (body, *args), call.arg)
   def zero_of(partial) -> tuple[int, ...]: return tuple(i for i, p in enumerate(bases) if p.arg.uid in partial and p.arg.uid in fresh)
-  dims = dims_of(cv, c)   # left after the static form: none
   sym = Symbolic(c, dims, syms, zero_of) if syms or dims else None
   if (over := sym or fixed) is not None and (missing := set(over.names) - set(vals := vals or {})):
     raise BridgeRefusal("backend:form:unbound", f"variables {sorted(missing)} have no value in the graph")

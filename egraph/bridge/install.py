@@ -131,8 +131,11 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "ti
     why = got                                            # of symbolic shape leaves the static form): dropped
     got, call, bmap, _ = made(False)
     hints = dataclasses.replace(hints, idents=frozenset(), uops=[], note=f"{len(hints.idents)} stores dropped: {why.reason}")
-  def tinygrads(why, m=None):   # tinygrad's kernels run the graph as it came (without cost mode's stores)
-    return (*(_rules(big_sink, topo)[2:4] if back is not None or hints.idents else (call, bmap)), Hints(backend=why, measured=m))
+  came = {}
+  def as_came() -> tuple:   # tinygrad's CALL and buffer_map of the graph as it came (no inlining, no stores), made once
+    if "it" not in came: came["it"] = _rules(big_sink, topo)[2:4] if back is not None or hints.idents else (call, bmap)
+    return came["it"]
+  def tinygrads(why, m=None): return (*as_came(), Hints(backend=why, measured=m))   # tinygrad's kernels run it
   if isinstance(got, BridgeRefusal):
     if _STATE["mode"] == "strict": raise got
     return tinygrads(got.reason)
@@ -146,8 +149,7 @@ def _decide_backend(big_sink: UOp, measuring: bool, st=None, symbolic: str = "ti
       (prog, ours), call, bmap = plain, pcall, pbmap
       hints = dataclasses.replace(hints, idents=frozenset(), uops=[], backend=prog, measured=m,
                                   note=f"{len(hints.idents)} stores dropped: {m}, not faster than the Program without them")
-  stock = _rules(big_sink, topo)[2] if back is not None or hints.idents else call
-  if (m := _measured_backend(stock, ours, prog)) is not None and store is not None:
+  if (m := _measured_backend(as_came()[0], ours, prog)) is not None and store is not None:
     store.put(name, Verdict(m.keep, tuple(sorted(hints.idents)), m.stock_s, m.hinted_s, m.rounds, m.ratio))
   if m is not None and not m.keep: return tinygrads(SLOWER, m)
   return ours, bmap, dataclasses.replace(hints, measured=m)

@@ -37,8 +37,8 @@ def _uses(k: Kernel) -> list:
   the outermost down to the innermost one it depends on (LLVM hoists loop-invariant code, e.g. a row's 1/sqrt out of the
   column loop). The loops around a node are the kernel's domain and the loops of the reduces it sits in, not those of
   sibling reduces (a kernel of 40 sibling reduces runs each one's loop once per element, not their product)."""
-  deps: dict = {}
-  for x in _postorder(k.store.value):
+  deps, post = {}, _postorder(k.store.value)
+  for x in post:
     if x.op == 'reduce': deps[id(x)] = set().union(*(deps[id(c)] for c in x.src)) - set(x.arg[1])
     else: deps[id(x)] = _loop_vars(x).union(*(deps[id(c)] for c in x.src))
   # the reduce loops around each node, outermost first (a node shared by two nestings: the deeper one)
@@ -50,7 +50,7 @@ def _uses(k: Kernel) -> list:
     for c in x.src:
       if id(c) not in around or len(around[id(c)]) < len(inner): around[id(c)] = inner; stack.append(c)
   dom, out = list(k.domain), []
-  for x in _postorder(k.store.value):
+  for x in post:
     own = tuple(x.arg[1]) if x.op == 'reduce' else ()   # a reduce's accumulation runs over its own vars
     order = dom + [v for v in around[id(x)] + own if v not in dom]
     d = deps[id(x)] | set(own)
