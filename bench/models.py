@@ -29,7 +29,8 @@ mode callsat times each new structure's Program against tinygrad's kernels anew:
 model the modes run in a rotated order, so drift hits all modes. In a worker the bridge is installed before the model
 is built (weight init realizes through it too), then:
   first call  call 0, timed: scheduling, compile, run (a JIT model's plain first run)
-  warm call   call 1, not in the steady numbers (TinyJit captures here)
+  warm call   call 1, timed, not in the steady numbers (TinyJit captures here; the bridge's measured decisions are
+              made at a structure's second run, CALLSAT_BRIDGE_DECIDE_AT: for a loop, mostly here)
   steady      calls 2 .. steps+1, each timed; the worker reports their median. A JIT model replays its captured
               kernels; gpt2-decode is one token (new Tensor in, .item() out); eager-mlp one optimizer step + .item().
 Values (tokens, losses, output summaries) of every call are compared with the stock process of the same round,
@@ -223,7 +224,9 @@ def worker(model: str, mode: str, steps: int, tinygrad_tests: str) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     values = [call(0)]
     out["first_ms"], out["first_cpu_ms"] = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+    t0 = time.perf_counter()
     values.append(call(1))
+    out["warm_ms"] = (time.perf_counter() - t0) * 1e3
     before, times, cpus = _stats(br), [], []
     from tinygrad import GlobalCounters
     for i in range(2, steps + 2):
@@ -280,7 +283,7 @@ def compare(a: list, b: list) -> tuple[bool, float, float, int | None, bool]:
   return same, dabs, drel, first, close
 
 COUNTED = ("calls", "bridged", "fallback", "refused", "hinted", "hints", "hint_errors", "measured", "measure_dropped",
-           "measure_seconds", "verdicts_reused", "backend_callsat", "backend_tinygrad", "backend_runs", "cache.hits", "cache.misses",
+           "measure_seconds", "verdicts_reused", "undecided", "backend_callsat", "backend_tinygrad", "backend_runs", "cache.hits", "cache.misses",
            "cache.uncacheable", "cache.evicted")
 
 def _flat(stats: dict) -> dict:
@@ -305,6 +308,7 @@ def counts(runs: list[dict]) -> str:
     if cell(part, "measured") not in (None, "0"):
       out += f", {c('measured')} measured ({c('measure_dropped')} dropped, {cell(part, 'measure_seconds', lambda v: f'{v:.1f}')} s)"
     if cell(part, "verdicts_reused") not in (None, "0"): out += f", {c('verdicts_reused')} verdicts reused"
+    if cell(part, "undecided") not in (None, "0"): out += f", {c('undecided')} undecided (a first run)"
     if cell(part, "backend_callsat") is not None:   # CALLSAT_BRIDGE_BACKEND=callsat: who ran the CALLs
       out += f", callsat's kernels {c('backend_callsat')} / tinygrad's {c('backend_tinygrad')} calls, {c('backend_runs')} runs"
     return out
@@ -316,8 +320,8 @@ def counts(runs: list[dict]) -> str:
 
 def table(results: dict, args) -> list[str]:
   """results[(model, mode)] = list of per-round dicts (round index inside)."""
-  lines = ["| model | mode | values = stock | first call ms | first / stock | steady ms | speed = stock / mode | "
-           "speed, CPU time | last step: kernels, GFLOP, MB | bridge counts | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| model | mode | values = stock | first call ms | first / stock | warm call ms | steady ms | speed = stock / mode | "
+           "speed, CPU time | last step: kernels, GFLOP, MB | bridge counts | errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for model in args.models:
     stock = {r["round"]: r for r in results.get((model, "stock"), []) if "error" not in r}
     med = lambda runs, k: statistics.median(r[k] for r in runs) if runs else None
@@ -337,6 +341,7 @@ def table(results: dict, args) -> list[str]:
         eq = (f"yes, {n_same}/{len(cmp)} rounds" if n_same == len(cmp) else
               f"**no**, {n_same}/{len(cmp)} rounds; max diff {dabs:.3g} (rel {drel:.2g}) from call {at}; {tol}")
       first, steady = med(ok, "first_ms"), med(ok, "steady_ms")
+      warm = med([r for r in ok if "warm_ms" in r], "warm_ms")
       fr = f"{first / s_first:.2f}x" if first and s_first and mode != "stock" else ""
       sp = f"{s_steady / steady:.2f}x" if steady and s_steady and mode != "stock" else ""
       cpu = med([r for r in ok if "steady_cpu_ms" in r], "steady_cpu_ms")
@@ -345,7 +350,8 @@ def table(results: dict, args) -> list[str]:
       ks = sorted({tuple(r["kernels"]) for r in ok if "kernels" in r})
       kc = "; ".join(f"{k} / {o / 1e9:.3g} / {m / 1e6:.3g}" for k, o, m in ks) or "-"
       if mode != "stock" and ks and ks != sorted({tuple(r["kernels"]) for r in stock.values() if "kernels" in r}): kc = f"**{kc}** (not stock's)"
-      lines.append(f"| {model} | {mode} | {eq} | {f'{first:.0f}' if first else '-'} | {fr} | {f'{steady:.2f}' if steady else '-'} "
+      lines.append(f"| {model} | {mode} | {eq} | {f'{first:.0f}' if first else '-'} | {fr} | {f'{warm:.0f}' if warm else '-'} "
+                   f"| {f'{steady:.2f}' if steady else '-'} "
                    f"| {sp} | {sc} | {kc} | {counts(ok) if ok else '-'} | {err.replace('|', '/')} |")
   return lines
 

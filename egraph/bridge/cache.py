@@ -84,6 +84,13 @@ class Entry:
   mapping: tuple         # (key position, recipe)
   extra: object = None   # what the bridge keeps beside (its cost-mode hints)
 
+@dataclasses.dataclass
+class Sighted:
+  """A structure seen `count` times whose measured decision waits (egraph/bridge/measure.py decide_at): the plain CALL's
+  entry meanwhile (None: not cacheable)."""
+  count: int
+  plain: Entry | None
+
 def make_entry(st: Structure, call: UOp, buffer_map: dict, extra=None) -> Entry | None:
   """The entry for this graph's result, or None when the result cannot be rebound from the key alone."""
   body = call.src[0]

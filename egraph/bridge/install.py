@@ -28,9 +28,9 @@ from tinygrad.uop.ops import UOp   # noqa: E402
 from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.engine.driver import callify   # noqa: E402
 from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints, env_switch   # noqa: E402
-from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, margin, measure   # noqa: E402
+from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, decide_at, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
-from egraph.bridge.cache import StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
+from egraph.bridge.cache import Sighted, StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
 from egraph.bridge.backend import (EMPTY, Program, bridge_backend, inline_functions, program, tinygrad_call, hook,   # noqa: E402
                                    stats as backend_stats)
 from egraph.bridge.symbolic import bound_values, symbolic_mode   # noqa: E402
@@ -56,11 +56,13 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   st = structure(big_sink)
   # the options change the CALL: part of the key (with callsat's kernels, strict raises where fallback runs tinygrad's)
   key = (mode, measuring, backend, _STATE["mode"] if backend != "tinygrad" else None, symbolic, st.key)
-  if (hit := cache.get(key)) is not None:
+  if (hit := cache.get(key)) is not None and not isinstance(hit, Sighted):
     if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
     if mode != "rules": _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
     _count_backend(backend, hit.extra)
     return rebind(hit, st)
+  if measuring and (n := hit.count if hit is not None else 0) + 1 < decide_at():
+    return _undecided(big_sink, st, key, n + 1, hit, cache, backend)
   # the key's walk is the whole toposort unless it stopped at a binding (stripped): the conversion walks it once
   try: call, bmap, hints = _decide(big_sink, mode, measuring, st, backend, symbolic)
   except BridgeRefusal as e:
@@ -69,6 +71,22 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   _count_backend(backend, hints)
   # a CALL without the hints that failed is fallback mode's answer for this call: strict must meet the error again
   if not hints.failed: cache.put(key, make_entry(st, call, bmap, hints if mode != "rules" or backend != "tinygrad" else None), len(st.topo))
+  return call, bmap
+
+DEFERRED = "backend:deciding-at-a-later-run"   # a structure's measured decision waits for its decide_at()-th sighting
+
+def _undecided(big_sink: UOp, st, key, count: int, seen, cache: StructureCache, backend: str):
+  """A sighting before a structure's measured decision (measure.decide_at): the plain rules CALL, tinygrad's kernels,
+  rebound from the last sighting's entry where it could be kept."""
+  if seen is not None and seen.plain is not None: call, bmap = rebind(seen.plain, st)
+  else:
+    try: call, bmap, _ = _decide(big_sink, "rules", False, st)
+    except BridgeRefusal as e:   # the rules CALL is every decision's base: refused by structure alone
+      cache.put(key, BridgeRefusal(e.reason, e.detail), len(st.topo))
+      raise
+  cache.put(key, Sighted(count, seen.plain if seen is not None else make_entry(st, call, bmap)), len(st.topo))
+  with _LOCK: _COUNTS["undecided"] += 1
+  _count_backend(backend, Hints(backend=DEFERRED))
   return call, bmap
 
 def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "tinygrad", symbolic: str = "tinygrad"):
@@ -268,7 +286,7 @@ def _bridged_pass(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """What tinygrad calls once installed."""
   strict = _STATE["mode"] == "strict"
   # a bad setting is the user's error, in fallback mode too
-  bridge_fusion(); env_switch(MEASURE_ENV); verdicts_enabled(); bridge_backend(_STATE["backend"]); symbolic_mode(strict)
+  bridge_fusion(); env_switch(MEASURE_ENV); decide_at(); verdicts_enabled(); bridge_backend(_STATE["backend"]); symbolic_mode(strict)
   try: out = transform_to_call(big_sink)
   except DiskViewError:   # tinygrad's own error on this graph: raised in both modes, as stock would
     _count("bridged")
@@ -319,8 +337,9 @@ def stats() -> dict:
   mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
   hint_seconds (choosing them); the measured check's measured (structures checked: cost mode's hints, and with
   callsat's kernels in fallback mode each Program against tinygrad's kernels), measure_dropped (hints, or Programs,
-  measured no faster), measure_errors (fallback mode: measuring failed, hints dropped), measure_seconds and
-  verdicts_reused (structures whose verdict a former process measured); with CALLSAT_BRIDGE_BACKEND=callsat,
+  measured no faster), measure_errors (fallback mode: measuring failed, hints dropped), measure_seconds,
+  verdicts_reused (structures whose verdict a former process measured) and undecided (calls that ran the plain CALL
+  while their structure's measured decision waited for a later sighting: measure.decide_at); with CALLSAT_BRIDGE_BACKEND=callsat,
   backend_callsat / backend_tinygrad (calls whose CALL runs callsat's kernels / tinygrad's), backend_empty (CALLs over
   no buffer: nothing for either to run), backend_reasons (why
   tinygrad's) and backend_runs (Programs run, TinyJit replays included); cache: the structural cache's counts."""
@@ -332,6 +351,7 @@ def stats() -> dict:
             "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "measured": _COUNTS["measured"],
             "measure_dropped": _COUNTS["measure_dropped"], "measure_errors": _COUNTS["measure_errors"],
             "measure_seconds": _COUNTS["measure_seconds"], "verdicts_reused": _COUNTS["verdicts_reused"],
+            "undecided": _COUNTS["undecided"],
             "backend_callsat": _COUNTS["backend_callsat"], "backend_tinygrad": _COUNTS["backend_tinygrad"],
             "backend_empty": _COUNTS["backend_empty"],
             "backend_reasons": dict(_BACKEND_REASONS.most_common()), "backend_runs": backend_stats()["runs"], "cache": cache}

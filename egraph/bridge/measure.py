@@ -8,9 +8,14 @@ The scratch copies make the check side-effect free: every storage BUFFER of both
 is replaced by a fresh buffer of the same device, dtype and size, filled with the original's bytes where it holds data
 (timing on the program's own values: denormals and NaNs cost what they cost), so an assign is never applied twice and no
 live buffer is written. Times are wall clock over the whole schedule (its launches included: more kernels cost a user
-their dispatch too); each round runs both, which one first alternating. Off with CALLSAT_BRIDGE_MEASURE=0."""
+their dispatch too); each round runs both, which one first alternating. Off with CALLSAT_BRIDGE_MEASURE=0.
+
+A measured decision waits for its structure's DECIDE_AT-th sighting (CALLSAT_BRIDGE_DECIDE_AT, default 2): before, the
+graph gets the plain rules CALL (tinygrad's kernels, as strict bridging gives it). A graph run once (weight init, a
+setup step) then never pays a measurement or a second compile, and a first call costs what strict's does; a loop's
+graphs, TinyJit's capture (its second call) included, are decided at their second run. 1 decides at the first."""
 from __future__ import annotations
-import dataclasses, statistics, time
+import dataclasses, os, statistics, time
 from dataclasses import dataclass
 from tinygrad import Context, Device
 from tinygrad.uop.ops import UOp, Ops as TOps
@@ -21,6 +26,7 @@ from tinygrad.schedule import create_linear_with_vars
 from egraph.ir.errors import CallsatError
 
 ENV = "CALLSAT_BRIDGE_MEASURE"
+DECIDE_ENV, DECIDE_AT = "CALLSAT_BRIDGE_DECIDE_AT", 2
 MARGIN = 0.03         # hints are kept only when measured faster than the unhinted CALL by more than this share
 ROUNDS = (5, 41)      # interleaved rounds of both schedules: at least, at most ...
 BUDGET_S = 0.3        # ... stopping past this much time spent running them (compiling not counted)
@@ -42,6 +48,13 @@ class Measured:
   def __str__(self) -> str:
     return (f"measured {self.stock_s * 1e6:.0f} -> {self.hinted_s * 1e6:.0f} us (best of {self.rounds}; median ratio "
             f"{self.ratio:.3f})")
+
+def decide_at() -> int:
+  """The sighting of a structure at which its measured decision is made (module docstring), read when asked."""
+  v = os.environ.get(DECIDE_ENV, "")
+  if v == "": return DECIDE_AT
+  if not v.isdigit() or int(v) < 1: raise CallsatError(f"{DECIDE_ENV} must be a sighting count >= 1, got {v!r}")
+  return int(v)
 
 def margin() -> float: return MARGIN   # read when asked (a verdict's key names the margin it was decided under)
 

@@ -462,6 +462,7 @@ def test_measured_check_picks_the_faster(monkeypatch, tmp_path, faster):
   from egraph.bridge.measure import Measured
   from egraph.bridge.cache import StructureCache
   monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
+  monkeypatch.setenv("CALLSAT_BRIDGE_DECIDE_AT", "1")   # decided at the first run (the default waits for a second)
   monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS_DIR", str(tmp_path))
   calls = []
   def fake(stock, ours, device):
@@ -485,6 +486,44 @@ def test_measured_check_picks_the_faster(monkeypatch, tmp_path, faster):
   assert not calls and again["verdicts_reused"] >= 1 and again["backend_callsat"] == st["backend_callsat"]
   _run(build, backend="callsat", strict=True)
   assert not calls
+
+@pytest.mark.parametrize("decide_at", [2, 3])
+def test_a_measured_decision_waits_for_a_later_sighting(monkeypatch, tmp_path, decide_at):
+  """By default a structure's measured decision is made at its second run (CALLSAT_BRIDGE_DECIDE_AT): its first runs
+  the plain rules CALL on tinygrad's kernels without measuring (counted as undecided, with that reason), later runs
+  before the decision rebind it; the deciding run measures once and every run after reuses the decision. Stock values
+  on every run."""
+  from egraph.bridge import install as inst
+  from egraph.bridge.measure import Measured
+  from egraph.bridge.cache import StructureCache
+  monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
+  monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS_DIR", str(tmp_path))
+  if decide_at != 2: monkeypatch.setenv("CALLSAT_BRIDGE_DECIDE_AT", str(decide_at))
+  calls = []
+  monkeypatch.setattr(inst, "measure", lambda stock, ours, device: calls.append(device) or Measured(1e-3, 5e-4, 5, 0.0, 0.5))
+  def build(): return [Tensor(X).softmax(-1) * 2]
+  want = _stock(build)
+  inst.set_cache(StructureCache())
+  bridge.reset_stats()
+  try:
+    with bridge.installed(strict=False, backend="callsat"):
+      for run in range(decide_at + 2):
+        _close(np.array(build()[0].numpy()), want[0])
+        st = bridge.stats()
+        if run + 1 < decide_at:   # every structure so far plain, on tinygrad's kernels: nothing measured
+          assert not calls and st["backend_callsat"] == 0 and st["undecided"] == st["backend_tinygrad"] >= run + 1, st
+          assert set(st["backend_reasons"]) == {inst.DEFERRED}, st
+        elif run + 1 == decide_at: decided = dict(st, measured=len(calls))
+    assert calls and len(calls) == decided["measured"] and st["undecided"] == decided["undecided"], (calls, st)
+    assert st["backend_callsat"] > decided["backend_callsat"] >= 1, st   # the decision's Program ran from then on
+  finally: inst.set_cache(StructureCache())
+
+def test_decide_at_setting_is_checked(monkeypatch):
+  """A CALLSAT_BRIDGE_DECIDE_AT that is not a count >= 1 is the user's error, named, in fallback mode too."""
+  monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
+  monkeypatch.setenv("CALLSAT_BRIDGE_DECIDE_AT", "0")
+  with bridge.installed(strict=False, backend="callsat"), pytest.raises(CallsatError, match="CALLSAT_BRIDGE_DECIDE_AT"):
+    (Tensor(X) + 1).numpy()
 
 def test_cost_stores_that_put_the_graph_out_of_reach_are_dropped(monkeypatch):
   """A Program callsat cannot build with cost mode's stores (e.g. a stored value of symbolic shape leaves the static
@@ -518,6 +557,7 @@ def test_cost_stores_measured_against_the_program_without_them(monkeypatch, tmp_
   monkeypatch.setattr(shadow, "ANCHOR", False)
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
   monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
+  monkeypatch.setenv("CALLSAT_BRIDGE_DECIDE_AT", "1")   # decided at the first run (the default waits for a second)
   monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS_DIR", str(tmp_path))
   pairs = []
   def fake(stock, ours, device):   # vs the Program without stores: as forced; vs tinygrad's kernels: callsat wins

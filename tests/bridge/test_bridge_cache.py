@@ -214,6 +214,7 @@ def test_a_result_without_failed_hints_is_not_cached(cache, monkeypatch):
   def broken(cv, roots, kernels="tinygrad"): raise RuntimeError("no hints today")
   monkeypatch.setattr(br, "cost_hints", broken)
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  monkeypatch.setenv("CALLSAT_BRIDGE_DECIDE_AT", "1")   # every call decides (the default runs a first sighting plain)
   data = np.arange(16, dtype=np.float32).reshape(4, 4)
   prog = lambda: (Tensor(data, device="PYTHON").realize() + 3).sum().numpy()
   bridge.reset_stats()

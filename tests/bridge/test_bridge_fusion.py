@@ -75,6 +75,7 @@ def _unanchored(request, monkeypatch, tmp_path):
     monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "0")
     yield
     return
+  monkeypatch.setenv("CALLSAT_BRIDGE_DECIDE_AT", "1")   # decided at the first run (the default waits for a second)
   # each its own caches: a verdict cached under another test's margin is not its own
   bridge.set_cache(bridge.StructureCache())
   monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS_DIR", str(tmp_path / "verdicts"))
@@ -288,6 +289,25 @@ def test_a_measured_decision_is_reused_for_the_same_structure(monkeypatch):
     st = bridge.stats()
   assert st["measured"] == 1 and st["cache"]["hits"] >= 2, st
   for a, r in outs: np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
+
+@pytest.mark.measured
+def test_hints_wait_for_a_structures_second_run(monkeypatch):
+  """With the default CALLSAT_BRIDGE_DECIDE_AT a structure's first graph gets the plain rules CALL (no hints chosen, no
+  measurement, counted undecided); its second is decided (hints chosen and measured once), the third reuses that."""
+  monkeypatch.delenv("CALLSAT_BRIDGE_DECIDE_AT")
+  monkeypatch.setattr(measure, "MARGIN", -100.0)   # hints always win the check here
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  with Context(DEV=DEV), bridge.installed(strict=True):
+    bridge.reset_stats()
+    seen = []
+    for seed in range(3):
+      x = np.random.default_rng(seed).standard_normal((64, 128)).astype(np.float32)
+      np.testing.assert_allclose(Tensor(x).softmax(-1).numpy(), _np_softmax(x), rtol=1e-5, atol=1e-6)
+      st = bridge.stats()
+      seen.append((st["undecided"], st["measured"], st["hinted"]))
+  assert seen[0][0] >= 1 and seen[0][1:] == (0, 0), seen
+  assert seen[1][0] == seen[0][0] and seen[1][1] == 1 and seen[1][2] >= 1, seen
+  assert seen[2][:2] == seen[1][:2] and seen[2][2] > seen[1][2], seen
 
 @pytest.mark.measured
 def test_measuring_failure_drops_hints_in_fallback_and_raises_in_strict(monkeypatch):
