@@ -25,6 +25,7 @@ def check_version() -> None:
 check_version()
 import tinygrad.tensor as _tg_tensor   # noqa: E402  (only once the version is known to be the right one)
 from tinygrad.uop.ops import UOp   # noqa: E402
+from tinygrad.engine.realize import capturing   # noqa: E402  (TinyJit's capture in progress: non-empty)
 from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.engine.driver import callify   # noqa: E402
 from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints, env_switch   # noqa: E402
@@ -61,7 +62,8 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
     if mode != "rules": _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
     _count_backend(backend, hit.extra)
     return rebind(hit, st)
-  if measuring and (n := hit.count if hit is not None else 0) + 1 < decide_at():
+  # TinyJit replays what it captured for good: a graph it is capturing is decided now
+  if measuring and not capturing and (n := hit.count if hit is not None else 0) + 1 < decide_at():
     return _undecided(big_sink, st, key, n + 1, hit, cache, backend)
   # the key's walk is the whole toposort unless it stopped at a binding (stripped): the conversion walks it once
   try: call, bmap, hints = _decide(big_sink, mode, measuring, st, backend, symbolic)

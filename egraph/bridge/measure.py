@@ -13,7 +13,8 @@ their dispatch too); each round runs both, which one first alternating. Off with
 A measured decision waits for its structure's DECIDE_AT-th sighting (CALLSAT_BRIDGE_DECIDE_AT, default 2): before, the
 graph gets the plain rules CALL (tinygrad's kernels, as strict bridging gives it). A graph run once (weight init, a
 setup step) then never pays a measurement or a second compile, and a first call costs what strict's does; a loop's
-graphs, TinyJit's capture (its second call) included, are decided at their second run. 1 decides at the first."""
+graphs are decided at their second run. A graph TinyJit is capturing is decided at once (the capture is replayed for
+good, and its graphs need not be the first call's). 1 decides at the first sighting."""
 from __future__ import annotations
 import dataclasses, os, statistics, time
 from dataclasses import dataclass

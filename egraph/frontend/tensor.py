@@ -42,26 +42,26 @@ def _argfix(args) -> tuple:
 
 def _prod(xs) -> int: return math.prod(xs)
 
-def _untouched(n: Node, mapping: dict) -> bool:
-  """Is `n` a chain of one-source nodes ending in a leaf, none of them a key of `mapping` (then substituting changes
-  nothing)?"""
-  while n not in mapping:
-    if not n.src: return True
-    if len(n.src) != 1: return False
-    n = n.src[0]
-  return False
-
 def _apply_map(mapping: dict[Node, Node]) -> None:
   """Substitute `mapping` into the graph of every live Tensor at once (tinygrad's _apply_map_to_tensors)."""
   if not mapping: return
-  # the table is copied in one C call (iterating it raised when another thread made a tensor meanwhile); a
-  # chain of one-source nodes down to a leaf (a realized tensor: RESHAPE(BUFFER), a CONST) with no key on it cannot
-  # change, and model weights are many of them
-  live = [t for r in _all_tensors.copy().values() if (t := r()) is not None and not _untouched(t.node, mapping)]
+  # the table is copied in one C call (iterating it raised when another thread made a tensor meanwhile). Most tensors
+  # are a chain of one-source nodes: down to a leaf (a realized tensor, a CONST: model weights are many) nothing
+  # changes; down to a key (the realized tensor itself, a view of it) the chain is rebuilt over the key's value; only
+  # a chain that reaches a node of several sources takes substitute's walk of the graph
   rest = []
-  for t in live:   # a realized tensor's own node is a key: no walk of the graph under it
-    if (n := mapping.get(t.node)) is not None: t.node = n
-    else: rest.append(t)
+  for r in _all_tensors.copy().values():
+    if (t := r()) is None: continue
+    n, chain = t.node, []
+    while n not in mapping:
+      if len(n.src) != 1 or n.op is Ops.CALL or n.op is Ops.FUNCTION: break
+      chain.append(n); n = n.src[0]
+    else:
+      v = mapping[n]
+      for c in reversed(chain): v = c.over((v,))
+      t.node = v
+      continue
+    if n.src: rest.append(t)
   for t, n in zip(rest, substitute([t.node for t in rest], mapping)):
     if n is not t.node: t.node = n
 

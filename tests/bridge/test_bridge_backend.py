@@ -518,6 +518,34 @@ def test_a_measured_decision_waits_for_a_later_sighting(monkeypatch, tmp_path, d
     assert st["backend_callsat"] > decided["backend_callsat"] >= 1, st   # the decision's Program ran from then on
   finally: inst.set_cache(StructureCache())
 
+def test_a_graph_tinyjit_captures_is_decided_at_once(monkeypatch, tmp_path):
+  """TinyJit replays its capture for good: a structure whose decision would still wait (CALLSAT_BRIDGE_DECIDE_AT=3, the
+  capture is its second run) is decided while TinyJit captures, so the replays run the decision (callsat's Program,
+  the measurement forced to favour it), with stock's values."""
+  from egraph.bridge import install as inst
+  from egraph.bridge.measure import Measured
+  from egraph.bridge.cache import StructureCache
+  monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
+  monkeypatch.setenv("CALLSAT_BRIDGE_VERDICTS_DIR", str(tmp_path))
+  monkeypatch.setenv("CALLSAT_BRIDGE_DECIDE_AT", "3")
+  calls = []
+  monkeypatch.setattr(inst, "measure", lambda stock, ours, device: calls.append(device) or Measured(1e-3, 5e-4, 5, 0.0, 0.5))
+  xs = [_f(32, 48) for _ in range(4)]
+  want = [np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True) * 2 for x in xs]
+  inst.set_cache(StructureCache())
+  bridge.reset_stats()
+  try:
+    with bridge.installed(strict=False, backend="callsat"):
+      step = TinyJit(lambda x: (x.softmax(-1) * 2).realize())
+      runs = []
+      for x, w in zip(xs, want):
+        _close(step(Tensor(x).realize()).numpy(), w)
+        runs.append(dict(bridge.stats(), measured_calls=len(calls)))
+    assert runs[0]["measured_calls"] == 0 and runs[0]["undecided"] >= 1 and runs[0]["backend_callsat"] == 0, runs[0]
+    assert runs[1]["measured_calls"] >= 1 and runs[1]["backend_callsat"] >= 1, runs[1]   # decided in the capture
+    assert runs[3]["backend_runs"] > runs[1]["backend_runs"], runs[3]   # the replays run callsat's Program
+  finally: inst.set_cache(StructureCache())
+
 def test_decide_at_setting_is_checked(monkeypatch):
   """A CALLSAT_BRIDGE_DECIDE_AT that is not a count >= 1 is the user's error, named, in fallback mode too."""
   monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")
