@@ -452,6 +452,21 @@ def test_realize_remaps_every_live_tensor():
   n = c.node
   assert c.realize() is c and c.node is n  # already storage: nothing to do
 
+def test_realize_rebuilds_view_chains_over_the_realized_value():
+  """Live tensors that are chains of one-source nodes over a realized value (views, a cast) are rebuilt over its buffer
+  (no walk of the graph): their nodes read the buffer, not the computation, and keep their values; a chain down to an
+  unrelated leaf is left alone."""
+  x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize()
+  y = Tensor(np.ones((4, 2), np.float32)).realize()
+  m = x @ y                                  # RESHAPE(REDUCE(...)): the realized value sits under a view
+  v = m.T.reshape(6)[1:5].cast(dtypes.int32)
+  w, w_node = x.reshape(12), x.reshape(12).node
+  m.realize()
+  want = (np.arange(12, dtype=np.float32).reshape(3, 4) @ np.ones((4, 2), np.float32))
+  assert not any(n.op is Ops.REDUCE for n in v.node.toposort()) and v.node.src[0].base.op is Ops.BUFFER
+  assert v.tolist() == want.T.reshape(6)[1:5].astype(np.int32).tolist() and m.tolist() == want.tolist()
+  assert w.node is w_node and w.tolist() == list(range(12))
+
 def test_realize_static_and_multi():
   a, b = Tensor([1, 2, 3]), Tensor([4, 5, 6])
   c, d = a + b, a * b
