@@ -2,7 +2,7 @@
 workers) and the native runner, which kernelizes a CALL, compiles the misses through the kernel cache and runs it, keeping
 a prepared plan per CALL."""
 from __future__ import annotations
-import ctypes, math, os, sys, time, weakref
+import ctypes, math, os, sys, threading, time, weakref
 from dataclasses import replace
 from egraph.ir.errors import CallsatError
 from egraph.ir.ops import Ops, toposort
@@ -144,20 +144,47 @@ def memory_plan(prog) -> tuple[dict, int, set]:
 
 class Plan:
   """A CALL's steps ready to run again: prepared launches and copies over the arrays it ran on (`arrays`: (uid, weak
-  reference) pairs, checked by identity on each run: a freed or replaced buffer sends the CALL down the full path) and
-  its temporaries' arena (kept: the pointers point into it; back to the storage pool when the plan dies with its CALL)."""
-  __slots__ = ("checked", "arrays", "steps", "temps", "pool")
+  reference) per schedule root, in _Sched.roots order, checked by identity on each run), its temporaries' arena (kept:
+  the pointers point into it; back to the storage pool when the plan dies) and a lock: one run (or rebind) at a time.
+  The schedule entry keeps its last plan too: a new CALL of the same schedule (a realize loop's fresh output, a TinyJit
+  replay's new input) rebinds the roots whose arrays changed, pointer by pointer, instead of preparing every launch."""
+  __slots__ = ("checked", "arrays", "steps", "temps", "pool", "lock")
   def __init__(self, checked, arrays, steps, temps, pool):
     self.checked, self.arrays, self.steps, self.temps, self.pool = checked, arrays, steps, temps, pool
+    self.lock = threading.Lock()
   def __del__(self):
     if self.temps is not None and self.pool is not None: self.pool.give(self.temps)
+
+  def current(self, storage) -> bool:
+    """Does every root's array still sit in `storage` under its uid?"""
+    return all((x := a()) is not None and storage.get(u) is x for u, a in self.arrays)
+
+  def rebind(self, sch: "_Sched", bufs, inner, arrays: list) -> None:
+    """Point the launches and copies at `arrays` (one per schedule root, as _arrays gives) where they changed."""
+    steps = self.steps
+    for i, a in enumerate(arrays):
+      r = sch.roots[i][0]
+      b = bufs[r[1]] if r[0] == "arg" else inner[r[1]]
+      u, ref = self.arrays[i]
+      if u == b.arg.uid and ref() is a: continue
+      base = a.ctypes.data
+      for si, slot, off in sch.uses[r]:
+        st = steps[si]
+        if type(st) is tuple: steps[si] = (base + off, st[1], st[2]) if slot == 0 else (st[0], base + off, st[2])
+        else: st.ptrs[slot] = st.argv[slot] = base + off
+      self.arrays[i] = (b.arg.uid, weakref.ref(a))
+
+  def run(self) -> None:
+    for s in self.steps:
+      if type(s) is tuple: ctypes.memmove(*s)
+      else: s()
 
 class _Sched:
   """A schedule entry: the body's kernelized program for one argument aliasing, with what every run of it needs worked
   out once: the kernels (and their keys: their text; no compiled code is held, the kernel cache may evict it), the
   memory plan, the storage roots in allocation order with whether each is written and must be zero-filled first, and
   the steps as (kernel index, [(root, byte offset)], work) or a copy ((dst root, off), (src root, off), bytes)."""
-  __slots__ = ("prog", "kernels", "keys", "offs", "peak", "roots", "inner", "steps", "nbytes")
+  __slots__ = ("prog", "kernels", "keys", "offs", "peak", "roots", "inner", "steps", "uses", "plan", "nbytes")
   def __init__(self, prog, checked: bool):
     self.prog = prog
     if checked:
@@ -177,7 +204,17 @@ class _Sched:
       else:
         steps.append((ki, [(m.root, m.off) for m in s.mems], s.work)); ki += 1
     self.steps = split_runs(steps)
-    self.nbytes = cache.SCHEDULE_BYTES + 3 * sum(map(len, self.keys))
+    # root -> (step, slot, byte offset) of each pointer into it: what a plan's rebind patches (temporaries never move)
+    self.uses: dict = {r: [] for r, _, _ in self.roots}
+    for si, st in enumerate(self.steps):
+      if type(st[0]) is tuple:
+        for slot, (r, o) in enumerate(st[:2]):
+          if r in self.uses: self.uses[r].append((si, slot, o))
+      else:
+        for slot, (r, o) in enumerate(st[1]):
+          if r in self.uses: self.uses[r].append((si, slot, o))
+    self.plan = None   # the last plan made for this entry (run_native); it holds the arena: counted below
+    self.nbytes = cache.SCHEDULE_BYTES + 3 * sum(map(len, self.keys)) + self.peak
 
 def split_runs(steps: list) -> list:
   """steps with each kernel of a run of at least two adjacent kernels of PARALLEL_WORK_RUN or more element-ops counted
@@ -200,32 +237,34 @@ def run_native(call, storage) -> None:
   """Execute a CALL with compiled kernels: kernelize (cached per body + argument aliasing: a new CALL of a known body
   costs its arguments' arrays and one Launch per kernel), compile misses, run. A CALL run again on the same storage
   arrays takes the prepared plan: after a kernel has swept the caches, the full path's Python (bindings, lookups,
-  pointer math) took ~0.1 ms, 10% of a 512^3 matmul."""
+  pointer math) took ~0.1 ms, 10% of a 512^3 matmul. A new CALL of a schedule run before takes that schedule's last
+  plan with the changed pointers patched (Plan.rebind)."""
   CACHE = cache.CACHE   # read at each call (a test swaps in a fresh cache)
   checked = check_bounds()
   plan = CACHE.plans.get(call)
-  if plan is not None and plan.checked == checked and all((x := a()) is not None and storage.get(u) is x for u, a in plan.arrays):
-    for s in plan.steps:
-      if type(s) is tuple: ctypes.memmove(*s)
-      else: s()
-    return
+  if plan is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
+    try:
+      if plan.current(storage): plan.run(); return
+    finally: plan.lock.release()
   bufs, sch = _schedule(call, checked, CACHE)
-  compiled = CACHE.get(sch.kernels, sch.keys)
-  # storage: written buffers are allocated on demand (no zero-fill when a kernel writes all of it first), read-only ones must exist
   inner = _buffers_in(call.src[0]) if sch.inner else None
-  arrays, base = {}, {}
-  for r, written, zero in sch.roots:
-    b = bufs[r[1]] if r[0] == "arg" else inner[r[1]]
-    if (a := storage.get(b.arg.uid)) is None: a = buffer_array(storage, b, written, zero=zero)
-    if a.size != (n := elements(b)) or a.dtype != b.dtype.np or a.ndim != 1:   # per-device storage: every device's copy, device-major
-      raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({n},)")
-    arrays[r] = a; base[r] = a.ctypes.data
+  arrays = _arrays(sch, bufs, inner, storage)
+  dbg = debug_level()
+  if not dbg and (plan := sch.plan) is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
+    STATS["peak"] = sch.peak
+    try:
+      plan.rebind(sch, bufs, inner, arrays)
+      plan.run()
+    finally: plan.lock.release()
+    CACHE.plans[call] = plan
+    return
+  compiled = CACHE.get(sch.kernels, sch.keys)
+  base = {r: a.ctypes.data for (r, _, _), a in zip(sch.roots, arrays)}
   arena, mpool = (storage.pool.take(sch.peak + 64, zero=False), storage.pool) if sch.peak else (None, None)
   STATS["peak"] = sch.peak
   if arena is not None:
     at = arena.ctypes.data + (-arena.ctypes.data) % 64
     for r, o in sch.offs.items(): base[r] = at + o
-  dbg = debug_level()
   steps = []
   for s in sch.steps:
     if type(s[0]) is tuple:
@@ -241,9 +280,21 @@ def run_native(call, storage) -> None:
       print(f"  {run.c.name:<40} {(time.perf_counter() - t0) * 1e3:9.3f} ms", file=sys.stderr)
     else: run()
   if not dbg:   # DEBUG runs take the full path each time (it prints per kernel)
-    CACHE.plans[call] = Plan(checked, [((bufs[r[1]] if r[0] == "arg" else inner[r[1]]).arg.uid, weakref.ref(a)) for r, a in arrays.items()],
-                             steps, arena, mpool)
+    ids = [((bufs[r[1]] if r[0] == "arg" else inner[r[1]]).arg.uid, weakref.ref(a)) for (r, _, _), a in zip(sch.roots, arrays)]
+    CACHE.plans[call] = sch.plan = Plan(checked, ids, steps, arena, mpool)
   elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
+
+def _arrays(sch: _Sched, bufs, inner, storage) -> list:
+  """The storage array of each of the schedule's roots for this CALL: written buffers are allocated on demand (no
+  zero-fill when a kernel writes all of it first), read-only ones must exist."""
+  out = []
+  for r, written, zero in sch.roots:
+    b = bufs[r[1]] if r[0] == "arg" else inner[r[1]]
+    if (a := storage.get(b.arg.uid)) is None: a = buffer_array(storage, b, written, zero=zero)
+    if a.size != (n := elements(b)) or a.dtype != b.dtype.np or a.ndim != 1:   # per-device storage: every device's copy, device-major
+      raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({n},)")
+    out.append(a)
+  return out
 
 def _schedule(call, checked: bool, CACHE) -> tuple:
   """(the CALL's BUFFER nodes, its schedule entry), kernelized on a miss."""

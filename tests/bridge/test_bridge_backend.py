@@ -546,6 +546,28 @@ def test_a_graph_tinyjit_captures_is_decided_at_once(monkeypatch, tmp_path):
     assert runs[3]["backend_runs"] > runs[1]["backend_runs"], runs[3]   # the replays run callsat's Program
   finally: inst.set_cache(StructureCache())
 
+def test_a_replayed_program_over_many_buffers_keeps_its_arrays(monkeypatch):
+  """A Program over more buffers than its view table once held (70 bases; the bound was 64) replayed by TinyJit binds
+  the same arrays for the same buffers, so callsat's prepared plan changes only the pointers of what TinyJit changed
+  (the new input, the output buffer it alternates): a table that evicted its own run's views made new arrays every replay, and the plan then rebuilt its launches
+  (ResNet18's 57 on every replay)."""
+  from lower.device import native
+  changed, real = [], native.Plan.rebind
+  def rebind(self, sch, bufs, inner, arrays):
+    before = list(self.arrays)
+    real(self, sch, bufs, inner, arrays)
+    changed.append(sum(a[0] != b[0] or a[1] is not b[1] for a, b in zip(before, self.arrays)))
+  monkeypatch.setattr(native.Plan, "rebind", rebind)
+  ws = [Tensor(_f(16)).realize() for _ in range(69)]
+  want = sum(np.asarray(w.numpy(), np.float64) for w in ws)
+  with bridge.installed(strict=True, backend="callsat"):
+    step = TinyJit(lambda x: (sum(ws[1:], ws[0]) * x).realize())
+    for i in range(6):
+      if i == 3: changed.clear()   # the replays from here
+      _close(step(Tensor(np.full(16, i + 1, np.float32)).realize()).numpy(), (want * (i + 1)).astype(np.float32))
+    st = bridge.stats()
+  assert st["backend_callsat"] >= 1 and changed and max(changed) <= 2, changed   # the input, the output (TinyJit alternates)
+
 def test_decide_at_setting_is_checked(monkeypatch):
   """A CALLSAT_BRIDGE_DECIDE_AT that is not a count >= 1 is the user's error, named, in fallback mode too."""
   monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "1")

@@ -1,0 +1,65 @@
+"""Prepared plans (lower/device/native.py): a new CALL of a schedule run before takes that schedule's last plan with the
+changed pointers patched (a realize loop's fresh outputs, a TinyJit replay's new inputs); values are the same as the full
+path's, earlier results are never written again, and concurrent runs of one schedule never share a plan's pointers."""
+import threading
+import numpy as np
+import pytest
+from egraph import Tensor
+from lower.device import native
+
+@pytest.fixture
+def launches(monkeypatch):
+  """Counts the Launch objects run_native prepares (the full path makes one per kernel; a rebind none)."""
+  made = []
+  class Counted(native.Launch):
+    __slots__ = ()
+    def __init__(self, *a, **k):
+      made.append(1)
+      super().__init__(*a, **k)
+  monkeypatch.setattr(native, "Launch", Counted)
+  return made
+
+def test_a_realize_loop_rebinds_the_schedules_plan(launches):
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((48, 40), dtype=np.float32), rng.standard_normal((40, 24), dtype=np.float32)
+  x, y = Tensor(a).realize(), Tensor(b).realize()
+  outs = [((x @ y) * 2 + 1).realize() for _ in range(2)]
+  first = len(launches)
+  assert first >= 1
+  outs += [((x @ y) * 2 + 1).realize() for _ in range(3)]   # fresh output buffers: pointers patched, no launch prepared
+  assert len(launches) == first
+  z = Tensor(rng.standard_normal((48, 40), dtype=np.float32)).realize()
+  outs.append(((z @ y) * 2 + 1).realize())                   # a new input too
+  assert len(launches) == first
+  want = (a @ b) * 2 + 1
+  for o in outs[:-1]: np.testing.assert_allclose(o.numpy(), want, rtol=1e-5, atol=1e-5)   # earlier results untouched
+  np.testing.assert_allclose(outs[-1].numpy(), (z.numpy() @ b) * 2 + 1, rtol=1e-5, atol=1e-5)
+
+def test_a_rebound_plan_with_temporaries_and_copies_gives_the_full_paths_values(launches):
+  """A CALL with several kernels (temporaries in the plan's arena) rebound to new inputs and outputs."""
+  rng = np.random.default_rng(1)
+  def prog(t): return ((t - t.max(1, keepdim=True)).exp() / (t - t.max(1, keepdim=True)).exp().sum(1, keepdim=True)) @ t.T
+  vals = [rng.standard_normal((33, 17), dtype=np.float32) for _ in range(4)]
+  got = [prog(Tensor(v).realize()).realize() for v in vals]
+  for v, g in zip(vals, got):
+    e = np.exp(v - v.max(1, keepdims=True))
+    np.testing.assert_allclose(g.numpy(), (e / e.sum(1, keepdims=True)) @ v.T, rtol=1e-4, atol=1e-5)
+
+def test_concurrent_runs_of_one_schedule_give_right_values():
+  """Threads realizing the same structure over their own inputs: a plan busy in one thread is never rebound by another
+  (that one prepares its own), so every result is its own inputs'."""
+  rng = np.random.default_rng(2)
+  b = rng.standard_normal((64, 64), dtype=np.float32)
+  y = Tensor(b).realize()
+  errors = []
+  def work(t: int):
+    try:
+      for i in range(30):
+        a = rng.standard_normal((64, 64), dtype=np.float32) + t
+        got = ((Tensor(a) @ y).relu() + i).numpy()
+        np.testing.assert_allclose(got, np.maximum(a @ b, 0) + i, rtol=1e-4, atol=1e-4)
+    except BaseException as e: errors.append(e)
+  ts = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+  for t in ts: t.start()
+  for t in ts: t.join()
+  assert not errors, errors[0]
