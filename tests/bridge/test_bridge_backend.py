@@ -549,8 +549,8 @@ def test_a_graph_tinyjit_captures_is_decided_at_once(monkeypatch, tmp_path):
 def test_a_replayed_program_over_many_buffers_keeps_its_arrays(monkeypatch):
   """A Program over more buffers than its view table once held (70 bases; the bound was 64) replayed by TinyJit binds
   the same arrays for the same buffers, so callsat's prepared plan changes only the pointers of what TinyJit changed
-  (the new input, the output buffer it alternates): a table that evicted its own run's views made new arrays every replay, and the plan then rebuilt its launches
-  (ResNet18's 57 on every replay)."""
+  (the new input, the output buffer it alternates): a table that evicted its own run's views made new arrays every
+  replay, and the plan then rebuilt its launches (ResNet18's 57 on every replay)."""
   from lower.device import native
   changed, real = [], native.Plan.rebind
   def rebind(self, sch, bufs, inner, arrays):
