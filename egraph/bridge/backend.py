@@ -123,11 +123,13 @@ class Program:
     """Buffer b's memory as the 1-D array placeholder ph reads, the same array object for the same memory (so the
     native runner's prepared plan, which checks its arrays by identity, is taken again)."""
     if not b.nbytes: return np.empty(0, ph.dtype.np)   # tinygrad allocates no memory for an empty buffer
-    mv = b.allocator._as_buffer(b._buf)
-    if ph.arg.device in UPLOADS: return np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
-    key = (b.nbytes, np.frombuffer(mv, np.uint8, count=0).__array_interface__["data"][0], ph.dtype)
-    if (a := self.views.get(key)) is None:
-      a = np.frombuffer(mv, ph.dtype.np, count=ph.arg.size)
+    if ph.arg.device in UPLOADS: return np.frombuffer(b.allocator._as_buffer(b._buf), ph.dtype.np, count=ph.arg.size)   # a user's array: never kept
+    # the memory's address: an HCQ buffer's (tinygrad's CPU device) without making the memoryview a hit does not need
+    if (addr := getattr(b._buf, "va_addr", None)) is None:
+      addr = np.frombuffer(b.allocator._as_buffer(b._buf), np.uint8, count=0).__array_interface__["data"][0]
+    if (a := self.views.get(key := (b.nbytes, int(addr), ph.dtype))) is None:
+      a = np.frombuffer(b.allocator._as_buffer(b._buf), ph.dtype.np, count=ph.arg.size)
+      key = (b.nbytes, a.__array_interface__["data"][0], ph.dtype)   # kept under where it really is
       # bounded, oldest out: a run's own arrays must all stay (a miss makes new arrays, and the native runner's plan then
       # takes its full path: a 104-base ResNet18 Program under a bound of 64 rebuilt its 57 launches on every replay)
       if len(self.views) >= 2 * len(self.bases) + 64: self.views.pop(next(iter(self.views)))
