@@ -38,6 +38,7 @@ CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a bu
 # a tiled matmul call packs all of B (K x N) for the rows it is given, so its chunks are at least this many rows (fewer
 # when there are fewer per thread): 8-row chunks packed B once per 8 rows and ran 1024^3 at a third of its speed
 MM_CHUNK_ROWS = 256
+PLAN_BYTES = 512                 # a prepared launch's resident bytes (its argument array, cuts), counted per kernel
 STATS = {"rounds": 0, "peak": 0}   # rounds run (long kernels); the peak temporary bytes of the last CALL planned
 
 class Launch:
@@ -148,7 +149,7 @@ class Plan:
   the pointers point into it; back to the storage pool when the plan dies) and a lock: one run (or rebind) at a time.
   The schedule entry keeps its last plan too: a new CALL of the same schedule (a realize loop's fresh output, a TinyJit
   replay's new input) rebinds the roots whose arrays changed, pointer by pointer, instead of preparing every launch."""
-  __slots__ = ("checked", "arrays", "steps", "temps", "pool", "lock")
+  __slots__ = ("checked", "arrays", "steps", "temps", "pool", "lock", "__weakref__")
   def __init__(self, checked, arrays, steps, temps, pool):
     self.checked, self.arrays, self.steps, self.temps, self.pool = checked, arrays, steps, temps, pool
     self.lock = threading.Lock()
@@ -213,8 +214,10 @@ class _Sched:
       else:
         for slot, (r, o) in enumerate(st[1]):
           if r in self.uses: self.uses[r].append((si, slot, o))
-    self.plan = None   # the last plan made for this entry (run_native); it holds the arena: counted below
-    self.nbytes = cache.SCHEDULE_BYTES + 3 * sum(map(len, self.keys)) + self.peak
+    # the last plan made for this entry (run_native): held here only when it has no temporaries' arena (weakly
+    # otherwise: an arena stays as long as a CALL that ran on it, not as long as a cached schedule)
+    self.plan = None
+    self.nbytes = cache.SCHEDULE_BYTES + 3 * sum(map(len, self.keys)) + PLAN_BYTES * len(self.kernels)
 
 def split_runs(steps: list) -> list:
   """steps with each kernel of a run of at least two adjacent kernels of PARALLEL_WORK_RUN or more element-ops counted
@@ -250,7 +253,8 @@ def run_native(call, storage) -> None:
   inner = _buffers_in(call.src[0]) if sch.inner else None
   arrays = _arrays(sch, bufs, inner, storage)
   dbg = debug_level()
-  if not dbg and (plan := sch.plan) is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
+  if type(plan := sch.plan) is weakref.ref: plan = plan()
+  if not dbg and plan is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
     STATS["peak"] = sch.peak
     try:
       plan.rebind(sch, bufs, inner, arrays)
@@ -281,7 +285,8 @@ def run_native(call, storage) -> None:
     else: run()
   if not dbg:   # DEBUG runs take the full path each time (it prints per kernel)
     ids = [((bufs[r[1]] if r[0] == "arg" else inner[r[1]]).arg.uid, weakref.ref(a)) for (r, _, _), a in zip(sch.roots, arrays)]
-    CACHE.plans[call] = sch.plan = Plan(checked, ids, steps, arena, mpool)
+    CACHE.plans[call] = plan = Plan(checked, ids, steps, arena, mpool)
+    sch.plan = plan if arena is None else weakref.ref(plan)
   elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
 
 def _arrays(sch: _Sched, bufs, inner, storage) -> list:
