@@ -14,7 +14,8 @@ A measured decision waits for its structure's DECIDE_AT-th sighting (CALLSAT_BRI
 graph gets the plain rules CALL (tinygrad's kernels, as strict bridging gives it). A graph run once (weight init, a
 setup step) then never pays a measurement or a second compile, and a first call costs what strict's does; a loop's
 graphs are decided at their second run. A graph TinyJit is capturing is decided at once (the capture is replayed for
-good, and its graphs need not be the first call's). 1 decides at the first sighting."""
+good, and its graphs need not be the first call's). 1 decides at the first sighting; so does a bridge without its
+structural cache (CALLSAT_BRIDGE_CACHE=0: sightings are counted there)."""
 from __future__ import annotations
 import dataclasses, os, statistics, time
 from dataclasses import dataclass
