@@ -274,37 +274,33 @@ def test_measured_check_keeps_hints_that_win(name, monkeypatch):
   for a, b in zip(ours, stock): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   assert bridge.last_hints().measured is not None
 
+def _softmax_runs(monkeypatch, margin: float) -> list[dict]:
+  """Three softmax graphs of one structure (other buffers) through the strict bridge in cost mode, the measured check
+  under `margin`: each one's values checked against numpy; the bridge's stats after each."""
+  monkeypatch.setattr(measure, "MARGIN", margin)
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  with Context(DEV=DEV), bridge.installed(strict=True):
+    bridge.reset_stats()
+    runs = []
+    for seed in range(3):
+      x = np.random.default_rng(seed).standard_normal((64, 128)).astype(np.float32)
+      np.testing.assert_allclose(Tensor(x).softmax(-1).numpy(), _np_softmax(x), rtol=1e-5, atol=1e-6)
+      runs.append(bridge.stats())
+  return runs
+
 @pytest.mark.measured
 def test_a_measured_decision_is_reused_for_the_same_structure(monkeypatch):
   """The second graph of the same structure (other buffers) is a structural-cache hit: no second measurement, the
   same verdict."""
-  monkeypatch.setattr(measure, "MARGIN", 0.999)
-  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
-  with Context(DEV=DEV), bridge.installed(strict=True):
-    bridge.reset_stats()
-    outs = []
-    for seed in range(3):
-      x = np.random.default_rng(seed).standard_normal((64, 128)).astype(np.float32)
-      outs.append((Tensor(x).softmax(-1).numpy(), _np_softmax(x)))
-    st = bridge.stats()
+  st = _softmax_runs(monkeypatch, 0.999)[-1]
   assert st["measured"] == 1 and st["cache"]["hits"] >= 2, st
-  for a, r in outs: np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)
 
 @pytest.mark.measured
 def test_hints_wait_for_a_structures_second_run(monkeypatch):
   """With the default CALLSAT_BRIDGE_DECIDE_AT a structure's first graph gets the plain rules CALL (no hints chosen, no
   measurement, counted undecided); its second is decided (hints chosen and measured once), the third reuses that."""
   monkeypatch.delenv("CALLSAT_BRIDGE_DECIDE_AT")
-  monkeypatch.setattr(measure, "MARGIN", -100.0)   # hints always win the check here
-  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
-  with Context(DEV=DEV), bridge.installed(strict=True):
-    bridge.reset_stats()
-    seen = []
-    for seed in range(3):
-      x = np.random.default_rng(seed).standard_normal((64, 128)).astype(np.float32)
-      np.testing.assert_allclose(Tensor(x).softmax(-1).numpy(), _np_softmax(x), rtol=1e-5, atol=1e-6)
-      st = bridge.stats()
-      seen.append((st["undecided"], st["measured"], st["hinted"]))
+  seen = [(st["undecided"], st["measured"], st["hinted"]) for st in _softmax_runs(monkeypatch, -100.0)]   # hints always win
   assert seen[0][0] >= 1 and seen[0][1:] == (0, 0), seen
   assert seen[1][0] == seen[0][0] and seen[1][1] == 1 and seen[1][2] >= 1, seen
   assert seen[2][:2] == seen[1][:2] and seen[2][2] > seen[1][2], seen
