@@ -39,6 +39,7 @@ CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a bu
 # when there are fewer per thread): 8-row chunks packed B once per 8 rows and ran 1024^3 at a third of its speed
 MM_CHUNK_ROWS = 256
 PLAN_BYTES = 512                 # a prepared launch's resident bytes (its argument array, cuts), counted per kernel
+ARENA_HELD = 64 << 10            # a schedule entry holds its last plan strongly up to this much temporaries' arena
 STATS = {"rounds": 0, "peak": 0}   # rounds run (long kernels); the peak temporary bytes of the last CALL planned
 
 class Launch:
@@ -214,10 +215,11 @@ class _Sched:
       else:
         for slot, (r, o) in enumerate(st[1]):
           if r in self.uses: self.uses[r].append((si, slot, o))
-    # the last plan made for this entry (run_native): held here only when it has no temporaries' arena (weakly
-    # otherwise: an arena stays as long as a CALL that ran on it, not as long as a cached schedule)
+    # the last plan made for this entry (run_native): held here when its temporaries' arena is small (counted in the
+    # entry's bytes), weakly otherwise (a big arena stays as long as a CALL that ran on it, not as a cached schedule)
     self.plan = None
-    self.nbytes = cache.SCHEDULE_BYTES + 3 * sum(map(len, self.keys)) + PLAN_BYTES * len(self.kernels)
+    self.nbytes = cache.SCHEDULE_BYTES + 3 * sum(map(len, self.keys)) + PLAN_BYTES * len(self.kernels) + \
+      (self.peak if self.peak <= ARENA_HELD else 0)
 
 def split_runs(steps: list) -> list:
   """steps with each kernel of a run of at least two adjacent kernels of PARALLEL_WORK_RUN or more element-ops counted
@@ -286,7 +288,7 @@ def run_native(call, storage) -> None:
   if not dbg:   # DEBUG runs take the full path each time (it prints per kernel)
     ids = [((bufs[r[1]] if r[0] == "arg" else inner[r[1]]).arg.uid, weakref.ref(a)) for (r, _, _), a in zip(sch.roots, arrays)]
     CACHE.plans[call] = plan = Plan(checked, ids, steps, arena, mpool)
-    sch.plan = plan if arena is None else weakref.ref(plan)
+    sch.plan = plan if sch.peak <= ARENA_HELD else weakref.ref(plan)
   elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
 
 def _arrays(sch: _Sched, bufs, inner, storage) -> list:
