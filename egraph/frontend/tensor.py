@@ -105,7 +105,7 @@ class Tensor:
   @property
   def device(self): return self.node.device
   @property
-  def ndim(self) -> int: return len(self.shape)
+  def ndim(self) -> int: return len(self.node.shape)
   def numel(self) -> int: return _prod(self.shape)
   def element_size(self) -> int: return self.dtype.itemsize
   def nbytes(self) -> int: return self.numel() * self.dtype.itemsize

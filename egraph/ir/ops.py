@@ -147,8 +147,12 @@ class Node:
 
   # small constructors, so callers read like tinygrad
   def alu(self, op: Ops, *srcs: Node) -> Node: return Node(op, None, (self, *srcs))
-  def reshape(self, shape) -> Node: return self if repr(tuple(shape)) == repr(self.shape) else Node(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
-  def expand(self, shape) -> Node: return self if repr(tuple(shape)) == repr(self.shape) else Node(Ops.EXPAND, self.dtype, (self,), tuple(shape))
+  # the same shape only by repr too: a bound dimension equals its value as an int but is not the same dimension (== first:
+  # most reshapes change the shape, and the repr of two shapes costs more than comparing them)
+  def reshape(self, shape) -> Node:
+    return self if (t := tuple(shape)) == self.shape and repr(t) == repr(self.shape) else Node(Ops.RESHAPE, self.dtype, (self,), t)
+  def expand(self, shape) -> Node:
+    return self if (t := tuple(shape)) == self.shape and repr(t) == repr(self.shape) else Node(Ops.EXPAND, self.dtype, (self,), t)
   def permute(self, order) -> Node:
     return self if tuple(order) == tuple(range(len(self.shape))) else Node(Ops.PERMUTE, self.dtype, (self,), tuple(order))
   def shrink(self, arg) -> Node:
