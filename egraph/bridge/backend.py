@@ -29,7 +29,7 @@ from egraph.ir.symbolic import HostDim, dims_in
 from egraph.ir.dtype import dtypes
 from egraph.ir.storage import Storage
 from egraph.ir.errors import CallsatError
-from lower.device.native import prepare
+from lower.device.native import prepare, written_args
 from lower.schedule.work import program_work
 from lower.runtime import run_call
 from egraph.bridge.convert import BridgeRefusal, Conversion, param_like
@@ -68,10 +68,10 @@ class Program:
   """One callsat CALL ready to run over tinygrad Buffers: its body over placeholder BUFFERs, one per distinct base
   buffer of the tinygrad CALL's args (views stay SLICEs of them). The arg of the CUSTOM_FUNCTION the bridge hands
   tinygrad: compared by identity, printed by serial (tinygrad's UOp key reads str(arg))."""
-  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "multi", "sym", "vars",
-               "variables", "__weakref__")
+  __slots__ = ("call", "bases", "name", "kernels", "zero", "snaps", "lock", "storage", "views", "devices", "multi", "back", "sym",
+               "vars", "variables", "__weakref__")
   def __init__(self, call: Node, bases: list[Node], kernels: int, zero: tuple[int, ...], snaps: tuple = (), sym: Symbolic | None = None,
-               fixed: Static | None = None):
+               fixed: Static | None = None, written: frozenset | None = None):
     self.call, self.bases, self.kernels, self.name = call, bases, kernels, f"callsat{next(_SERIAL)}"
     self.zero = zero   # base positions of fresh outputs written in part: zero-filled before each run, as callsat's own are
     # tinygrad's CPU devices the arguments live on (each synchronized before a run; NPY/PYTHON are plain host memory)
@@ -79,6 +79,8 @@ class Program:
     # bases on a tuple of devices: tinygrad keeps one buffer per device, callsat's storage is device-major (one array),
     # so the Program holds that array and copies the device buffers in before a run and out after it
     self.multi = tuple(i for i, b in enumerate(bases) if isinstance(b.arg.device, tuple))
+    # ... and back after it, those the CALL writes (None: every one): a sharded weight it only reads is copied in only
+    self.back = tuple(i for i in self.multi if written is None or bases[i].arg.uid in written)
     self.snaps = snaps   # (base position, placeholder): old values of assigned buffers, copied before each run (position
                          # None: a copy the body makes itself)
     self.lock, self.storage, self.views = threading.Lock(), Storage(), {}
@@ -110,7 +112,7 @@ class Program:
         if i is not None: np.copyto(self.storage[sb], self.storage[self.bases[i]])
       for i in zero: self.storage[self.bases[i]].fill(0)   # tinygrad's buffers come from its pool, not zeroed
       run_call(call, self.storage)
-      for i in self.multi:
+      for i in self.back:
         for a, d in zip(self._shards(i), bufs[i]): np.copyto(self.view(d, self.bases[i]), a)
     return call
 
@@ -218,9 +220,11 @@ def program(cv: Conversion, call: Node, symbolic: str = "tinygrad", vals: dict |
   try:
     if sym is not None: c = sym.get(vals)[0]   # this graph's values: compiled now
     kernels, partial = prepare(c)
+    written = written_args(c)
   except CallsatError as e: raise BridgeRefusal(f"backend:lower:{type(e).__name__}", str(e)) from None
   at = {b.arg.uid: i for i, b in enumerate(bases)}
-  return Program(c, bases, kernels, zero_of(partial), tuple((None if b is None else at[b.arg.uid], s) for b, s in snaps), sym, fixed), order
+  return Program(c, bases, kernels, zero_of(partial), tuple((None if b is None else at[b.arg.uid], s) for b, s in snaps), sym, fixed,
+                 written), order
 
 def _root(n: Node) -> Node:
   while n.op in GroupOp.Movement or n.op in (Ops.SLICE, Ops.BITCAST): n = n.src[0]

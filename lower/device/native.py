@@ -320,6 +320,12 @@ def prepare(call) -> tuple[int, frozenset]:
   cache.CACHE.get(sch.kernels, sch.keys)
   return len(sch.kernels), frozenset(bufs[r[1]].arg.uid for r, written, zero in sch.roots if r[0] == "arg" and written and zero)
 
+def written_args(call) -> frozenset:
+  """The uids of the argument BUFFERs a CALL's kernels and copies write (nested bodies' writes through their arguments
+  included: the schedule's), kernelized if it was not."""
+  bufs, sch = _schedule(call, check_bounds(), cache.CACHE)
+  return frozenset(bufs[r[1]].arg.uid for r, written, _ in sch.roots if r[0] == "arg" and written)
+
 class NativeBackend(Backend):
   """The CPU device kind (CPU:n shards too) and host-only CALLs (NPY, DISK): LLVM-compiled kernels on this machine."""
   name, devices, rank = "native", ("CPU", "NPY", "DISK"), 0

@@ -436,6 +436,21 @@ SHARDED = {
   "allreduce": _allreduced,
 }
 
+def test_a_program_copies_back_only_the_sharded_buffers_it_writes(monkeypatch):
+  """A Program copies each device's buffer of a sharded argument into its storage before a run, and back after it only
+  for those its CALL writes: a sharded weight it only reads is left alone (its device buffers hold what they held)."""
+  from egraph.bridge import install as inst
+  progs, real = [], inst.program
+  monkeypatch.setattr(inst, "program", lambda *a, **k: progs.append(got := real(*a, **k)) or got)
+  w = Tensor(X).shard(DEVS, 0).contiguous().realize()
+  before = [b.numpy().copy() for b in w.uop.buffer.bufs]
+  with bridge.installed(backend="callsat", strict=True):
+    out = (w * 2 + 1).contiguous().realize()
+    _close(out.numpy(), X * 2 + 1)
+  ran = [p for p, _ in progs if p is not None and p.multi]
+  assert ran and all(set(p.back) < set(p.multi) for p in ran), [(p.multi, p.back) for p in ran]
+  for b, was in zip(w.uop.buffer.bufs, before): np.testing.assert_array_equal(b.numpy(), was)
+
 @pytest.mark.parametrize("name", list(SHARDED))
 def test_sharded_tensors(name):
   """tinygrad's multi-device tensors over CPU devices (one host buffer per device) run callsat's kernels, strict: its
