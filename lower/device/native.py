@@ -150,20 +150,22 @@ class Plan:
   the pointers point into it; back to the storage pool when the plan dies) and a lock: one run (or rebind) at a time.
   The schedule entry keeps its last plan too: a new CALL of the same schedule (a realize loop's fresh output, a TinyJit
   replay's new input) rebinds the roots whose arrays changed, pointer by pointer, instead of preparing every launch."""
-  __slots__ = ("checked", "arrays", "steps", "temps", "pool", "lock", "__weakref__")
-  def __init__(self, checked, arrays, steps, temps, pool):
+  __slots__ = ("checked", "arrays", "steps", "temps", "pool", "lock", "call", "__weakref__")
+  def __init__(self, checked, arrays, steps, temps, pool, call):
     self.checked, self.arrays, self.steps, self.temps, self.pool = checked, arrays, steps, temps, pool
-    self.lock = threading.Lock()
+    self.lock, self.call = threading.Lock(), weakref.ref(call)   # the CALL it is bound to now
   def __del__(self):
     if self.temps is not None and self.pool is not None: self.pool.give(self.temps)
 
-  def current(self, storage) -> bool:
-    """Does every root's array still sit in `storage` under its uid?"""
-    return all((x := a()) is not None and storage.get(u) is x for u, a in self.arrays)
+  def current(self, call, storage) -> bool:
+    """Is the plan bound to `call` (not rebound to another CALL of its schedule since: whose buffers may be alive too),
+    with every root's array still in `storage` under its uid?"""
+    return self.call() is call and all((x := a()) is not None and storage.get(u) is x for u, a in self.arrays)
 
-  def rebind(self, sch: "_Sched", bufs, inner, arrays: list) -> None:
-    """Point the launches and copies at `arrays` (one per schedule root, as _arrays gives) where they changed."""
-    steps = self.steps
+  def rebind(self, call, sch: "_Sched", bufs, inner, arrays: list) -> None:
+    """Bind the plan to `call`: its launches and copies pointed at `arrays` (one per schedule root, as _arrays gives)
+    where they changed."""
+    steps, self.call = self.steps, weakref.ref(call)
     for i, a in enumerate(arrays):
       r = sch.roots[i][0]
       b = bufs[r[1]] if r[0] == "arg" else inner[r[1]]
@@ -249,7 +251,7 @@ def run_native(call, storage) -> None:
   plan = CACHE.plans.get(call)
   if plan is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
     try:
-      if plan.current(storage): plan.run(); return
+      if plan.current(call, storage): plan.run(); return
     finally: plan.lock.release()
   bufs, sch = _schedule(call, checked, CACHE)
   inner = _buffers_in(call.src[0]) if sch.inner else None
@@ -259,7 +261,7 @@ def run_native(call, storage) -> None:
   if not dbg and plan is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
     STATS["peak"] = sch.peak
     try:
-      plan.rebind(sch, bufs, inner, arrays)
+      plan.rebind(call, sch, bufs, inner, arrays)
       plan.run()
     finally: plan.lock.release()
     CACHE.plans[call] = plan
@@ -287,7 +289,7 @@ def run_native(call, storage) -> None:
     else: run()
   if not dbg:   # DEBUG runs take the full path each time (it prints per kernel)
     ids = [((bufs[r[1]] if r[0] == "arg" else inner[r[1]]).arg.uid, weakref.ref(a)) for (r, _, _), a in zip(sch.roots, arrays)]
-    CACHE.plans[call] = plan = Plan(checked, ids, steps, arena, mpool)
+    CACHE.plans[call] = plan = Plan(checked, ids, steps, arena, mpool, call)
     sch.plan = plan if sch.peak <= ARENA_HELD else weakref.ref(plan)
   elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
 

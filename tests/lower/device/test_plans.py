@@ -51,6 +51,22 @@ def test_a_rebound_plan_with_temporaries_gives_the_full_paths_values(launches, m
     e = np.exp(v - v.max(1, keepdims=True))
     np.testing.assert_allclose(read(got).reshape(33, 33), (e / e.sum(1, keepdims=True)) @ v.T, rtol=1e-4, atol=1e-5)
 
+def test_two_live_calls_of_one_schedule_run_alternately_each_on_its_own_buffers():
+  """CALL A runs, CALL B of the same schedule takes A's plan (rebound to B's buffers, which stay alive), then A runs
+  again after its input changed in place: A's output has the new values (the plan is rebound back to A, not run on
+  B's pointers because B's buffers are still where they were)."""
+  from egraph.ir.storage import STORAGE
+  rng = np.random.default_rng(3)
+  a, c, b = (rng.standard_normal(s, dtype=np.float32) for s in ((29, 31), (29, 31), (31, 13)))
+  x, z, y = Tensor(a).realize(), Tensor(c).realize(), Tensor(b).realize()
+  ra, rb = callify(x @ y), callify(z @ y)
+  run_call(ra.call); run_call(rb.call)
+  STORAGE.get(x.node.base.arg.uid)[:] = (a * 2).reshape(-1)   # A's input, changed in place
+  run_call(ra.call)
+  (oa,), (ob,) = ra.buffer_map.values(), rb.buffer_map.values()
+  np.testing.assert_allclose(read(oa).reshape(29, 13), (a * 2) @ b, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(read(ob).reshape(29, 13), c @ b, rtol=1e-4, atol=1e-4)
+
 def test_concurrent_runs_of_one_schedule_give_right_values():
   """Threads realizing the same structure over their own inputs: a plan busy in one thread is never rebound by another
   (that one prepares its own), so every result is its own inputs'."""
