@@ -131,7 +131,6 @@ class Program:
       addr = np.frombuffer(b.allocator._as_buffer(b._buf), np.uint8, count=0).__array_interface__["data"][0]
     if (a := self.views.get(key := (b.nbytes, int(addr), ph.dtype))) is None:
       a = np.frombuffer(b.allocator._as_buffer(b._buf), ph.dtype.np, count=ph.arg.size)
-      key = (b.nbytes, a.__array_interface__["data"][0], ph.dtype)   # kept under where it really is
       # bounded, oldest out: a run's own arrays must all stay (a miss makes new arrays, and the native runner's plan then
       # takes its full path: a 104-base ResNet18 Program under a bound of 64 rebuilt its 57 launches on every replay)
       if len(self.views) >= 2 * len(self.bases) + 64: self.views.pop(next(iter(self.views)))

@@ -162,13 +162,12 @@ class Plan:
     with every root's array still in `storage` under its uid?"""
     return self.call() is call and all((x := a()) is not None and storage.get(u) is x for u, a in self.arrays)
 
-  def rebind(self, call, sch: "_Sched", bufs, inner, arrays: list) -> None:
-    """Bind the plan to `call`: its launches and copies pointed at `arrays` (one per schedule root, as _arrays gives)
-    where they changed."""
+  def rebind(self, call, sch: "_Sched", roots: list) -> None:
+    """Bind the plan to `call`: its launches and copies pointed at the arrays of `roots` (a (BUFFER, array) pair per
+    schedule root, as _arrays gives) where they changed."""
     steps, self.call = self.steps, weakref.ref(call)
-    for i, a in enumerate(arrays):
+    for i, (b, a) in enumerate(roots):
       r = sch.roots[i][0]
-      b = bufs[r[1]] if r[0] == "arg" else inner[r[1]]
       u, ref = self.arrays[i]
       if u == b.arg.uid and ref() is a: continue
       base = a.ctypes.data
@@ -211,12 +210,8 @@ class _Sched:
     # root -> (step, slot, byte offset) of each pointer into it: what a plan's rebind patches (temporaries never move)
     self.uses: dict = {r: [] for r, _, _ in self.roots}
     for si, st in enumerate(self.steps):
-      if type(st[0]) is tuple:
-        for slot, (r, o) in enumerate(st[:2]):
-          if r in self.uses: self.uses[r].append((si, slot, o))
-      else:
-        for slot, (r, o) in enumerate(st[1]):
-          if r in self.uses: self.uses[r].append((si, slot, o))
+      for slot, (r, o) in enumerate(st[:2] if type(st[0]) is tuple else st[1]):   # a copy's (dst, src), a kernel's mems
+        if r in self.uses: self.uses[r].append((si, slot, o))
     # the last plan made for this entry (run_native): held here when its temporaries' arena is small (counted in the
     # entry's bytes), weakly otherwise (a big arena stays as long as a CALL that ran on it, not as a cached schedule)
     self.plan = None
@@ -255,19 +250,19 @@ def run_native(call, storage) -> None:
     finally: plan.lock.release()
   bufs, sch = _schedule(call, checked, CACHE)
   inner = _buffers_in(call.src[0]) if sch.inner else None
-  arrays = _arrays(sch, bufs, inner, storage)
+  roots = _arrays(sch, bufs, inner, storage)
   dbg = debug_level()
   if type(plan := sch.plan) is weakref.ref: plan = plan()
   if not dbg and plan is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
     STATS["peak"] = sch.peak
     try:
-      plan.rebind(call, sch, bufs, inner, arrays)
+      plan.rebind(call, sch, roots)
       plan.run()
     finally: plan.lock.release()
     CACHE.plans[call] = plan
     return
   compiled = CACHE.get(sch.kernels, sch.keys)
-  base = {r: a.ctypes.data for (r, _, _), a in zip(sch.roots, arrays)}
+  base = {r: a.ctypes.data for (r, _, _), (_, a) in zip(sch.roots, roots)}
   arena, mpool = (storage.pool.take(sch.peak + 64, zero=False), storage.pool) if sch.peak else (None, None)
   STATS["peak"] = sch.peak
   if arena is not None:
@@ -288,21 +283,20 @@ def run_native(call, storage) -> None:
       print(f"  {run.c.name:<40} {(time.perf_counter() - t0) * 1e3:9.3f} ms", file=sys.stderr)
     else: run()
   if not dbg:   # DEBUG runs take the full path each time (it prints per kernel)
-    ids = [((bufs[r[1]] if r[0] == "arg" else inner[r[1]]).arg.uid, weakref.ref(a)) for (r, _, _), a in zip(sch.roots, arrays)]
-    CACHE.plans[call] = plan = Plan(checked, ids, steps, arena, mpool, call)
+    CACHE.plans[call] = plan = Plan(checked, [(b.arg.uid, weakref.ref(a)) for b, a in roots], steps, arena, mpool, call)
     sch.plan = plan if sch.peak <= ARENA_HELD else weakref.ref(plan)
   elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
 
 def _arrays(sch: _Sched, bufs, inner, storage) -> list:
-  """The storage array of each of the schedule's roots for this CALL: written buffers are allocated on demand (no
-  zero-fill when a kernel writes all of it first), read-only ones must exist."""
+  """(BUFFER node, storage array) of each of the schedule's roots for this CALL: written buffers are allocated on demand
+  (no zero-fill when a kernel writes all of it first), read-only ones must exist."""
   out = []
   for r, written, zero in sch.roots:
     b = bufs[r[1]] if r[0] == "arg" else inner[r[1]]
     if (a := storage.get(b.arg.uid)) is None: a = buffer_array(storage, b, written, zero=zero)
     if a.size != (n := elements(b)) or a.dtype != b.dtype.np or a.ndim != 1:   # per-device storage: every device's copy, device-major
       raise CallsatError(f"BUFFER uid={b.arg.uid}: storage holds {a.dtype}{a.shape}, the node says {b.dtype.name}({n},)")
-    out.append(a)
+    out.append((b, a))
   return out
 
 def _schedule(call, checked: bool, CACHE) -> tuple:

@@ -568,9 +568,9 @@ def test_a_replayed_program_over_many_buffers_keeps_its_arrays(monkeypatch):
   replay, and the plan then rebuilt its launches (ResNet18's 57 on every replay)."""
   from lower.device import native
   changed, real = [], native.Plan.rebind
-  def rebind(self, call, sch, bufs, inner, arrays):
+  def rebind(self, call, sch, roots):
     before = list(self.arrays)
-    real(self, call, sch, bufs, inner, arrays)
+    real(self, call, sch, roots)
     changed.append(sum(a[0] != b[0] or a[1] is not b[1] for a, b in zip(before, self.arrays)))
   monkeypatch.setattr(native.Plan, "rebind", rebind)
   ws = [Tensor(_f(16)).realize() for _ in range(69)]
