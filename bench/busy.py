@@ -26,9 +26,11 @@ import numpy as np
 SETTLE_S = 0.3
 
 def timeit(f, reps: int) -> float:
-  f()   # once untimed: each contender starts warm (see bench/kernels.py)
+  from egraph import synchronize   # realize returns while its kernel may still run: the time ends when it has finished
+  f(); synchronize()   # once untimed: each contender starts warm (see bench/kernels.py)
   t = time.perf_counter()
   for _ in range(reps): f()
+  synchronize()
   return (time.perf_counter() - t) / reps
 
 def workloads(rng):

@@ -13,7 +13,7 @@ _EXPORTS = {
   "Limits": "egraph.engine.runner", "Schedule": "egraph.engine.runner", "StopReason": "egraph.engine.runner",
   "CostModel": "egraph.engine.cost", "CallifyReport": "egraph.engine.report",
   "callify": "egraph.engine.driver", "CallifyResult": "egraph.engine.driver",
-  "Tensor": "egraph.frontend.tensor", "function": "egraph.frontend.tracing",
+  "Tensor": "egraph.frontend.tensor", "synchronize": "egraph.frontend.tensor", "function": "egraph.frontend.tracing",
 }
 __all__ = list(_EXPORTS)
 

@@ -27,7 +27,7 @@ from lower.reference import evaluate
 class ReferenceBackend(Backend):
   """The PYTHON device kind: the numpy reference executor (lower/reference.py), which reads every host device's data."""
   name, devices, rank = "python", ("PYTHON",), 2
-  def run(self, call, storage) -> None: evaluate([call], storage)
+  def run(self, call, storage, wait: bool = True) -> None: evaluate([call], storage)
 
 for _b in (NativeBackend(), ReferenceBackend(), CudaBackend()): register(_b)   # the one place backends are registered
 RUNNABLE = runnable()
@@ -46,10 +46,13 @@ _BODIES: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary() 
 # CALL body -> {its plain BUFFER args' devices -> (backend, whether one is a DISK)}: a CALL over whole BUFFERs routes by these
 _PLAIN: "weakref.WeakKeyDictionary[Node, dict]" = weakref.WeakKeyDictionary()
 
-def run_call(call: Node, storage: Storage = STORAGE) -> None:
+def run_call(call: Node, storage: Storage = STORAGE, wait: bool = True) -> None:
   """Execute a CALL from callify: its SINK body runs with PARAM(slot=i) bound to `call.src[1+i]` (BUFFER or SLICE(BUFFER)).
-  Output buffers are allocated on demand. A CALL is validated once; running it again only dispatches."""
+  Output buffers are allocated on demand. A CALL is validated once; running it again only dispatches. With `wait` False
+  the CALL's last kernel may still be running when this returns (a CALL of no DISK buffer): `storage` finishes it before
+  it hands out any array (Storage.settle), as does the next run_call on it, so the caller's Python overlaps the kernel."""
   if call.op is not Ops.CALL: raise CallsatError(f"run_call: expected a CALL, got {call.op.name}")
+  if storage.pending is not None: storage.settle()   # CALLs run in order: this one may read what the last one writes
   body, args = call.src[0], call.src[1:]
   if all(a.op is Ops.BUFFER for a in args):   # the front end's CALLs: a new one per realize, routed by body and devices
     devs = tuple(a.arg.device for a in args)
@@ -58,8 +61,9 @@ def run_call(call: Node, storage: Storage = STORAGE) -> None:
       if body.op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {body.op.name}")
       got = per[devs] = (_route(call), any(_on(d, "DISK") for d in devs))
     route, disk = got
-    if disk: _map_disks(_disk_args(call), storage)
-    return route.run(call, storage)
+    if disk: _map_disks(_disk_args(call), storage); wait = True   # a file is read outside storage: written when this returns
+    if (p := route.run(call, storage, wait)) is not None: storage.pending = p
+    return
   if (route := _ROUTES.get(call)) is None:
     if call.src[0].op is not Ops.SINK: raise CallsatError(f"run_call: the body must be a SINK, got {call.src[0].op.name}")
     route = _ROUTES[call] = _route(call)

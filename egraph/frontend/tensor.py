@@ -36,6 +36,12 @@ def _forget(ref: _TRef, table=_all_tensors, remove=_remove_dead_weakref) -> None
 
 Scalar = (bool, int, float)
 
+def synchronize() -> None:
+  """Wait until every realize has finished: realize returns while its CALL's last kernel may still run on the kernel
+  threads (anything that reads storage waits for it first; a timer around realize calls this, as tinygrad's
+  Device.synchronize)."""
+  STORAGE.settle()
+
 def _argfix(args) -> tuple:
   """f(2, 3), f((2, 3)) and f([2, 3]) all mean (2, 3)."""
   return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
@@ -183,7 +189,9 @@ class Tensor:
     if not (ts := Tensor._pending((self, *lst))): return self
     res = callify(*dict.fromkeys(t.node for t in ts))
     _apply_map(res.buffer_map)
-    run_call(res.call)
+    # the CALL's last kernel may still be running when this returns: storage finishes it before anyone reads (the next
+    # realize, numpy(), any array it hands out), so building the next graph overlaps it
+    run_call(res.call, wait=False)
     return self
 
   def callify(self, *lst: Tensor) -> Tensor:

@@ -74,6 +74,10 @@ class Storage:
   view (SLICE/RESHAPE of the buffer) or cache entry holds the node, so nothing that can still read a buffer loses it.
   Released memory goes back to the pool unless some numpy view of it is still alive. Updates are single dict operations
   (atomic under the GIL): threads and finalizers (which run wherever the last reference drops) need no lock."""
+  # an executor's run still writing (lower/runtime.run_call with wait False): an object with finish(), called before
+  # any array is handed out (settle)
+  pending = None
+
   def __init__(self, pool: BufferPool | None = None):
     self._bufs: dict[int, np.ndarray] = {}
     self._raw: dict[int, np.ndarray] = {}     # uid -> the pool block its array views
@@ -83,13 +87,22 @@ class Storage:
   def __len__(self) -> int: return len(self._bufs)
   def __iter__(self) -> Iterator[int]: return iter(list(self._bufs))
   def __getitem__(self, x: int | Node) -> np.ndarray:
+    if self.pending is not None: self.settle()
     if (a := self._bufs.get(_uid(x))) is None: raise UnallocatedBufferError(f"BUFFER uid={_uid(x)} is not allocated")
     return a
-  def get(self, x: int | Node, default=None) -> np.ndarray | None: return self._bufs.get(_uid(x), default)
+  def get(self, x: int | Node, default=None) -> np.ndarray | None:
+    if self.pending is not None: self.settle()
+    return self._bufs.get(_uid(x), default)
+  def settle(self) -> None:
+    """Wait for the run still writing into this storage, if any (threads may race here: finish is idempotent)."""
+    if (p := self.pending) is not None:
+      p.finish()
+      if self.pending is p: self.pending = None
 
   def allocate(self, buf: Node, zero: bool = True, write: bool = True) -> np.ndarray:
     """The array of `buf`, zero-filled on first use (`zero=False`: the caller overwrites every element) (a DISK buffer
     maps its file: read-only with write=False, and a read-only map asked for writing is remapped read-write)."""
+    if self.pending is not None: self.settle()
     disk = buf.op is Ops.BUFFER and isinstance(buf.arg.device, str) and buf.arg.device.startswith("DISK:")
     if (a := self._bufs.get(buf.arg.uid) if buf.op is Ops.BUFFER else None) is not None and \
        not (disk and write and not a.flags.writeable): return a
@@ -115,6 +128,7 @@ class Storage:
 
   def set_data(self, buf: Node, data) -> np.ndarray:
     """Write `data` (any shape, buf.arg.size elements) into `buf`; in place if allocated, so existing views see it."""
+    if self.pending is not None: self.settle()
     a = as_np(np.asarray(data), buf.dtype).reshape(-1)
     if a.size != elements(buf): raise ShapeError(f"set_data: {a.size} elements for BUFFER uid={buf.arg.uid} of size {elements(buf)}")
     dst = self.allocate(buf, zero=False)
@@ -126,6 +140,7 @@ class Storage:
     pooled, never freed here; the owner keeps it alive while CALLs run on it."""
     if a.ndim != 1 or a.dtype != buf.dtype.np or a.size != elements(buf):
       raise ShapeError(f"borrow: {a.dtype}{a.shape} for BUFFER uid={buf.arg.uid} ({elements(buf)} x {buf.dtype.name})")
+    if self.pending is not None: self.settle()
     uid = buf.arg.uid
     if uid in self._raw or uid in self._fin: self.free(uid)
     self._bufs[uid] = a
@@ -141,10 +156,12 @@ class Storage:
     else: self.pool.dropped += 1
 
   def free(self, x: int | Node) -> None:
+    if self.pending is not None: self.settle()
     if (f := self._fin.get(_uid(x))) is not None: f.detach()
     self.release(_uid(x))
   def copy(self) -> "Storage":
     """An independent copy (every array copied): run a CALL on it without touching this one."""
+    if self.pending is not None: self.settle()
     out = Storage(self.pool)
     for u, a in list(self._bufs.items()):
       if (f := self._fin.get(u)) is not None and (p := f.peek()) is not None: out._own(p[0], a.copy(), None)

@@ -12,12 +12,14 @@ from egraph.ir.storage import Storage, UnallocatedBufferError
 class Backend:
   """Runs CALLs on its device kinds. `rank`: a CALL touching the devices of several backends goes to the highest
   (the PYTHON reference can run every host device's data, CUDA copies host data in, CPU runs host-only CALLs).
-  `multi_device`: whether it runs sharded CALLs (storage on a tuple of devices)."""
+  `multi_device`: whether it runs sharded CALLs (storage on a tuple of devices). run(wait=False) lets a backend return
+  while the CALL's last kernel still runs: it returns an object whose finish() waits for it (run_call keeps it as the
+  storage's `pending`), else None; a backend that always finishes ignores it."""
   name: str = ""
   devices: tuple[str, ...] = ()
   rank: int = 0
   multi_device: bool = True
-  def run(self, call: Node, storage: Storage) -> None: raise NotImplementedError
+  def run(self, call: Node, storage: Storage, wait: bool = True): raise NotImplementedError
 
 BACKENDS: dict[str, Backend] = {}   # device kind -> its backend (host kinds without one of their own: the CPU's)
 

@@ -57,4 +57,4 @@ def run_cuda(call, storage) -> None:
 class CudaBackend(Backend):
   """The "CUDA" device kind: one GPU per CALL."""
   name, devices, rank, multi_device = "cuda", ("CUDA",), 1, False
-  def run(self, call, storage) -> None: run_cuda(call, storage)
+  def run(self, call, storage, wait: bool = True) -> None: run_cuda(call, storage)

@@ -101,6 +101,17 @@ class Launch:
       p = c.kernel.params[err.value - 1]
       raise BoundsError(f"kernel {c.name}: index out of bounds on buffer {p.name} ({p.dtype.name}[{p.size}])")
 
+  def post(self):
+    """Start this launch on the native workers and return its pool.Posted (finish() completes it), or None once it has
+    run here: a kernel not split, split in several rounds, bounds-checked (its error slot is read after it) or the
+    pool busy."""
+    nt = THREADS if self.threads is None else self.threads
+    if self.err is None and nt > 1 and self.c.thunk and (p := pool(cache.CACHE.disk_cache)) is not None and \
+       (rs := self.rounds(nt, CHUNKS_PER_THREAD)) is not None and len(rs) == 1 and len(cuts := rs[0]) > 2:
+      if (h := p.post(self.c.thunk, ctypes.addressof(self.argv), cuts, nt - 1)) is not None: STATS["rounds"] += 1; return h
+    self()
+    return None
+
 def launch(c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = None) -> None:
   """Run a compiled kernel on `ptrs` (one per param), split across threads when `work` is large enough."""
   Launch(c, ptrs, work, threads)()
@@ -177,10 +188,28 @@ class Plan:
         else: st.ptrs[slot] = st.argv[slot] = base + off
       self.arrays[i] = (b.arg.uid, weakref.ref(a))
 
-  def run(self) -> None:
-    for s in self.steps:
-      if type(s) is tuple: ctypes.memmove(*s)
+  def run(self, wait: bool = True):
+    """Run the steps; with `wait` False the last launch may be left running on the workers: its pool.Posted, else None."""
+    steps = self.steps
+    last = len(steps) - 1 if not wait and steps and type(steps[-1]) is not tuple else len(steps)
+    for i in range(last):
+      if type(s := steps[i]) is tuple: ctypes.memmove(*s)
       else: s()
+    return steps[last].post() if last < len(steps) else None
+
+class Pending:
+  """A CALL's last launch still running (run_native with wait False), kept with what it runs on: its plan (locked: no
+  rebind moves a pointer under the workers; its arena stays) and the CALL (its BUFFERs, so their storage, stay).
+  finish() waits for it; idempotent and thread-safe."""
+  __slots__ = ("posted", "plan", "call", "lock")
+  def __init__(self, posted, plan: Plan, call):
+    self.posted, self.plan, self.call, self.lock = posted, plan, call, threading.Lock()
+  def finish(self) -> None:
+    with self.lock:
+      if (plan := self.plan) is None: return
+      self.posted.finish()
+      self.plan = self.call = self.posted = None
+      plan.lock.release()
 
 class _Sched:
   """A schedule entry: the body's kernelized program for one argument aliasing, with what every run of it needs worked
@@ -235,19 +264,19 @@ def binding_key(call, checked: bool) -> tuple:
   bind, bufs = arg_binding(call)
   return bind, bufs, (body, tuple(bind[i] for i in range(len(bind))), checked)
 
-def run_native(call, storage) -> None:
+def run_native(call, storage, wait: bool = True) -> Pending | None:
   """Execute a CALL with compiled kernels: kernelize (cached per body + argument aliasing: a new CALL of a known body
   costs its arguments' arrays and one Launch per kernel), compile misses, run. A CALL run again on the same storage
   arrays takes the prepared plan: after a kernel has swept the caches, the full path's Python (bindings, lookups,
   pointer math) took ~0.1 ms, 10% of a 512^3 matmul. A new CALL of a schedule run before takes that schedule's last
-  plan with the changed pointers patched (Plan.rebind)."""
+  plan with the changed pointers patched (Plan.rebind). With `wait` False the CALL's last launch may still be running
+  on the workers when this returns: the Pending that finishes it (else None)."""
   CACHE = cache.CACHE   # read at each call (a test swaps in a fresh cache)
   checked = check_bounds()
   plan = CACHE.plans.get(call)
   if plan is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
-    try:
-      if plan.current(call, storage): plan.run(); return
-    finally: plan.lock.release()
+    if plan.current(call, storage): return _go(plan, call, wait)
+    plan.lock.release()
   bufs, sch = _schedule(call, checked, CACHE)
   inner = _buffers_in(call.src[0]) if sch.inner else None
   roots = _arrays(sch, bufs, inner, storage)
@@ -255,12 +284,10 @@ def run_native(call, storage) -> None:
   if type(plan := sch.plan) is weakref.ref: plan = plan()
   if not dbg and plan is not None and plan.checked == checked and plan.lock.acquire(blocking=False):
     STATS["peak"] = sch.peak
-    try:
-      plan.rebind(call, sch, roots)
-      plan.run()
-    finally: plan.lock.release()
+    try: plan.rebind(call, sch, roots)
+    except BaseException: plan.lock.release(); raise
     CACHE.plans[call] = plan
-    return
+    return _go(plan, call, wait)
   compiled = CACHE.get(sch.kernels, sch.keys)
   base = {r: a.ctypes.data for (r, _, _), (_, a) in zip(sch.roots, roots)}
   arena, mpool = (storage.pool.take(sch.peak + 64, zero=False), storage.pool) if sch.peak else (None, None)
@@ -273,19 +300,31 @@ def run_native(call, storage) -> None:
     if type(s[0]) is tuple:
       (dr, do), (sr, so), nb = s
       steps.append((base[dr] + do, base[sr] + so, nb))
-      ctypes.memmove(*steps[-1])
-      continue
-    ki, mems, work = s
-    steps.append(run := Launch(compiled[ki], [base[r] + o for r, o in mems], work))
-    if dbg:
+    else:
+      ki, mems, work = s
+      steps.append(Launch(compiled[ki], [base[r] + o for r, o in mems], work))
+  if dbg:   # DEBUG runs take the full path each time, timing each kernel
+    for st in steps:
+      if type(st) is tuple: ctypes.memmove(*st); continue
       t0 = time.perf_counter()
-      run()
-      print(f"  {run.c.name:<40} {(time.perf_counter() - t0) * 1e3:9.3f} ms", file=sys.stderr)
-    else: run()
-  if not dbg:   # DEBUG runs take the full path each time (it prints per kernel)
-    CACHE.plans[call] = plan = Plan(checked, [(b.arg.uid, weakref.ref(a)) for b, a in roots], steps, arena, mpool, call)
-    sch.plan = plan if sch.peak <= ARENA_HELD else weakref.ref(plan)
-  elif arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
+      st()
+      print(f"  {st.c.name:<40} {(time.perf_counter() - t0) * 1e3:9.3f} ms", file=sys.stderr)
+    if arena is not None: mpool.give(arena)   # the temporaries are dead once the CALL has run
+    return None
+  plan = Plan(checked, [(b.arg.uid, weakref.ref(a)) for b, a in roots], steps, arena, mpool, call)
+  plan.lock.acquire()
+  pending = _go(plan, call, wait)   # a run that raises keeps no plan
+  CACHE.plans[call] = plan
+  sch.plan = plan if sch.peak <= ARENA_HELD else weakref.ref(plan)
+  return pending
+
+def _go(plan: Plan, call, wait: bool) -> Pending | None:
+  """Run a plan whose lock the caller holds: released when the run is over, or handed to the Pending of a run left
+  going."""
+  try: posted = plan.run(wait)
+  except BaseException: plan.lock.release(); raise
+  if posted is None: plan.lock.release(); return None
+  return Pending(posted, plan, call)
 
 def _arrays(sch: _Sched, bufs, inner, storage) -> list:
   """(BUFFER node, storage array) of each of the schedule's roots for this CALL: written buffers are allocated on demand
@@ -325,5 +364,5 @@ def written_args(call) -> frozenset:
 class NativeBackend(Backend):
   """The CPU device kind (CPU:n shards too) and host-only CALLs (NPY, DISK): LLVM-compiled kernels on this machine."""
   name, devices, rank = "native", ("CPU", "NPY", "DISK"), 0
-  def run(self, call, storage) -> None: run_native(call, storage)
+  def run(self, call, storage, wait: bool = True) -> Pending | None: return run_native(call, storage, wait)
 

@@ -12,6 +12,10 @@ takes fewer. The caller never waits on a worker that has not started: once every
 worker still asleep (state posted -> cancelled, a compare-and-swap the worker's own start races with) and waits only for
 those running a chunk. With a fixed split, a CPU-bound process on one of 2 cores halved a matmul's speed.
 
+A launch may also be posted and finished later (Pool.post, Posted.finish: the two halves of run): the workers start on it
+while the caller goes back to Python (the front end's realize builds the next graph meanwhile), and whoever needs the
+result first takes the chunks still unclaimed and waits for the rest. The pool stays locked until then.
+
 Per-worker block (WORKER_BYTES, cache-line separated fields the caller and the worker write):
   +0 i32 seq (posted jobs; the worker's futex word)   +8 the job block   +40 cpu   +48 i32 stop (Pool.close)
   +64 i32 state: 1 posted, 2 running, 3 done, 4 cancelled (the caller's futex word)
@@ -19,7 +23,7 @@ Job block (one per pool; a split launch holds the pool's lock): +0 i64 next chun
 Linux x86-64 only (futex via syscall(2), sched_getcpu, pthread_setaffinity_np); elsewhere available() is False and
 lower/device/native.py uses the Python workers of lower/device/threads.py."""
 from __future__ import annotations
-import ctypes, os, platform, sys, threading
+import atexit, ctypes, os, platform, sys, threading
 import numpy as np
 from lower.device.llvmjit import JIT_LOCK
 from lower.device.compile_proc import compile_module
@@ -32,6 +36,7 @@ declare i64 @syscall(i64, ...)
 declare i32 @sched_getcpu()
 declare i64 @llvm.readcyclecounter()
 declare void @llvm.x86.sse2.pause()
+declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
 
 ; claim chunks of the job (next, n, thunk, argv, cuts) one at a time and run them, until none is left
 define internal void @chunks(ptr %job) nounwind {
@@ -104,13 +109,12 @@ work:
   br label %idle
 }
 
-; the caller: post the job to up to `want` workers on other CPUs than the caller's, run chunks here too, then cancel
-; each posted worker that has not started and wait for those that did
-define void @callsat_pool_run(ptr %ws, i64 %nw, ptr %job, i64 %want) nounwind {
+; the caller's first half: post the job to up to `want` workers on other CPUs than the caller's (used[i] = 1 for each
+; posted; the caller zeroes `used`)
+define void @callsat_pool_post(ptr %ws, i64 %nw, ptr %job, i64 %want, ptr %used) nounwind {
 entry:
   %me32 = call i32 @sched_getcpu()
   %me = sext i32 %me32 to i64
-  %used = alloca i64, i64 %nw
   br label %post.cond
 post.cond:
   %wi = phi i64 [0, %entry], [%wi.next, %post.next]
@@ -118,19 +122,16 @@ post.cond:
   %more = icmp slt i64 %np, %want
   %wok = icmp slt i64 %wi, %nw
   %go = and i1 %more, %wok
-  br i1 %go, label %post.body, label %work
+  br i1 %go, label %post.body, label %done
 post.body:
   %wo = mul i64 %wi, 128
   %w = getelementptr i8, ptr %ws, i64 %wo
   %cpup = getelementptr i8, ptr %w, i64 40
   %cpu = load i64, ptr %cpup, align 8
   %mine = icmp eq i64 %cpu, %me
-  %usedp = getelementptr i64, ptr %used, i64 %wi
-  br i1 %mine, label %skip, label %post
-skip:
-  store i64 0, ptr %usedp
-  br label %post.next
+  br i1 %mine, label %post.next, label %post
 post:
+  %usedp = getelementptr i64, ptr %used, i64 %wi
   store i64 1, ptr %usedp
   %stp = getelementptr i8, ptr %w, i64 64
   store atomic i32 1, ptr %stp monotonic, align 4
@@ -144,13 +145,19 @@ post.next:
   %np1 = add i64 %np, 1
   %np.next = select i1 %mine, i64 %np, i64 %np1
   br label %post.cond
-work:
-  %wlim = phi i64 [%wi, %post.cond]
+done:
+  ret void
+}
+
+; the caller's second half: run chunks here too, then cancel each posted worker that has not started and wait for those
+; that did
+define void @callsat_pool_finish(ptr %ws, i64 %nw, ptr %job, ptr %used) nounwind {
+entry:
   call void @chunks(ptr %job)
   br label %wait.cond
 wait.cond:
-  %vi = phi i64 [0, %work], [%vi1, %wait.next]
-  %vmore = icmp slt i64 %vi, %wlim
+  %vi = phi i64 [0, %entry], [%vi1, %wait.next]
+  %vmore = icmp slt i64 %vi, %nw
   br i1 %vmore, label %wait.w, label %done
 wait.w:
   %vup = getelementptr i64, ptr %used, i64 %vi
@@ -186,6 +193,17 @@ wait.next:
 done:
   ret void
 }
+
+; both halves at once (a split launch that waits)
+define void @callsat_pool_run(ptr %ws, i64 %nw, ptr %job, i64 %want) nounwind {
+entry:
+  %used = alloca i64, i64 %nw
+  %bytes = mul i64 %nw, 8
+  call void @llvm.memset.p0.i64(ptr %used, i8 0, i64 %bytes, i1 false)
+  call void @callsat_pool_post(ptr %ws, i64 %nw, ptr %job, i64 %want, ptr %used)
+  call void @callsat_pool_finish(ptr %ws, i64 %nw, ptr %job, ptr %used)
+  ret void
+}
 """
 
 def available() -> bool:
@@ -197,12 +215,17 @@ class Pool:
   go of either: its slab's engine is disposed, its code unmapped, once the last reference to it goes."""
   tids: list = []
   closed = False
+  posted = None
 
   def __init__(self, cpus: list[int], disk=None):
     with JIT_LOCK:   # llvmlite is not thread-safe (lower/device/llvmjit.py)
       self.engine, _ = compile_module(POOL_IR.replace("SPIN", str(SPIN_CYCLES)), disk, level=2)
-      run, entry = (self.engine.get_function_address(f"callsat_pool_{f}") for f in ("run", "worker"))
-    self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(run)
+      run, post, finish, entry = (self.engine.get_function_address(f"callsat_pool_{f}") for f in ("run", "post", "finish", "worker"))
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    self._run = ctypes.CFUNCTYPE(None, vp, i64, vp, i64)(run)
+    self._post = ctypes.CFUNCTYPE(None, vp, i64, vp, i64, vp)(post)
+    self._finish = ctypes.CFUNCTYPE(None, vp, i64, vp, vp)(finish)
+    self.posted: Posted | None = None   # the split launch in flight (post), if any: it holds the lock
     self.pid, self.cpus, self.lock = os.getpid(), list(cpus), threading.Lock()
     self._mem = np.zeros(len(cpus) * WORKER_BYTES + 64 + 64, np.uint8)
     self.base = self._mem.ctypes.data + (-self._mem.ctypes.data) % 64
@@ -230,16 +253,32 @@ class Pool:
   def run(self, thunk: int, argv: int, cuts: list[int], helpers: int | None = None) -> bool:
     """Chunks [cuts[t], cuts[t+1]) of thunk(argv, start, end), claimed by the caller and up to `helpers` workers
     (default: one per chunk after the first); False (nothing run) when another thread of this process is inside a split
-    launch right now (the caller then runs the kernel itself)."""
+    launch right now, or one was posted and not finished (the caller then runs the kernel itself)."""
     if not self.lock.acquire(blocking=False): return False
     try:
       if self.closed: return False
-      c = (ctypes.c_int64 * len(cuts))(*cuts)
-      j = self._job
-      j[0], j[1], j[2], j[3], j[4] = 0, len(cuts) - 1, thunk, argv, ctypes.addressof(c)
+      self._load(thunk, argv, cuts)
       self._run(self.base, len(self.cpus), self.job, len(cuts) - 2 if helpers is None else helpers)
     finally: self.lock.release()
     return True
+
+  def post(self, thunk: int, argv: int, cuts: list[int], helpers: int | None = None) -> Posted | None:
+    """run's first half: the job posted to the workers and left running; the caller takes its own share of the chunks
+    and waits in Posted.finish (the pool stays locked until then). None (nothing posted) where run would return False."""
+    if not self.lock.acquire(blocking=False): return None
+    if self.closed: self.lock.release(); return None
+    used = (ctypes.c_int64 * len(self.cpus))()
+    self._load(thunk, argv, cuts)
+    self._post(self.base, len(self.cpus), self.job, len(cuts) - 2 if helpers is None else helpers, used)
+    self.posted = p = Posted(self, used)
+    return p
+
+  def _load(self, thunk: int, argv: int, cuts: list[int]):
+    """Write the job block; the cuts array it points at (kept by the pool until the next job)."""
+    c = self._cuts = (ctypes.c_int64 * len(cuts))(*cuts)
+    j = self._job
+    j[0], j[1], j[2], j[3], j[4] = 0, len(cuts) - 1, thunk, argv, ctypes.addressof(c)
+    return c
 
   def close(self) -> None:
     """Stop the workers and wait until they have exited (each is told through its stop word and a new seq, then woken).
@@ -249,6 +288,7 @@ class Pool:
     if self.pid != os.getpid():   # before the lock: a fork during a parent's split launch left the child's copy held
       self.closed, self.tids = True, []
       return
+    if (p := self.posted) is not None: p.finish()   # a posted job holds the lock until it is finished
     with self.lock:   # no split launch in flight
       if self.closed: return
       self.closed = True
@@ -265,14 +305,34 @@ class Pool:
     # at interpreter exit llvmlite disposes nothing (its engines stay mapped) and the process takes the threads down
     if "lock" in self.__dict__ and not sys.is_finalizing(): self.close()
 
+class Posted:
+  """A split launch in flight (Pool.post): finish() takes the chunks no worker has claimed, waits for the workers that
+  did, and unlocks the pool. Idempotent and thread-safe: whoever needs the result first finishes it."""
+  __slots__ = ("pool", "used", "lock")
+  def __init__(self, pool: Pool, used):
+    self.pool, self.used, self.lock = pool, used, threading.Lock()   # used: the workers it was posted to
+  def finish(self) -> None:
+    with self.lock:
+      if (p := self.pool) is None: return
+      p._finish(p.base, len(p.cpus), p.job, self.used)
+      self.pool = None
+      p.posted = None
+      p.lock.release()
+
 _POOL: Pool | None = None
 _POOL_FAILED = False
 _MAKING = threading.Lock()
 
+def _finish_posted():
+  """Finish the job in flight, if any: before a fork (a child inherits no workers to finish it) and at exit (the
+  interpreter's teardown may free the memory the workers write)."""
+  if _POOL is not None and (p := _POOL.posted) is not None: p.finish()
+atexit.register(_finish_posted)
+
 def _after_fork_in_child():
   global _MAKING
   _MAKING = threading.Lock()   # a fork while another thread held it would leave the child's copy locked for good
-if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"): os.register_at_fork(before=_finish_posted, after_in_child=_after_fork_in_child)
 
 def pool(disk=None) -> Pool | None:
   """The process's pool, made on first use (its module's object from `disk`, a lower.device.cache.DiskCache, when on; made

@@ -1,0 +1,122 @@
+"""A realize that returns while its CALL's last kernel runs (run_call with wait=False, lower/device/pool.py's post and
+finish): every reader of storage waits for it first, nothing it runs on is freed, rebound or reused under it, and another
+thread, another storage, a fork and the next CALL all see finished values. Values against numpy; no timings."""
+import ctypes, os, threading, time
+import numpy as np
+import pytest
+from egraph import Tensor, synchronize
+from egraph.ir.storage import Storage, STORAGE, POOL
+from lower.device import compiler, native, pool
+from lower.runtime import run_call
+from test_pool import _matmul, _scale_kernel
+
+RNG = np.random.default_rng(11)
+split = pytest.mark.skipif(pool.pool() is None or native.THREADS < 2, reason="needs the native kernel threads and 2 CPUs")
+N = 256   # a 256^3 matmul: work above PARALLEL_WORK, split in one round
+
+def _pair():
+  a, b = RNG.standard_normal((N, N), dtype=np.float32), RNG.standard_normal((N, N), dtype=np.float32)
+  return a, b, Tensor(a).realize(), Tensor(b).realize()
+
+@split
+def test_realize_returns_with_the_kernel_pending_and_reads_wait_for_it():
+  a, b, x, y = _pair()
+  synchronize()
+  out = (x @ y).realize()
+  assert STORAGE.pending is not None   # the matmul was left running
+  np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+  assert STORAGE.pending is None and pool.pool().posted is None
+  for _ in range(5):   # a loop: each realize finishes the last before it starts (it may read it)
+    x = (x @ y) * (1 / N)
+    x.realize()
+  want = a
+  for _ in range(5): want = (want @ b) * np.float32(1 / N)
+  np.testing.assert_allclose(x.numpy(), want, rtol=1e-3, atol=1e-4)
+
+@split
+def test_every_storage_accessor_waits():
+  a, b, x, y = _pair()
+  for read in (lambda buf: STORAGE.get(buf).copy(), lambda buf: STORAGE[buf].copy(),
+               lambda buf: STORAGE.allocate(buf).copy(), lambda buf: STORAGE.copy()[buf]):
+    out = (x @ y).realize()
+    assert STORAGE.pending is not None
+    np.testing.assert_allclose(read(out.node.base).reshape(N, N), a @ b, rtol=1e-4, atol=1e-3)
+
+@split
+def test_an_output_dropped_while_pending_is_released_only_after():
+  a, b, x, y = _pair()
+  synchronize()
+  returned = POOL.returned
+  (x @ y).realize()   # dropped at once: its CALL, kept by the pending run, keeps the buffer (and its memory) until it ends
+  assert STORAGE.pending is not None and POOL.returned == returned
+  out = (x @ y + 1).realize()   # allocates an output of that size class: never the pending one's memory
+  np.testing.assert_allclose(out.numpy(), a @ b + 1, rtol=1e-4, atol=1e-3)
+  assert POOL.returned > returned   # the first output's memory went back once its kernel was done
+
+@split
+def test_other_threads_and_storages_see_finished_values():
+  a, b, x, y = _pair()
+  out = (x @ y).realize()
+  got = {}
+  def other():   # another thread on the same storage waits for the run in flight; on its own storage it needs no wait
+    got["same"] = STORAGE[out.node.base].copy()
+    S = Storage()
+    res, want = _matmul(S, N)   # the same schedule as the pending CALL: its plan is locked, this run prepares its own
+    run_call(res.call, S)
+    got["other"] = (S[res.call.src[1]].reshape(N, N), want)
+  t = threading.Thread(target=other); t.start(); t.join()
+  np.testing.assert_allclose(got["same"].reshape(N, N), a @ b, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(*got["other"], rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+
+@split
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_fork_finishes_the_pending_kernel_first():
+  # a long posted job (16M elements, one round): the child must see it finished, not half written or waiting forever
+  n = 1 << 24
+  (c,) = compiler.compile_kernels([(_scale_kernel(n), "pending_fork")])
+  a, out = np.arange(n, dtype=np.float32), np.zeros(n, np.float32)
+  run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=native.PARALLEL_WORK, threads=2)
+  (cuts,) = run.rounds(2, native.CHUNKS_PER_THREAD)
+  assert pool.pool().post(c.thunk, ctypes.addressof(run.argv), cuts, 1) is not None
+  pid = os.fork()
+  if pid == 0:
+    ok = False
+    try: ok = pool.pool().posted is None and np.array_equal(out, a * 3)
+    finally: os._exit(0 if ok else 3)
+  for _ in range(600):   # 60 s, then kill it and fail
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done: break
+    time.sleep(0.1)
+  else:
+    os.kill(pid, 9); os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on the parent's posted job")
+  assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+  assert pool.pool().posted is None
+  np.testing.assert_array_equal(out, a * 3)
+
+@split
+def test_pool_post_and_finish():
+  p = pool.pool()
+  n = 200_000
+  (c,) = compiler.compile_kernels([(_scale_kernel(n), "pending_scale")])
+  a, out = np.arange(n, dtype=np.float32), np.full(n, np.nan, np.float32)
+  run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=native.PARALLEL_WORK, threads=2)
+  (cuts,) = run.rounds(2, native.CHUNKS_PER_THREAD)   # one round
+  h = p.post(c.thunk, ctypes.addressof(run.argv), cuts, 1)
+  assert h is not None and p.posted is h
+  assert not p.run(c.thunk, ctypes.addressof(run.argv), cuts, 1)   # the pool is held until the posted job is finished
+  assert p.post(c.thunk, ctypes.addressof(run.argv), cuts, 1) is None
+  t = threading.Thread(target=h.finish); t.start(); t.join()   # any thread may finish it
+  h.finish()   # again: nothing
+  np.testing.assert_array_equal(out, a * 3)
+  assert p.posted is None and p.run(c.thunk, ctypes.addressof(run.argv), cuts, 1)
+
+@split
+def test_a_checked_kernel_is_never_left_running(monkeypatch):
+  monkeypatch.setenv("CHECK_BOUNDS", "1")   # its error slot is read after the run: the run waits
+  a, b, x, y = _pair()
+  synchronize()
+  out = (x @ y).realize()
+  assert STORAGE.pending is None
+  np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
