@@ -10,7 +10,7 @@ from _weakref import _remove_dead_weakref
 from typing import Any, Iterator
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
-from egraph.ir.errors import ShapeError, DTypeError, DeviceError, UnsupportedOpError
+from egraph.ir.errors import CallsatError, ShapeError, DTypeError, DeviceError, UnsupportedOpError
 from egraph.ir.storage import STORAGE
 from egraph.engine.driver import callify
 from lower.runtime import run_call, read
@@ -35,6 +35,11 @@ class _TRef(weakref.ref):
 def _forget(ref: _TRef, table=_all_tensors, remove=_remove_dead_weakref) -> None: remove(table, ref.key)
 
 Scalar = (bool, int, float)
+
+def _realize_waits() -> bool:
+  """CALLSAT_ASYNC=0: realize returns only once its kernels have finished (default 1: its last may still run)."""
+  if (v := os.environ.get("CALLSAT_ASYNC", "1")) not in ("0", "1"): raise CallsatError(f"CALLSAT_ASYNC={v!r}: expected 0 or 1")
+  return v == "0"
 
 def synchronize() -> None:
   """Wait until every realize has finished: realize returns while its CALL's last kernel may still run on the kernel
@@ -187,11 +192,12 @@ class Tensor:
     """Callify the pending tensors, point every live tensor at the new buffers, then run the CALL.
     Works as `t.realize(a, b)` and `Tensor.realize(a, b)`."""
     if not (ts := Tensor._pending((self, *lst))): return self
+    wait = _realize_waits()   # checked before anything changes
     res = callify(*dict.fromkeys(t.node for t in ts))
     _apply_map(res.buffer_map)
     # the CALL's last kernel may still be running when this returns: storage finishes it before anyone reads (the next
     # realize, numpy(), any array it hands out), so building the next graph overlaps it
-    run_call(res.call, wait=False)
+    run_call(res.call, wait=wait)
     return self
 
   def callify(self, *lst: Tensor) -> Tensor:

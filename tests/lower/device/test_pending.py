@@ -4,7 +4,7 @@ thread, another storage, a fork and the next CALL all see finished values. Value
 import ctypes, os, threading, time
 import numpy as np
 import pytest
-from egraph import Tensor, synchronize
+from egraph import Tensor, synchronize, CallsatError
 from egraph.ir.storage import Storage, STORAGE, POOL
 from lower.device import compiler, native, pool
 from lower.runtime import run_call
@@ -120,3 +120,17 @@ def test_a_checked_kernel_is_never_left_running(monkeypatch):
   out = (x @ y).realize()
   assert STORAGE.pending is None
   np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+
+@split
+def test_the_setting_makes_realize_wait(monkeypatch):
+  a, b, x, y = _pair()
+  synchronize()
+  monkeypatch.setenv("CALLSAT_ASYNC", "0")
+  out = (x @ y).realize()
+  assert STORAGE.pending is None and pool.pool().posted is None
+  np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+  monkeypatch.setenv("CALLSAT_ASYNC", "yes")
+  z = x @ y
+  with pytest.raises(CallsatError, match="CALLSAT_ASYNC"): z.realize()
+  monkeypatch.setenv("CALLSAT_ASYNC", "1")
+  np.testing.assert_allclose(z.numpy(), a @ b, rtol=1e-4, atol=1e-3)   # the refused realize changed nothing
