@@ -38,6 +38,9 @@ CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a bu
 # a tiled matmul call packs all of B (K x N) for the rows it is given, so its chunks are at least this many rows (fewer
 # when there are fewer per thread): 8-row chunks packed B once per 8 rows and ran 1024^3 at a third of its speed
 MM_CHUNK_ROWS = 256
+# a launch left running in two coarse chunks gives the worker this share of the rows at most (and the caller at least
+# 1 - SHARE_MAX), moved by SHARE_STEP per run toward the cut at which neither waits for the other
+SHARE_MAX, SHARE_STEP = 0.95, 1 / 32
 PLAN_BYTES = 512                 # a prepared launch's resident bytes (its argument array, cuts), counted per kernel
 ARENA_HELD = 64 << 10            # a schedule entry holds its last plan strongly up to this much temporaries' arena
 STATS = {"rounds": 0, "peak": 0}   # rounds run (long kernels); the peak temporary bytes of the last CALL planned
@@ -46,7 +49,7 @@ class Launch:
   """One kernel launch with its pointers fixed: the argument array the native workers read, the chunk cuts per thread
   count and the error slot are built once, so a prepared launch run again costs one ctypes call (run_native keeps them
   per CALL)."""
-  __slots__ = ("c", "ptrs", "work", "threads", "err", "extra", "argv", "n0", "mr", "_cuts")
+  __slots__ = ("c", "ptrs", "work", "threads", "err", "extra", "argv", "n0", "mr", "_cuts", "share", "uneven")
   def __init__(self, c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = None):
     k = c.kernel
     self.c, self.ptrs, self.work, self.threads = c, list(ptrs), work, threads
@@ -54,6 +57,7 @@ class Launch:
     self.extra = (ctypes.byref(self.err),) if k.checked else ()
     self.argv = (ctypes.c_void_p * (len(ptrs) + bool(k.checked)))(*ptrs, *([ctypes.addressof(self.err)] if k.checked else []))
     self.n0, self.mr, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile and not mm_batched(k) else 0, {}
+    self.share, self.uneven = 0.5, False   # left running in two coarse chunks: the worker's share of the rows (post)
 
   def step(self, nt: int) -> int:
     """Chunk bounds are multiples of this: 1, or for a tiled matmul a multiple of its row tile, MM_CHUNK_ROWS or the
@@ -103,15 +107,26 @@ class Launch:
 
   def post(self):
     """Start this launch on the native workers and return its pool.Posted (finish() completes it), or None once it has
-    run here: a kernel not split, split in several rounds or in fewer than two chunks per thread (a tiled matmul's
-    coarse chunks: a caller that comes back late finds half the work still unclaimed, and the kernel ends no sooner
-    than waiting would: measured 0.83-1.0x), bounds-checked (its error slot is read after it) or the pool busy."""
+    run here: a kernel not split, split in several rounds, bounds-checked (its error slot is read after it) or the
+    pool busy. Split in two or more chunks per thread, the chunks are claimed as they go; in fewer (a tiled matmul's
+    chunks each pack all of B) on 2 threads it is cut in two at the worker's `share`: in equal halves the worker took
+    one while the caller ran Python and the caller the other when it came back, so the kernel ended no sooner than
+    waiting (0.83-1.0x). The share moves each time by who waited for whom (adapt)."""
     nt = THREADS if self.threads is None else self.threads
     if self.err is None and nt > 1 and self.c.thunk and (p := pool(cache.CACHE.disk_cache)) is not None and \
-       (rs := self.rounds(nt, CHUNKS_PER_THREAD)) is not None and len(rs) == 1 and len(cuts := rs[0]) > 2 * nt:
+       (rs := self.rounds(nt, CHUNKS_PER_THREAD)) is not None and len(rs) == 1:
+      cuts, self.uneven = rs[0], len(rs[0]) <= 2 * nt
+      if self.uneven:
+        if nt != 2: self(); return None
+        step, n0 = self.mr or 1, self.n0
+        cuts = [0, min(max(round(self.share * n0 / step) * step, step), n0 - step), n0]
       if (h := p.post(self.c.thunk, ctypes.addressof(self.argv), cuts, nt - 1)) is not None: STATS["rounds"] += 1; return h
     self()
     return None
+
+  def adapt(self, waited: bool) -> None:
+    """After a run left going in two coarse chunks: the caller waited for the worker (its share was too big) or not."""
+    if self.uneven: self.share = min(SHARE_MAX, max(1 - SHARE_MAX, self.share + (-SHARE_STEP if waited else SHARE_STEP)))
 
 def launch(c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = None) -> None:
   """Run a compiled kernel on `ptrs` (one per param), split across threads when `work` is large enough."""
@@ -209,6 +224,7 @@ class Pending:
     with self.lock:
       if (plan := self.plan) is None: return
       self.posted.finish()
+      plan.steps[-1].adapt(self.posted.waited)
       self.plan = self.call = self.posted = None
       plan.lock.release()
 

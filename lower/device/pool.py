@@ -150,9 +150,11 @@ done:
 }
 
 ; the caller's second half: run chunks here too, then cancel each posted worker that has not started and wait for those
-; that did
-define void @callsat_pool_finish(ptr %ws, i64 %nw, ptr %job, ptr %used) nounwind {
+; that did; returns 1 when a worker was still running its chunk once the caller had no chunk left (the caller waited)
+define i64 @callsat_pool_finish(ptr %ws, i64 %nw, ptr %job, ptr %used) nounwind {
 entry:
+  %waited = alloca i64
+  store i64 0, ptr %waited
   call void @chunks(ptr %job)
   br label %wait.cond
 wait.cond:
@@ -172,6 +174,11 @@ wait.start:
   %cancelled = extractvalue { i32, i1 } %cx, 1
   br i1 %cancelled, label %wait.next, label %wait.t0
 wait.t0:
+  %st0 = load atomic i32, ptr %vst acquire, align 4
+  %busy = icmp ne i32 %st0, 3
+  br i1 %busy, label %wait.mark, label %wait.next
+wait.mark:
+  store i64 1, ptr %waited
   %wt0 = call i64 @llvm.readcyclecounter()
   br label %wait.spin
 wait.spin:
@@ -191,7 +198,8 @@ wait.next:
   %vi1 = add i64 %vi, 1
   br label %wait.cond
 done:
-  ret void
+  %w = load i64, ptr %waited
+  ret i64 %w
 }
 
 ; both halves at once (a split launch that waits)
@@ -201,7 +209,7 @@ entry:
   %bytes = mul i64 %nw, 8
   call void @llvm.memset.p0.i64(ptr %used, i8 0, i64 %bytes, i1 false)
   call void @callsat_pool_post(ptr %ws, i64 %nw, ptr %job, i64 %want, ptr %used)
-  call void @callsat_pool_finish(ptr %ws, i64 %nw, ptr %job, ptr %used)
+  %w = call i64 @callsat_pool_finish(ptr %ws, i64 %nw, ptr %job, ptr %used)
   ret void
 }
 """
@@ -224,7 +232,7 @@ class Pool:
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     self._run = ctypes.CFUNCTYPE(None, vp, i64, vp, i64)(run)
     self._post = ctypes.CFUNCTYPE(None, vp, i64, vp, i64, vp)(post)
-    self._finish = ctypes.CFUNCTYPE(None, vp, i64, vp, vp)(finish)
+    self._finish = ctypes.CFUNCTYPE(i64, vp, i64, vp, vp)(finish)
     self.posted: Posted | None = None   # the split launch in flight (post), if any: it holds the lock
     self.pid, self.cpus, self.lock = os.getpid(), list(cpus), threading.Lock()
     self._mem = np.zeros(len(cpus) * WORKER_BYTES + 64 + 64, np.uint8)
@@ -308,13 +316,14 @@ class Pool:
 class Posted:
   """A split launch in flight (Pool.post): finish() takes the chunks no worker has claimed, waits for the workers that
   did, and unlocks the pool. Idempotent and thread-safe: whoever needs the result first finishes it."""
-  __slots__ = ("pool", "used", "lock")
+  __slots__ = ("pool", "used", "lock", "waited")
   def __init__(self, pool: Pool, used):
     self.pool, self.used, self.lock = pool, used, threading.Lock()   # used: the workers it was posted to
+    self.waited = False   # once finished: a worker was still on its chunk when the caller had none left
   def finish(self) -> None:
     with self.lock:
       if (p := self.pool) is None: return
-      p._finish(p.base, len(p.cpus), p.job, self.used)
+      self.waited = bool(p._finish(p.base, len(p.cpus), p.job, self.used))
       self.pool = None
       p.posted = None
       p.lock.release()

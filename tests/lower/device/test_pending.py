@@ -142,11 +142,43 @@ def test_the_setting_makes_realize_wait(monkeypatch):
   np.testing.assert_allclose(z.numpy(), f(a, b), rtol=1e-6)   # the refused realize changed nothing
 
 @split
-def test_a_matmul_in_coarse_chunks_waits():
-  # a tiled matmul 256^3 splits into one chunk per thread: a late caller would find half of it unclaimed, so it waits
+def test_a_matmul_in_two_coarse_chunks_is_cut_at_the_workers_share():
+  # a tiled matmul 256^3 splits into one chunk per thread (each packs all of B): left running, it is cut in two at the
+  # worker's share, moved by who waited for whom; any cut gives the same values
   a, b = RNG.standard_normal((256, 256), dtype=np.float32), RNG.standard_normal((256, 256), dtype=np.float32)
   x, y = Tensor(a).realize(), Tensor(b).realize()
   synchronize()
   out = (x @ y).realize()
-  assert STORAGE.pending is None
+  assert STORAGE.pending is not None
+  (launch,) = [st for st in STORAGE.pending.plan.steps if type(st) is not tuple]
+  assert launch.uneven
   np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+  for share in (0.0, 0.3, 1.0):   # the cut stays a row tile inside the rows
+    launch.share = share
+    out = (x @ y).realize()   # the next CALL of the schedule takes the same plan, so the same launch
+    assert STORAGE.pending is not None and STORAGE.pending.plan.steps[-1] is launch
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+  launch.share = 0.5
+  launch.adapt(True); assert launch.share == 0.5 - native.SHARE_STEP    # the caller waited: the worker had too much
+  launch.adapt(False); launch.adapt(False); assert launch.share == 0.5 + native.SHARE_STEP
+  launch.share = native.SHARE_MAX; launch.adapt(False); assert launch.share == native.SHARE_MAX
+  launch.share = 1 - native.SHARE_MAX; launch.adapt(True); assert launch.share == 1 - native.SHARE_MAX
+
+@split
+def test_finish_says_whether_the_caller_waited():
+  p, n = pool.pool(), 1 << 24
+  (c,) = compiler.compile_kernels([(_scale_kernel(n), "pending_waited")])
+  a, out = np.arange(n, dtype=np.float32), np.zeros(n, np.float32)
+  run = native.Launch(c, [out.ctypes.data, a.ctypes.data], work=native.PARALLEL_WORK, threads=2)
+  def state(h):   # the state word of the worker the job was posted to (pool.py: 1 posted, 2 running, 3 done)
+    (i,) = [i for i in range(len(p.cpus)) if h.used[i]]
+    return ctypes.c_int32.from_address(p.base + i * pool.WORKER_BYTES + 64).value
+  h = p.post(c.thunk, ctypes.addressof(run.argv), [0, n - 1, n], 1)   # the worker's chunk is nearly all of it
+  deadline = time.monotonic() + 30
+  while state(h) == 1 and time.monotonic() < deadline: pass   # until the worker has taken its chunk
+  h.finish()
+  assert h.waited and np.array_equal(out, a * 3)
+  out[:] = 0
+  h = p.post(c.thunk, ctypes.addressof(run.argv), [0, 1, n], 1)   # the caller's chunk is nearly all of it
+  h.finish()
+  assert not h.waited and np.array_equal(out, a * 3)
