@@ -146,7 +146,8 @@ class Storage:
     self._bufs[uid] = a
 
   def release(self, uid: int) -> None:
-    """Drop uid's array; its memory goes back to the pool when no other array views it."""
+    """Drop uid's array; its memory goes back to the pool when no other array views it. (No settle: a pending run holds
+    its CALL, so none of the buffers it runs on can be released before it has finished.)"""
     self._fin.pop(uid, None)
     a, raw = self._bufs.pop(uid, None), self._raw.pop(uid, None)
     if raw is None: return
