@@ -10,7 +10,7 @@ from egraph.ir.ops import new_buffer
 from egraph.ir.storage import Storage, STORAGE, POOL
 from lower.device import compiler, native, pool
 from lower.runtime import run_call
-from test_pool import _scale_kernel
+from test_pool import _scale_kernel, exits_cleanly
 
 RNG = np.random.default_rng(11)
 split = pytest.mark.skipif(pool.pool() is None or native.THREADS < 2, reason="needs the native kernel threads and 2 CPUs")
@@ -90,14 +90,7 @@ def test_a_fork_finishes_the_pending_kernel_first():
     ok = False
     try: ok = pool.pool().posted is None and np.array_equal(out, a * 3)
     finally: os._exit(0 if ok else 3)
-  for _ in range(600):   # 60 s, then kill it and fail
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done: break
-    time.sleep(0.1)
-  else:
-    os.kill(pid, 9); os.waitpid(pid, 0)
-    pytest.fail("the forked child hung on the parent's posted job")
-  assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+  exits_cleanly(pid, "the forked child hung on the parent's posted job", 60)
   assert pool.pool().posted is None
   np.testing.assert_array_equal(out, a * 3)
 

@@ -19,6 +19,17 @@ from lower.runtime import run_call
 RNG = np.random.default_rng(7)
 needs_pool = pytest.mark.skipif(pool.pool() is None, reason="native kernel threads need Linux x86-64")
 
+def exits_cleanly(pid: int, hung: str, seconds: float = 120) -> None:
+  """Wait for forked child `pid` to exit 0; past `seconds` kill it and fail with `hung`."""
+  for _ in range(int(seconds * 10)):
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done: break
+    time.sleep(0.1)
+  else:
+    os.kill(pid, 9); os.waitpid(pid, 0)
+    pytest.fail(hung)
+  assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
 def _scale_kernel(n: int) -> Kernel:
   """out[i] = a[i] * 3 over i < n."""
   i = Var("i0", n)
@@ -103,14 +114,7 @@ def test_forked_child_makes_its_own_threads():
       run_call(res.call, S)
       ok = pool.pool() is not old and np.allclose(out.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
     finally: os._exit(0 if ok else 3)
-  for _ in range(1200):   # a lost job would hang the child: give it 120 s, then kill it and fail
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done: break
-    time.sleep(0.1)
-  else:
-    os.kill(pid, 9); os.waitpid(pid, 0)
-    pytest.fail("the forked child hung in a split launch")
-  assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+  exits_cleanly(pid, "the forked child hung in a split launch")   # a lost job would hang it
 
 def test_python_workers_when_native_threads_are_off():
   code = ("import numpy as np; from lower.device import pool, threads; from test_pool import _matmul; from lower.runtime import Storage, run_call\n"
