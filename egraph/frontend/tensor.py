@@ -47,6 +47,23 @@ def synchronize() -> None:
   Device.synchronize)."""
   STORAGE.settle()
 
+def _promoted(x: Node, y: Node, op: str) -> tuple[Node, Node]:
+  """Two tensors' nodes as operands of a binary op: cast to their least upper dtype, broadcast to one shape."""
+  dt = least_upper_dtype(x.dtype, y.dtype)
+  shape = broadcast_shape(x.shape, y.shape, op=op)
+  return broadcast_to(x.cast(dt), shape), broadcast_to(y.cast(dt), shape)
+
+def _summed(n: Node, axes: tuple[int, ...], keepdim: bool, dtype) -> Node:
+  """sum over `axes` (sorted, in range): accumulated in sum_acc_dtype (small ints in int32/uint32, halves and fp8 in
+  float32) or `dtype`; a half or fp8 sum is cast back (tinygrad)."""
+  r = _reduced(n.cast(sum_acc_dtype(n.dtype) if dtype is None else dtype), Ops.ADD, axes, keepdim)
+  return r.cast(n.dtype) if dtype is None and n.dtype in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s) else r
+
+def _reduced(n: Node, op: Ops, axes: tuple[int, ...], keepdim: bool) -> Node:
+  """REDUCE (which keeps dims) over `axes`, the reduced dims reshaped away unless `keepdim`."""
+  r = Node(Ops.REDUCE, n.dtype, (n,), (op, axes)) if axes else n
+  return r if keepdim else r.reshape(tuple(s for i, s in enumerate(n.shape) if i not in axes))
+
 def _argfix(args) -> tuple:
   """f(2, 3), f((2, 3)) and f([2, 3]) all mean (2, 3)."""
   return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
@@ -273,13 +290,13 @@ class Tensor:
   def _operands(self, y, op: str, reverse: bool = False) -> tuple[Node, Node]:
     """(x, y) as nodes of one broadcast shape and one promoted dtype; `y` may be a Tensor, Python scalar or array-like."""
     if isinstance(y, np.generic): y = y.item()
-    if isinstance(y, Scalar): dt, yn = weak_dtype(y, self.dtype), None
+    if isinstance(y, Scalar):
+      dt = weak_dtype(y, self.dtype)
+      shape = broadcast_shape(self.shape, (), op=op)
+      xn, yn = broadcast_to(self.node.cast(dt), shape), scalar_operand(y, dt, self.device, shape, op)
     else:
       if not isinstance(y, Tensor): y = Tensor(y, device=self.device or DEFAULT_DEVICE)
-      dt, yn = least_upper_dtype(self.dtype, y.dtype), y.node
-    shape = broadcast_shape(self.shape, () if yn is None else yn.shape, op=op)
-    xn = broadcast_to(self.node.cast(dt), shape)
-    yn = scalar_operand(y, dt, self.device, shape, op) if yn is None else broadcast_to(yn.cast(dt), shape)
+      xn, yn = _promoted(self.node, y.node, op)
     return (yn, xn) if reverse else (xn, yn)
 
   def _binary(self, op: Ops, y, reverse=False) -> Tensor: return Tensor(Node(op, None, self._operands(y, op.name, reverse)))
@@ -448,15 +465,10 @@ class Tensor:
       if not -self.ndim <= a < self.ndim: raise ShapeError(f"reduce: axis {a} is out of range for shape {self.shape}")
       out.add(int(a) % self.ndim)
     return tuple(sorted(out))
-  def _reduce(self, op: Ops, axis, keepdim: bool) -> Tensor:
-    axes = self._axes(axis)
-    n = Node(Ops.REDUCE, self.dtype, (self.node,), (op, axes)) if axes else self.node
-    return Tensor(n if keepdim else n.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes)))
+  def _reduce(self, op: Ops, axis, keepdim: bool) -> Tensor: return Tensor(_reduced(self.node, op, self._axes(axis), keepdim))
   def sum(self, axis=None, keepdim=False, dtype=None) -> Tensor:
-    """Accumulates in sum_acc_dtype (small ints in int32/uint32, halves and fp8 in float32); a half or fp8 sum is cast
-    back (tinygrad)."""
-    ret = self.cast(sum_acc_dtype(self.dtype) if dtype is None else dtype)._reduce(Ops.ADD, axis, keepdim)
-    return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s) else ret
+    """In sum_acc_dtype or `dtype` (_summed)."""
+    return Tensor(_summed(self.node, self._axes(axis), keepdim, dtype))
   def prod(self, axis=None, keepdim=False, dtype=None) -> Tensor:
     """In its own dtype (or `dtype`), as tinygrad 0.14: no accumulation dtype, unlike sum."""
     return self.cast(self.dtype if dtype is None else dtype)._reduce(Ops.MUL, axis, keepdim)
@@ -559,12 +571,15 @@ class Tensor:
     if n1 == 0 or n2 == 0: raise ShapeError(f"matmul: both operands need at least 1 dim, got {self.shape} and {w.shape}")
     if self.shape[-1] != w.shape[axis_w := -min(n2, 2)]:
       raise ShapeError(f"matmul: cannot multiply shapes {self.shape} and {w.shape} ({self.shape[-1]} != {w.shape[axis_w]})")
+    # made on nodes (a Tensor per step cost a third of a small matmul's graph build)
     ones = (1,) * min(n1 - 1, n2 - 1, 1)
-    x = self.reshape(*self.shape[:-1], *ones, self.shape[-1])
-    w2 = w.reshape(*w.shape[:-2], *ones, *w.shape[axis_w:]).transpose(-1, axis_w)
-    try: prod = x.mul(w2)
+    x = self.node.reshape((*self.shape[:-1], *ones, self.shape[-1]))
+    w2 = w.node.reshape((*w.shape[:-2], *ones, *w.shape[axis_w:]))
+    order = list(range(nd := len(w2.shape)))
+    order[-1], order[axis_w % nd] = order[axis_w % nd], order[-1]
+    try: a, b = _promoted(x, w2.permute(order), "MUL")
     except ShapeError as e: raise ShapeError(f"matmul: batch dims of {self.shape} and {w.shape} do not broadcast") from e
-    return prod.sum(-1).cast(least_upper_dtype(self.dtype, w.dtype))
+    return Tensor(_summed(Node(Ops.MUL, None, (a, b)), (len(a.shape) - 1,), False, None).cast(a.dtype))
   matmul = dot
   def __matmul__(self, w): return self.dot(w)
   def __rmatmul__(self, w): return Tensor(w, device=self.device or DEFAULT_DEVICE).dot(self)
