@@ -64,9 +64,15 @@ class BufferPool:
 POOL = BufferPool()
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=lambda: POOL._after_fork())
 
-def _release(ref, uid: int) -> None:
-  """A BUFFER node died: nothing can name its storage any more (finalizer; holds the Storage weakly)."""
-  if (s := ref()) is not None: s.release(uid)
+class _Owned(weakref.ref):
+  """A weak reference to a BUFFER node whose array a Storage holds (its uid; the Storage, weakly): when the node dies
+  the array is released. A plain weak reference with a callback (weakref.finalize's bookkeeping cost ~2 us per
+  realize output); dropping it (Storage.free) cancels the callback."""
+  __slots__ = ("uid", "store")
+
+def _release(ref: _Owned) -> None:
+  """A BUFFER node died: nothing can name its storage any more."""
+  if (s := ref.store()) is not None: s.release(ref.uid)
 
 class Storage:
   """uid -> 1-D numpy array holding a BUFFER's elements. Keys may be given as uids or BUFFER nodes.
@@ -81,7 +87,8 @@ class Storage:
   def __init__(self, pool: BufferPool | None = None):
     self._bufs: dict[int, np.ndarray] = {}
     self._raw: dict[int, np.ndarray] = {}     # uid -> the pool block its array views
-    self._fin: dict[int, weakref.finalize] = {}
+    self._fin: dict[int, _Owned] = {}
+    self._me = weakref.ref(self)
     self.pool = POOL if pool is None else pool
   def __contains__(self, x: int | Node) -> bool: return _uid(x) in self._bufs
   def __len__(self) -> int: return len(self._bufs)
@@ -122,8 +129,8 @@ class Storage:
       if raw is not None: del a; self.pool.give(raw)
       return got
     if raw is not None: self._raw[uid] = raw
-    f = self._fin[uid] = weakref.finalize(buf, _release, weakref.ref(self), uid)
-    f.atexit = False   # at exit the process's memory goes anyway
+    f = self._fin[uid] = _Owned(buf, _release)
+    f.uid, f.store = uid, self._me
     return a
 
   def set_data(self, buf: Node, data) -> np.ndarray:
@@ -158,14 +165,14 @@ class Storage:
 
   def free(self, x: int | Node) -> None:
     if self.pending is not None: self.settle()
-    if (f := self._fin.get(_uid(x))) is not None: f.detach()
+    self._fin.pop(_uid(x), None)   # its weak reference dies with the entry: no callback
     self.release(_uid(x))
   def copy(self) -> "Storage":
     """An independent copy (every array copied): run a CALL on it without touching this one."""
     if self.pending is not None: self.settle()
     out = Storage(self.pool)
     for u, a in list(self._bufs.items()):
-      if (f := self._fin.get(u)) is not None and (p := f.peek()) is not None: out._own(p[0], a.copy(), None)
+      if (f := self._fin.get(u)) is not None and (b := f()) is not None: out._own(b, a.copy(), None)
     return out
   @property
   def nbytes(self) -> int: return sum(a.nbytes for a in list(self._bufs.values()))

@@ -166,12 +166,14 @@ def test_finish_says_whether_the_caller_waited():
   def state(h):   # the state word of the worker the job was posted to (pool.py: 1 posted, 2 running, 3 done)
     (i,) = [i for i in range(len(p.cpus)) if h.used[i]]
     return ctypes.c_int32.from_address(p.base + i * pool.WORKER_BYTES + 64).value
-  h = p.post(c.thunk, ctypes.addressof(run.argv), [0, n - 1, n], 1)   # the worker's chunk is nearly all of it
+  h = p.post(c.thunk, ctypes.addressof(run.argv), [0, n - 1, n], 1)   # the worker's chunk is nearly all of it (~10 ms)
   deadline = time.monotonic() + 30
-  while state(h) == 1 and time.monotonic() < deadline: pass   # until the worker has taken its chunk
+  while state(h) == 1 and time.monotonic() < deadline: pass   # until the worker has taken it; the caller takes the rest
   h.finish()
   assert h.waited and np.array_equal(out, a * 3)
   out[:] = 0
-  h = p.post(c.thunk, ctypes.addressof(run.argv), [0, 1, n], 1)   # the caller's chunk is nearly all of it
+  h = p.post(c.thunk, ctypes.addressof(run.argv), [0, 1, n], 1)
+  deadline = time.monotonic() + 30
+  while state(h) != 3 and time.monotonic() < deadline: pass   # the worker ran every chunk before the caller came
   h.finish()
   assert not h.waited and np.array_equal(out, a * 3)
