@@ -281,12 +281,11 @@ class Pool:
     self.posted = p = Posted(self, used)
     return p
 
-  def _load(self, thunk: int, argv: int, cuts: list[int]):
-    """Write the job block; the cuts array it points at (kept by the pool until the next job)."""
+  def _load(self, thunk: int, argv: int, cuts: list[int]) -> None:
+    """Write the job block, and the cuts array it points at (kept by the pool until the next job)."""
     c = self._cuts = (ctypes.c_int64 * len(cuts))(*cuts)
     j = self._job
     j[0], j[1], j[2], j[3], j[4] = 0, len(cuts) - 1, thunk, argv, ctypes.addressof(c)
-    return c
 
   def close(self) -> None:
     """Stop the workers and wait until they have exited (each is told through its stop word and a new seq, then woken).
