@@ -1,7 +1,7 @@
 """A realize that returns while its CALL's last kernel runs (run_call with wait=False, lower/device/pool.py's post and
 finish): every reader of storage waits for it first, nothing it runs on is freed, rebound or reused under it, and another
 thread, another storage, a fork and the next CALL all see finished values. Values against numpy; no timings."""
-import ctypes, os, threading, time
+import ctypes, gc, os, threading, time
 import numpy as np
 import pytest
 from egraph import Tensor, callify, synchronize, CallsatError
@@ -49,7 +49,7 @@ def test_every_storage_accessor_waits():
 @split
 def test_an_output_dropped_while_pending_is_released_only_after():
   a, b, x, y = _pair()
-  synchronize()
+  synchronize(); gc.collect()   # no earlier test's garbage goes back to the pool meanwhile
   returned = POOL.returned
   f(x, y).realize()   # dropped at once: its CALL, kept by the pending run, keeps the buffer (and its memory) until it ends
   assert STORAGE.pending is not None and POOL.returned == returned
