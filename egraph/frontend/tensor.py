@@ -206,8 +206,9 @@ class Tensor:
     return [t for t in ts if t.node.device is not None and not t.node.has_buffer_identity()]
 
   def realize(self, *lst: Tensor) -> Tensor:
-    """Callify the pending tensors, point every live tensor at the new buffers, then run the CALL.
-    Works as `t.realize(a, b)` and `Tensor.realize(a, b)`."""
+    """Callify the pending tensors, point every live tensor at the new buffers, then run the CALL, whose last kernel
+    may still be running on return (`synchronize`; CALLSAT_ASYNC=0 waits). Works as `t.realize(a, b)` and
+    `Tensor.realize(a, b)`."""
     if not (ts := Tensor._pending((self, *lst))): return self
     wait = _realize_waits()   # checked before anything changes
     res = callify(*dict.fromkeys(t.node for t in ts))
