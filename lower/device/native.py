@@ -39,7 +39,7 @@ CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a bu
 # when there are fewer per thread): 8-row chunks packed B once per 8 rows and ran 1024^3 at a third of its speed
 MM_CHUNK_ROWS = 256
 # a launch left running in two coarse chunks gives the worker this share of the rows at most (and the caller at least
-# 1 - SHARE_MAX), moved by SHARE_STEP per run toward the cut at which neither waits for the other
+# 1 - SHARE_MAX), moved per run (SHARE_STEP first) toward the cut at which neither waits for the other
 SHARE_MAX, SHARE_STEP = 0.95, 1 / 32
 PLAN_BYTES = 512                 # a prepared launch's resident bytes (its argument array, cuts), counted per kernel
 ARENA_HELD = 64 << 10            # a schedule entry holds its last plan strongly up to this much temporaries' arena
@@ -49,7 +49,7 @@ class Launch:
   """One kernel launch with its pointers fixed: the argument array the native workers read, the chunk cuts per thread
   count and the error slot are built once, so a prepared launch run again costs one ctypes call (run_native keeps them
   per CALL)."""
-  __slots__ = ("c", "ptrs", "work", "threads", "err", "extra", "argv", "n0", "mr", "_cuts", "share", "uneven")
+  __slots__ = ("c", "ptrs", "work", "threads", "err", "extra", "argv", "n0", "mr", "_cuts", "share", "uneven", "move")
   def __init__(self, c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = None):
     k = c.kernel
     self.c, self.ptrs, self.work, self.threads = c, list(ptrs), work, threads
@@ -57,7 +57,8 @@ class Launch:
     self.extra = (ctypes.byref(self.err),) if k.checked else ()
     self.argv = (ctypes.c_void_p * (len(ptrs) + bool(k.checked)))(*ptrs, *([ctypes.addressof(self.err)] if k.checked else []))
     self.n0, self.mr, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile and not mm_batched(k) else 0, {}
-    self.share, self.uneven = 0.5, False   # left running in two coarse chunks: the worker's share of the rows (post)
+    # left running in two coarse chunks: the worker's share of the rows and its last move (post, adapt)
+    self.share, self.uneven, self.move = 0.5, False, SHARE_STEP
 
   def step(self, nt: int) -> int:
     """Chunk bounds are multiples of this: 1, or for a tiled matmul a multiple of its row tile, MM_CHUNK_ROWS or the
@@ -125,8 +126,14 @@ class Launch:
     return None
 
   def adapt(self, waited: bool) -> None:
-    """After a run left going in two coarse chunks: the caller waited for the worker (its share was too big) or not."""
-    if self.uneven: self.share = min(SHARE_MAX, max(1 - SHARE_MAX, self.share + (-SHARE_STEP if waited else SHARE_STEP)))
+    """After a run left going in two coarse chunks: the caller waited for the worker (its share was too big) or not.
+    The move halves when its direction turns and doubles when it keeps it (SHARE_STEP / 8 to SHARE_STEP * 2): it
+    settles fast, and then swings by little (each swing is time one side waits)."""
+    if not self.uneven: return
+    m = -abs(self.move) if waited else abs(self.move)
+    m = m * 2 if (m > 0) == (self.move > 0) else m / 2
+    self.move = max(SHARE_STEP / 8, min(2 * SHARE_STEP, abs(m))) * (1 if m > 0 else -1)
+    self.share = min(SHARE_MAX, max(1 - SHARE_MAX, self.share + self.move))
 
 def launch(c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = None) -> None:
   """Run a compiled kernel on `ptrs` (one per param), split across threads when `work` is large enough."""

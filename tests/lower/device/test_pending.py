@@ -152,10 +152,14 @@ def test_a_matmul_in_two_coarse_chunks_is_cut_at_the_workers_share():
     assert STORAGE.pending is not None and STORAGE.pending.plan.steps[-1] is launch
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
   launch.share = 0.5
-  launch.adapt(True); assert launch.share == 0.5 - native.SHARE_STEP    # the caller waited: the worker had too much
-  launch.adapt(False); launch.adapt(False); assert launch.share == 0.5 + native.SHARE_STEP
-  launch.share = native.SHARE_MAX; launch.adapt(False); assert launch.share == native.SHARE_MAX
-  launch.share = 1 - native.SHARE_MAX; launch.adapt(True); assert launch.share == 1 - native.SHARE_MAX
+  launch.adapt(True); assert launch.share < 0.5   # the caller waited: the worker had too much
+  before = launch.share; launch.adapt(False); assert launch.share > before
+  for _ in range(12): launch.adapt(True); launch.adapt(False)   # swinging: the move shrinks to its floor
+  assert abs(launch.move) == native.SHARE_STEP / 8
+  for _ in range(40): launch.adapt(False)
+  assert launch.share == native.SHARE_MAX
+  for _ in range(40): launch.adapt(True)
+  assert launch.share == 1 - native.SHARE_MAX
 
 @split
 def test_finish_says_whether_the_caller_waited():
