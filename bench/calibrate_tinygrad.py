@@ -3,7 +3,10 @@ run, not callsat's. The programs are bench/calibrate.py's calibration set, built
 tinygrad kernel (checked), captured by TinyJit and timed as a replay (what a model's step pays per kernel: the launch
 included), min over interleaved rounds. Its work (bytes, ops, kind) is what the bridge's shadow reads for the same
 program: callsat's KernelWork of the same graph (lower/schedule/work.py). The fit is calibrate.fit's, without the
-read-back (tinygrad writes no streaming stores) and with one thread unless tinygrad splits a kernel.
+read-back (tinygrad writes no streaming stores) and with one thread unless tinygrad splits a kernel. A kernel's launch
+is what one more kernel costs a step (`launch_costs`): in a TinyJit replay (launch_s) and in an eager realize through
+the bridge (eager_launch_s: tinygrad schedules and lowers every kernel on every call there); the single-kernel replays
+above also pay the replay's fixed cost, added to every prediction they are compared with.
 
 Written to egraph/fusion/timemodel.json as device "tinygrad-<version>/<device>" (the bridge loads it for that tinygrad
 version and device; a device without one gets no hints), with every kernel's measured and predicted time, the mean
@@ -37,6 +40,28 @@ def tiny_calls(rng, device: str) -> dict:
       raise SystemExit(f"calibration program {name!r} is {GlobalCounters.kernel_count} tinygrad kernels, expected 1")
     out[name] = jit
   return out
+
+def launch_costs(device: str, rounds: int, k: int = 8) -> dict:
+  """What one more kernel costs a step: k independent 64-element adds against one, as a TinyJit replay (`jit`: the
+  replay's own fixed cost cancels; the single-kernel 'launch' program's time is that fixed cost plus one launch) and
+  realized eagerly through the bridge (`eager`: tinygrad schedules, lowers and runs each kernel on every call outside a
+  JIT; the bridge's plain rules CALL). Min over interleaved rounds of the mean over enough calls."""
+  from tinygrad import Tensor as TT, TinyJit
+  import egraph.tinygrad as bridge
+  rng = np.random.default_rng(1)
+  xs = [TT(rng.standard_normal(64).astype(np.float32), device=device).realize() for _ in range(2 * k)]
+  def adds(n): return lambda: TT.realize(*[xs[i] + xs[k + i] for i in range(n)])
+  calls = {f"jit {n}": TinyJit(adds(n)) for n in (1, k)}
+  saved = os.environ.pop("CALLSAT_BRIDGE_FUSION", None)   # the eager baseline is the bridge's rules CALL
+  try:
+    with bridge.installed():
+      calls |= {f"eager {n}": adds(n) for n in (1, k)}
+      for f in calls.values():
+        for _ in range(3): f()
+      t = measure(calls, rounds, min_s=0.02)
+  finally:
+    if saved is not None: os.environ["CALLSAT_BRIDGE_FUSION"] = saved
+  return {m: (t[f"{m} {k}"] - t[f"{m} 1"]) / (k - 1) for m in ("jit", "eager")}
 
 def measure(calls: dict, rounds: int, min_s: float = 0.005) -> dict:
   """name -> min over rounds (interleaved) of the mean replay time over enough replays to last min_s."""
@@ -87,10 +112,17 @@ def main():
   calls = tiny_calls(np.random.default_rng(0), a.device)
   load = os.getloadavg()[0]
   t = measure(calls, a.rounds)
+  launch = launch_costs(a.device, a.rounds)
   m = C.fit(works, t, t["ew"])   # tinygrad's CPU kernels run on one thread: no split speedup to fit
   key = tinygrad_device_key(version("tinygrad"), a.device)
-  m = TimeModel.from_dict(key, m.to_dict() | {"parallel_work": 1 << 62, "par_speedup": 1.0})
-  pred = {k: m.kernel_seconds(works[k]) for k in t}
+  # a kernel costs a step its marginal launch; the 'launch' program's replay (the fit's launch_s) adds the replay's fixed
+  # cost, which every program measured here pays once and a schedule pays once whatever its kernels
+  fixed = max(0.0, t["launch"] - launch["jit"])
+  # tinygrad's clang kernels recompute a broadcast value in every iteration (no hoisting: a conv recomputes the BatchNorm
+  # and ReLU of its input per output channel and window, 12.8M ops by tinygrad's own count where hoisting predicts 5M)
+  m = TimeModel.from_dict(key, m.to_dict() | {"parallel_work": 1 << 62, "par_speedup": 1.0, "launch_s": launch["jit"],
+                                              "eager_launch_s": launch["eager"], "hoists": False})
+  pred = {k: m.kernel_seconds(works[k]) + fixed for k in t}
   err = statistics.mean(abs(math.log(pred[k] / t[k])) for k in t)
   held = [k for k in t if k.startswith("mixed")]
   err_held = statistics.mean(abs(math.log(pred[k] / t[k])) for k in held)
@@ -99,12 +131,15 @@ def main():
   print(f"{'kernel':<28} {'kind':<12} {'bytes':>10} {'ops':>11} {'measured us':>12} {'model us':>10}")
   for k in t: print(f"{k:<28} {works[k].kind:<12} {works[k].nbytes:>10} {works[k].flops:>11} {t[k] * 1e6:>12.1f} {pred[k] * 1e6:>10.1f}")
   print(f"error: mean |log(pred/meas)| {err:.3f} (held-out 'mixed' kernels {err_held:.3f}), Spearman rank correlation {rho:.3f}")
+  print(f"launch per kernel: {launch['jit'] * 1e6:.1f} us in a TinyJit replay (its fixed cost {fixed * 1e6:.1f} us), "
+        f"{launch['eager'] * 1e6:.1f} us in an eager realize through the bridge")
   try:
     with open(a.out) as f: data = json.load(f)
   except FileNotFoundError: data = {"devices": {}}
   cal = {"command": f"python bench/calibrate_tinygrad.py --rounds {a.rounds} --device {a.device}",
          "date": time.strftime("%Y-%m-%d %H:%M"), "tinygrad": version("tinygrad"), "tinygrad_path": os.path.dirname(tinygrad.__file__),
-         "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "load": round(load, 2), "log_error": err, "log_error_held_out": err_held,
+         "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "load": round(load, 2), "launch": launch, "replay_fixed_s": fixed,
+         "log_error": err, "log_error_held_out": err_held,
          "spearman": rho, "kernels": {k: {"seconds": t[k], "predicted": pred[k], "kind": works[k].kind, "bytes": works[k].nbytes,
                                           "flops": works[k].flops} for k in t}}
   data.setdefault("devices", {})[key] = m.to_dict() | {"log_error": err_held}   # the kernels the fit never saw: the honest error

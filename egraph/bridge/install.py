@@ -55,8 +55,10 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
     _count_backend(backend, hints)
     return call, bmap
   st = structure(big_sink)
-  # the options change the CALL: part of the key (with callsat's kernels, strict raises where fallback runs tinygrad's)
-  key = (mode, measuring, backend, _STATE["mode"] if backend != "tinygrad" else None, symbolic, st.key)
+  # the options change the CALL: part of the key (with callsat's kernels, strict raises where fallback runs tinygrad's);
+  # so does a TinyJit capture where a decision is priced and measured (a replay's launches, not an eager call's)
+  key = (mode, measuring, backend, _STATE["mode"] if backend != "tinygrad" else None, symbolic, st.key,
+         measuring and bool(capturing))
   if (hit := cache.get(key)) is not None and not isinstance(hit, Sighted):
     if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
     if mode != "rules": _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
@@ -98,14 +100,15 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   (egraph/bridge/backend.py; the hints' `backend` says why not), graphs over bound variables as `symbolic` says (symbolic.symbolic_mode)."""
   if backend != "tinygrad": return _decide_backend(big_sink, measuring, st, symbolic, mode)
   cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
+  eager = not capturing   # outside a TinyJit capture every call schedules and lowers each kernel again
   store = verdict_store() if measuring else None
-  name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key) if store is not None else None
+  name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key, eager) if store is not None else None
   known = store.get(name) if store is not None else None
   if known is not None:
     with _LOCK: _COUNTS["verdicts_reused"] += 1
   if known is not None and not known.keep:   # lost when measured before: not chosen again
     hints = Hints(measured=_as_measured(known), note=f"{len(known.idents)} hints dropped: {_as_measured(known)} before, kept per user")
-  else: hints = _hints(cv, roots) if mode != "rules" else Hints()
+  else: hints = _hints(cv, roots, eager=eager) if mode != "rules" else Hints()
   res = _callify(realize_hints(cv, roots, hints.idents) if mode == "cost-store" else roots)
   call, bmap = to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
   tried = tuple(sorted(hints.idents))
@@ -114,7 +117,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   elif tried and measuring:   # the prediction checked once per structure, by running both
     plain = res if mode == "cost" else _callify(roots)
     stock = to_tinygrad(cv, plain.call, plain.buffer_map)
-    hints = _measured(hints, stock[0], call, next(iter({r.device for r in roots if r.device is not None})))
+    hints = _measured(hints, stock[0], call, next(iter({r.device for r in roots if r.device is not None})), eager)
     if not hints.idents: call, bmap = stock
     if store is not None and (m := hints.measured) is not None:
       store.put(name, Verdict(bool(hints.idents), tried, m.stock_s, m.hinted_s, m.rounds, m.ratio))
@@ -208,11 +211,11 @@ def _callify(roots):
   # points is the bridge option's choice (CALLSAT_BRIDGE_FUSION, above), never CALLSAT_FUSION's
   return callify(*roots, cache=False, assigns="realized", fusion="rules")
 
-def _measured(hints: Hints, stock: UOp, hinted: UOp, device) -> Hints:
+def _measured(hints: Hints, stock: UOp, hinted: UOp, device, eager: bool = False) -> Hints:
   """hints with the measured check's verdict (egraph/bridge/measure.py): kept when they win, else none and why. An error
   while measuring drops them in fallback mode (the unhinted CALL is strict's own; counted, not cached, so strict meets
   the error again); strict raises it."""
-  try: m = measure(stock, hinted, device)
+  try: m = measure(stock, hinted, device, eager)
   except Exception as e:
     if _STATE["mode"] != "fallback": raise
     with _LOCK: _COUNTS["measure_errors"] += 1
@@ -223,10 +226,10 @@ def _measured(hints: Hints, stock: UOp, hinted: UOp, device) -> Hints:
   return dataclasses.replace(hints, idents=frozenset(), uops=[], measured=m,
                              note=f"{len(hints.idents)} hints dropped: {m}, not faster by more than {margin():.0%}")
 
-def _hints(cv, roots, kernels: str = "tinygrad") -> Hints:
+def _hints(cv, roots, kernels: str = "tinygrad", eager: bool = False) -> Hints:
   """cost_hints. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
   is counted; strict (and a direct call) raises it."""
-  try: h = cost_hints(cv, roots, kernels)
+  try: h = cost_hints(cv, roots, kernels, eager)
   except Exception as e:
     if _STATE["mode"] != "fallback": raise
     h = Hints(note=f"{type(e).__name__}: {e}", failed=True)

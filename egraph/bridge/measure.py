@@ -8,7 +8,9 @@ The scratch copies make the check side-effect free: every storage BUFFER of both
 is replaced by a fresh buffer of the same device, dtype and size, filled with the original's bytes where it holds data
 (timing on the program's own values: denormals and NaNs cost what they cost), so an assign is never applied twice and no
 live buffer is written. Times are wall clock over the whole schedule (its launches included: more kernels cost a user
-their dispatch too); each round runs both, which one first alternating. Off with CALLSAT_BRIDGE_MEASURE=0.
+their dispatch too); each round runs both, which one first alternating. A graph realized outside a JIT (`eager`) is
+timed as an eager call pays it: tinygrad's scheduling and lowering of every kernel (from its caches) with the run, each
+round (~0.3 ms a kernel on a CPU: a replay would hide what extra kernels cost there). Off with CALLSAT_BRIDGE_MEASURE=0.
 
 A measured decision waits for its structure's DECIDE_AT-th sighting (CALLSAT_BRIDGE_DECIDE_AT, default 2): before, the
 graph gets the plain rules CALL (tinygrad's kernels, as strict bridging gives it). A graph run once (weight init, a
@@ -90,16 +92,23 @@ def _run(linear: UOp, var_vals: dict, device: str) -> float:
   Device[device].synchronize()
   return time.perf_counter() - t0
 
-def measure(stock: UOp, hinted: UOp, device: str) -> Measured:
-  """Run both CALLs' schedules on scratch buffers, interleaved (which goes first alternates), and report the best times."""
+def _eager(call: UOp, device: str) -> float:
   t0 = time.perf_counter()
-  runs = [_prepare(c) for c in scratch([stock, hinted])]
+  lin, vv = _prepare(call)
+  return time.perf_counter() - t0 + _run(lin, vv, device)
+
+def measure(stock: UOp, hinted: UOp, device: str, eager: bool = False) -> Measured:
+  """Run both CALLs' schedules on scratch buffers, interleaved (which goes first alternates), and report the best times;
+  `eager`: each run schedules and lowers its CALL again, as a realize outside a JIT does."""
+  t0 = time.perf_counter()
+  calls = scratch([stock, hinted])
+  runs = [_prepare(c) for c in calls]
   for lin, vv in runs: _run(lin, vv, device)   # warm: first-touch allocation, the runtime's own first-call work
   best, spent, ratios = [float("inf")] * 2, 0.0, []
   while len(ratios) < ROUNDS[1] and (len(ratios) < ROUNDS[0] or spent < BUDGET_S):
     t = [0.0, 0.0]
     for i in ((0, 1) if len(ratios) % 2 == 0 else (1, 0)):
-      t[i] = _run(*runs[i], device)
+      t[i] = _eager(calls[i], device) if eager else _run(*runs[i], device)
       best[i], spent = min(best[i], t[i]), spent + t[i]
     ratios.append(t[1] / t[0])
   return Measured(best[0], best[1], len(ratios), time.perf_counter() - t0, statistics.median(ratios))

@@ -44,6 +44,7 @@ ANCHOR = True
 _ALU = {i.tinygrad or o.name: o for o, i in ALU_OPS.items()}   # tinygrad's ALU op name -> callsat's (the op table)
 _REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
 _WEAKS = (tdt.weakint, tdt.weakfloat)
+_READS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.AFTER, Ops.SLICE, Ops.COPY})   # converted nodes that read memory
 _MOVES = frozenset({TOps.RESHAPE, TOps.EXPAND, TOps.PAD, TOps.SHRINK, TOps.PERMUTE, TOps.FLIP})
 
 def env_value(name: str) -> str:
@@ -85,10 +86,11 @@ class Hints:
 def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
 
 class Shadow:
-  """The converted graph with tinygrad's arithmetic as callsat ops, for costing only; `origin`: shadow Node.id -> the
-  OPAQUE ident it stands for."""
-  def __init__(self, cv: Conversion, device: str, bodies: bool = False):
-    self.cv, self.device, self.memo, self.origin, self.bodies = cv, device, {}, {}, bodies
+  """The converted graph with tinygrad's arithmetic as callsat ops; `origin`: shadow Node.id -> the OPAQUE ident it
+  stands for. `folds` (pricing tinygrad's kernels): a reduce that reads no memory stays OPAQUE, as tinygrad folds it."""
+  def __init__(self, cv: Conversion, device: str, bodies: bool = False, folds: bool = False):
+    self.cv, self.device, self.memo, self.origin, self.bodies, self.folds = cv, device, {}, {}, bodies, folds
+    self.reads: set[int] = set()   # ids of the converted nodes whose value reads memory
 
   def dev(self, d): return COST_DEVICE if d == self.device else d
 
@@ -98,6 +100,7 @@ class Shadow:
     for n in toposort(roots, enter_calls=False):
       body = n.op in (Ops.CALL, Ops.FUNCTION)
       src = tuple((self.scoped(s) if self.bodies else s) if body and i == 0 else self.memo[s.id] for i, s in enumerate(n.src))
+      if n.op in _READS or any(s.id in self.reads for s in n.src): self.reads.add(n.id)
       self.memo[n.id] = self.one(n, src)
     return [self.memo[r.id] for r in roots]
 
@@ -135,6 +138,9 @@ class Shadow:
       return self.made(Node(Ops.DETACH, None, (src[0],)), n)
     if u.op is TOps.ALLREDUCE: return self.allreduce(n, u, src[0])
     if u.op is TOps.REDUCE:
+      # a reduce that reads no memory (an arange: a cumsum of ones) is folded by tinygrad into index arithmetic: as a
+      # REDUCE it would be priced as recomputed in every element of every kernel that reads it
+      if self.folds and not any(s.id in self.reads for s in n.src): return None
       if len(u.src) != 1 or u.arg[0] not in _REDUCE or not isinstance(k := u.arg[1], int) or k < 1: return None
       return self.made(Node(Ops.REDUCE, None, (src[0],), (_REDUCE[u.arg[0]], tuple(range(k)))), n).reshape(shape)
     if name in _ALU:
@@ -225,10 +231,11 @@ def _operands(u: UOp, src: tuple, shape: tuple, vals) -> list[Node]:
     out.append(_to(s, shape))
   return out
 
-def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad") -> Hints:
+def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eager: bool = False) -> Hints:
   """The values of cv's graph that callsat's cost-mode partition stores beyond the program's realize points, as OPAQUE
   idents of tinygrad ALU/REDUCE values (never weak-typed ones, never a realize point itself), priced on the `kernels`
-  that will run them: tinygrad's (its calibration for the device) or callsat's own (CALLSAT_BRIDGE_BACKEND=callsat).
+  that will run them: tinygrad's (its calibration for the device) or callsat's own (CALLSAT_BRIDGE_BACKEND=callsat);
+  `eager`: realized outside a JIT, where each kernel costs tinygrad's eager launch (TimeModel.eager).
   No hints (and a note) for realize points on several devices, sharded or on a DISK, or a graph callsat has no time
   model for."""
   t0 = time.perf_counter()
@@ -237,21 +244,22 @@ def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad") -> 
     return Hints(note=f"devices {sorted(map(str, devs))}: cost mode prices one device", seconds=time.perf_counter() - t0)
   try: tm, err = tinygrad_model(d) if kernels == "tinygrad" else callsat_model(d)
   except NoTimeModel as e: return Hints(note=str(e), seconds=time.perf_counter() - t0)
-  sh = Shadow(cv, d)
+  if eager: tm = tm.eager()
+  sh = Shadow(cv, d, folds=kernels == "tinygrad")
   enc = encode(sh.build(roots), "realized")
   cands = add_candidates(enc)
   if not cands: return Hints(note="no candidates", seconds=time.perf_counter() - t0)
   sat = saturate(enc)
   ex = extract_call(sat, COST_PRESETS["bytes"])
   budget = min(SOLVER_S, SOLVER_S_PER_NODE * len(enc.nodes))   # scales with the graph: a 10-node graph decides in 2 ms
-  ids, rep = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm, time.perf_counter() + budget, SOLVER)
+  # anchored on what runs without hints: tinygrad's own schedule (fusion/stock.py), or callsat's rules on its kernels
+  ids, rep = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm, time.perf_counter() + budget, SOLVER,
+                           "tinygrad" if kernels == "tinygrad" else "rules")
   keys, cls = {k.id for k in enc.keys}, sat.graph.class_of_id
   chosen = [enc.nodes[i] for i in sorted(cands) if cls[i] in ids.stored and enc.nodes[i].id not in keys]
   idents = {sh.origin[n.id] for n in chosen if n.id in sh.origin}
   idents = {i for i in idents if (u := cv.opaque[i][0]) is not None and u.dtype not in _WEAKS and u.device is not None}
-  # stock's schedule, as the shadow can predict it: the rules-like partition (a reduce read through a broadcast gets a
-  # kernel of its own, as tinygrad's rangeify ends one there; storing nothing would price a softmax's sum recomputed
-  # per element, a schedule nobody runs)
+  # the schedule that runs without hints, as the shadow predicts it: the partition's anchor
   stock, hinted = rep.rules_s, rep.predicted_s
   if ANCHOR and idents and (stock is None or hinted is None or hinted >= stock * math.exp(-err)):
     gain = "not costed" if stock is None or hinted is None else f"predicted {stock * 1e6:.1f} -> {hinted * 1e6:.1f} us ({1 - hinted / stock:+.1%})"

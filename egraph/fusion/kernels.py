@@ -25,9 +25,10 @@ def reduce_below(order: list[Node], root: Node, stored) -> set[int]:
 
 class Kernels:
   """KernelWork of one kernel per root value (a STORE's value, or a stored candidate), read off the IR, for a given set
-  of stored candidate node ids; `region(root)` is the candidates a kernel reaches when nothing is stored."""
-  def __init__(self, cand_ids: set[int], device: str = "CPU"):
-    self.cands, self.device = cand_ids, device
+  of stored candidate node ids; `region(root)` is the candidates a kernel reaches when nothing is stored. `hoists`: a
+  broadcast value is computed once per loop it varies in (greedy.hoisted), else once per element that reads it."""
+  def __init__(self, cand_ids: set[int], device: str = "CPU", hoists: bool = True):
+    self.cands, self.device, self.hoists = cand_ids, device, hoists
 
   def walk(self, root: Node, stored) -> tuple[dict[int, int], list[Node], set[int]]:
     """(evaluations per node id, the nodes consumers first, candidates reached) of the kernel computing `root`."""
@@ -47,7 +48,8 @@ class Kernels:
       m = evals.get(n.id, 0)
       if n.op in _LOADS or (n is not root and n.id in stored): continue
       f = n.src[0].numel // max(n.numel, 1) if n.op is Ops.REDUCE else 1
-      if n.op is Ops.EXPAND and n.src[0].id not in red: m = max(1, m // hoisted(n))   # loop-free: hoisted out of the loops it does not vary in
+      if self.hoists and n.op is Ops.EXPAND and n.src[0].id not in red:   # loop-free: hoisted out of the loops it does not vary in
+        m = max(1, m // hoisted(n))
       for s in n.src: evals[s.id] = max(evals.get(s.id, 0), m * f)   # a shared value is memoized within one scope
     return evals, order, reached
 

@@ -1,5 +1,6 @@
-"""Floor 3, fusion by cost: a partition problem (`Partition`: candidates, their kernels, `cost(S)`), the rules-like
-anchor (`rules_like`, `rules_like_ids`) and the problem read off an extraction (`partition_ids`)."""
+"""Floor 3, fusion by cost: a partition problem (`Partition`: candidates, their kernels, `cost(S)`), the anchors (callsat's
+rules: `rules_like`, `rules_like_ids`; tinygrad's own schedule: `tinygrad_like`) and the problem read off an extraction
+(`partition_ids`)."""
 from __future__ import annotations
 import time
 from operator import attrgetter
@@ -8,6 +9,8 @@ from egraph.engine.extract import EGraphView, ChosenIds, INF
 from egraph.fusion.timemodel import TimeModel
 from egraph.fusion.greedy import LOADS as _LOADS, Late, rules_realized
 from egraph.fusion.kernels import Kernels, storage_root
+from egraph.fusion.stock import tinygrad_realized
+from egraph.fusion.policy import PASS_THROUGH
 
 class Partition:
   """The kernels of a CALL body (its STOREs) and the candidates that may be stored; `cost(S)` in model seconds.
@@ -15,7 +18,7 @@ class Partition:
   by (root, boundary), and a flip of candidate c re-costs only the kernels whose walk meets c (`State`)."""
   def __init__(self, model: TimeModel, stores: list[tuple[Node, int]], cands: dict[int, Node]):
     self.model, self.stores, self.cands = model, stores, cands   # stores: (value, bytes written); cands: node id -> node
-    self.k = Kernels(set(cands), model.device)
+    self.k = Kernels(set(cands), model.device, model.hoists)
     self.memo: dict = {}
     self.evaluations = 0
 
@@ -58,6 +61,15 @@ def rules_like(p: Partition, deadline: float = INF) -> frozenset | None:
   solver's anchor, so that cost mode is never predicted slower than the rules. None past `deadline`."""
   out = rules_realized([v for v, _ in p.stores], _op, _src, _shape, deadline)
   return None if out is None else frozenset(n.id for n in out if n.id in p.cands)
+
+def tinygrad_like(p: Partition) -> frozenset:
+  """The candidates tinygrad 0.14's rangeify stores in the kernels of p's STOREs (fusion/stock.py): the bridge's anchor.
+  A stored view (a RESHAPE of a REDUCE) names the candidate it views."""
+  out = set()
+  for n in tinygrad_realized([v for v, _ in p.stores]):
+    while n.id not in p.cands and n.op in PASS_THROUGH and n.src: n = n.src[0]
+    if n.id in p.cands: out.add(n.id)
+  return frozenset(out)
 
 _op, _src, _shape = attrgetter("op"), attrgetter("src"), attrgetter("shape")
 

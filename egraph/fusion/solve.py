@@ -29,7 +29,7 @@ from egraph.fusion.candidates import COST_S_PER_CLASS, SHARED_MAX_NODES, StoredI
 from egraph.fusion import candidates as solver_settings   # SOLVER_FLOOR_S / SOLVER_SHARE read per call: a study may raise them
 from egraph.fusion.milp import Ilp, MILP_MAX_TERMS, TooBig
 from egraph.engine.exact import scipy_milp
-from egraph.fusion.partition import Partition, rules_like, rules_like_ids
+from egraph.fusion.partition import Partition, rules_like, rules_like_ids, tinygrad_like
 
 MODES = ("rules", "cost")
 
@@ -71,18 +71,25 @@ def time_model(enc: Encoding) -> TimeModel | None:
   try: return TimeModel.load(d)
   except NoTimeModel: return None
 
+ANCHORS = ("rules", "tinygrad")   # what a partition is compared with: callsat's rules, or tinygrad's own schedule (the bridge)
+
 def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int = 3, margin: float = MARGIN,
-          rounds: int = MILP_ROUNDS) -> tuple[frozenset, PartitionReport]:
+          rounds: int = MILP_ROUNDS, anchor: str = "rules") -> tuple[frozenset, PartitionReport]:
   """The cheapest set of candidates to store. Up to EXHAUSTIVE_MAX candidates (auto): every subset costed. Else first
   the greedy: single flips (at most `passes` passes) from the cheaper of all-stored and the rules-like partition.
   Then "milp" (auto: up to MILP_MAX_CANDIDATES and MILP_MAX_TERMS, with scipy): the Ilp with its constants from the
   rules-like partition, then (`rounds`) from its own answer, until the deadline; an answer better than the greedy's
-  is re-costed by Partition.cost and polished by the local search. The result is the rules-like partition unless
-  predicted `margin` faster; the report gives the method, bound and gaps."""
+  is re-costed by Partition.cost and polished by the local search. The result is the anchor partition unless
+  predicted `margin` faster; the report gives the method, bound and gaps. `anchor`: "rules" (the rules-like partition)
+  or "tinygrad" (what tinygrad's own schedule stores, fusion/stock.py; the rules-like partition is then one more start
+  of the local search); the report's rules_s is the anchor's predicted time."""
   t0 = time.perf_counter()
   cs, notes = sorted(p.cands), []
   budget = max(deadline - t0, 0.0) if deadline < INF else None
-  R = rules_like(p) if cs else frozenset()   # the anchor and the out-of-time answer: linear (partition_ids leaves it the time)
+  if anchor not in ANCHORS: raise CallsatError(f"partition anchor must be one of {ANCHORS}, got {anchor!r}")
+  # the anchor and the out-of-time answer: linear (partition_ids leaves it the time)
+  R = (rules_like(p) if anchor == "rules" else tinygrad_like(p)) if cs else frozenset()
+  rl = rules_like(p, deadline) if anchor == "tinygrad" and cs else None   # callsat's rules: one more start
   if method == "auto" and 0 < len(cs) <= EXHAUSTIVE_MAX:
     if (ans := _exhaustive(p, cs, R, deadline, margin)) is not None:
       S, rep = ans
@@ -97,17 +104,18 @@ def solve(p: Partition, deadline: float = INF, method: str = "auto", passes: int
   elif method != "greedy" and cs and sp is None: notes.append("scipy not installed: greedy")
   flips = cs   # above the MILP's bound only the candidates that might pay for a launch are flipped (greedy.worth_flipping)
   if len(cs) > MILP_MAX_CANDIDATES: flips = worth_flipping(p, cs, deadline); notes.append(f"{len(flips)} might pay for a launch")
-  ilp, found, anchor = None, None, None   # found: (true cost, S, objective, bound, mip gap, cut)
+  ilp, found, anchor_t = None, None, None   # found: (true cost, S, objective, bound, mip gap, cut)
   if sp is not None:
-    anchor = p.cost(R if R is not None else frozenset(cs))
-    try: ilp = Ilp(p, anchor, MILP_MAX_TERMS if method == "auto" else 1 << 62, deadline)
+    anchor_t = p.cost(R if R is not None else frozenset(cs))
+    try: ilp = Ilp(p, anchor_t, MILP_MAX_TERMS if method == "auto" else 1 << 62, deadline)
     except TooBig: notes.append(f"ILP over {MILP_MAX_TERMS} terms: greedy")
     except Late: notes.append("out of time building the ILP: greedy")
   starts = ([] if R is None else [R]) + [frozenset(cs)]   # the anchor first: whatever else is costed, the margin test has it
   if flips is not cs:   # the anchor first (fewer kernels to cost), then every flippable candidate stored, if different
     starts = [R if R is not None else frozenset()]; starts += [x] if (x := frozenset(flips) | starts[0]) != starts[0] else []
+  if rl is not None and rl not in starts: starts.insert(1, rl)
   st, done, totals = _search(p, starts, flips, deadline, passes)
-  rules_t = None if R is None else anchor if anchor is not None else totals.get(R)
+  rules_t = None if R is None else anchor_t if anchor_t is not None else totals.get(R)
   ref = R if R is not None else frozenset()
   for _ in range(rounds if ilp is not None else 0):   # then HiGHS, with what is left but a reserve for polishing its answer
     now = time.perf_counter()
@@ -157,13 +165,13 @@ def _exhaustive(p: Partition, cs: list, R: frozenset | None, deadline: float,
   if rules_t is not None and best != R and totals[best] > rules_t * (1 - margin): best, method = R, "exhaustive, rules-like kept"
   return best, PartitionReport(method, len(cs), len(best), totals[best], totals[frozenset()], totals[best], 0.0, rules_s=rules_t)
 
-def partition_ids(g: EGraphView, choice: list[int], terms, root_classes: list[int], enc: Encoding,
-                  cands, model: TimeModel, deadline: float = INF, method: str = "auto") -> tuple[StoredIds, PartitionReport]:
+def partition_ids(g: EGraphView, choice: list[int], terms, root_classes: list[int], enc: Encoding, cands, model: TimeModel,
+                  deadline: float = INF, method: str = "auto", anchor: str = "rules") -> tuple[StoredIds, PartitionReport]:
   """The extracted DAG with the cheapest partition's candidates stored, and the report: the kernels are the STOREs of
   the realized terms (`terms`: the decoded extraction, extract.Terms: the classes it reaches, and its terms, read only
   when there is time to cost) plus each stored candidate. When decoding and one costing of the graph cannot fit before
   `deadline` (COST_S_PER_CLASS per class reached), nothing is costed: the rules-like partition is read off the e-class
-  ids (`rules_like_ids`). `method`: solve's."""
+  ids (`rules_like_ids`). `method`, `anchor`: solve's."""
   t0 = time.perf_counter()
   budget = max(deadline - t0, 0.0) if deadline < INF else None
   if not cands:   # nothing to choose: the kernels are what they are (a 10k-node chain costed them all for nothing)
@@ -180,5 +188,5 @@ def partition_ids(g: EGraphView, choice: list[int], terms, root_classes: list[in
   stores = [(n.src[1], n.src[1].nbytes) for n in toposort([terms[c] for c in root_classes], enter_calls=False)
             if n.op is Ops.STORE and n.src[1].shape is not None]
   cls_of = {terms[k].id: k for k in members}
-  S, rep = solve(Partition(model, stores, {i: terms[k] for i, k in cls_of.items()}), deadline, method)
+  S, rep = solve(Partition(model, stores, {i: terms[k] for i, k in cls_of.items()}), deadline, method, anchor=anchor)
   return StoredIds(g, choice, {cls_of[i]: members[cls_of[i]] for i in S}), rep

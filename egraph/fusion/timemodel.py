@@ -82,6 +82,10 @@ class TimeModel:
   division_ops: float = 1.0
   bw_readback: float = 0.0    # bytes/s of dram_bytes (a streamed intermediate read back by a later kernel); 0: bw_mem
   log_error: float = 0.0      # the calibration's mean |log(predicted / measured)| (written by bench/calibrate_tinygrad.py)
+  hoists: bool = True         # the kernels compute a broadcast value once per loop it varies in (LLVM hoists it in callsat's
+                              # kernels; tinygrad's recompute it in every iteration: its own op counts say so)
+  eager_launch_s: float = 0.0  # per kernel of a realize outside a JIT, where it differs (tinygrad schedules and lowers each
+                               # kernel on every eager call: bench/calibrate_tinygrad.py); 0: launch_s
 
   @classmethod
   def load(cls, device: str = "CPU", path: str = DATA) -> "TimeModel":
@@ -103,14 +107,20 @@ class TimeModel:
     return cls(device, float(d["launch_s"]), float(d["bw_cache"]), float(d["bw_mem"]), float(d["bw_strided"]), int(d["cache_bytes"]), tp,
                float(d["transcendental_ops"]), d.get("combine", "max"), int(d.get("parallel_work", 1 << 21)),
                float(d.get("par_speedup", 1.0)), float(d.get("division_ops", d["transcendental_ops"])),
-               float(d.get("bw_readback", d["bw_mem"])), float(d.get("log_error", 0.0)))
+               float(d.get("bw_readback", d["bw_mem"])), float(d.get("log_error", 0.0)), bool(d.get("hoists", True)),
+               float(d.get("eager_launch_s", 0.0)))
 
   def to_dict(self) -> dict:
     return {"launch_s": self.launch_s, "bw_cache": self.bw_cache, "bw_mem": self.bw_mem, "bw_strided": self.bw_strided,
             "cache_bytes": self.cache_bytes,
             "throughput": dict(self.throughput), "transcendental_ops": self.transcendental_ops, "combine": self.combine,
             "parallel_work": self.parallel_work, "par_speedup": self.par_speedup, "division_ops": self.division_ops,
-            "bw_readback": self.readback, **({"log_error": self.log_error} if self.log_error else {})}
+            "bw_readback": self.readback, **({"log_error": self.log_error} if self.log_error else {}),
+            **({"eager_launch_s": self.eager_launch_s} if self.eager_launch_s else {}), **({} if self.hoists else {"hoists": False})}
+
+  def eager(self) -> "TimeModel":
+    """This model for a realize outside a JIT: each kernel costs eager_launch_s to launch where one was measured."""
+    return dataclasses.replace(self, launch_s=self.eager_launch_s) if self.eager_launch_s else self
 
   @property
   def readback(self) -> float: return self.bw_readback or self.bw_mem

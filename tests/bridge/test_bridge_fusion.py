@@ -308,7 +308,7 @@ def test_hints_wait_for_a_structures_second_run(monkeypatch):
 @pytest.mark.measured
 def test_measuring_failure_drops_hints_in_fallback_and_raises_in_strict(monkeypatch):
   import egraph.tinygrad as br
-  def broken(stock, hinted, device): raise RuntimeError("no timer today")
+  def broken(stock, hinted, device, eager=False): raise RuntimeError("no timer today")
   monkeypatch.setattr(br, "measure", broken)
   stock, _, _ = _run("softmax", None, monkeypatch)
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
@@ -339,6 +339,43 @@ def test_scratch_copies_buffers_and_leaves_the_originals_alone():
     np.testing.assert_array_equal(x.numpy(), np.arange(8, dtype=np.float32))
   np.testing.assert_array_equal(news[0].buffer.numpy(), np.zeros(8, np.float32))
 
+def test_a_reduce_reading_no_memory_is_folded_when_pricing_tinygrads_kernels():
+  """An arange (tinygrad builds it as a reduce over constants) stays OPAQUE in a shadow that prices tinygrad's kernels
+  (tinygrad folds it into index arithmetic) and is a REDUCE otherwise; a reduce over a buffer is a REDUCE in both."""
+  with Context(DEV=DEV):
+    x = Tensor(np.ones(16, np.float32)).realize()
+    cv, roots = to_callsat(UOp.sink((x * Tensor.arange(16).float()).uop, (x.reshape(16, 1) * x.reshape(1, 16)).sum(1).uop), consts=True)
+  def count(folds, op): return [sum(n.op is op for n in r.toposort()) for r in Shadow(cv, DEV, folds=folds).build(roots)]
+  assert count(False, Ops.REDUCE) == [1, 1] and count(False, Ops.OPAQUE) == [0, 0]
+  assert count(True, Ops.REDUCE) == [0, 1] and count(True, Ops.OPAQUE) == [1, 0]
+
+@pytest.mark.measured
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_graph_outside_a_jit_is_measured_as_an_eager_call(jit, monkeypatch):
+  """Outside a TinyJit capture the measured check times each run with its scheduling and lowering (what an eager call
+  pays per kernel); under a capture it times the run alone, decided again for the capture (the JIT's first call ran the
+  same structure eagerly). Values are numpy's either way."""
+  import egraph.tinygrad as br
+  from tinygrad import TinyJit
+  seen = []
+  def spy(stock, hinted, device, eager=False):
+    seen.append(eager)
+    return measure.measure(stock, hinted, device, eager)
+  monkeypatch.setattr(br, "measure", spy)
+  monkeypatch.setattr(measure, "MARGIN", -100.0)
+  monkeypatch.setenv("CALLSAT_BRIDGE_DECIDE_AT", "1")
+  monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
+  monkeypatch.setattr(shadow, "ANCHOR", False)
+  x = np.random.default_rng(1).standard_normal((64, 128)).astype(np.float32)
+  with Context(DEV=DEV), bridge.installed(strict=True):
+    bridge.reset_stats()
+    f = (lambda t: t.softmax(-1).realize())
+    g = TinyJit(f) if jit else f
+    for _ in range(3): np.testing.assert_allclose(g(Tensor(x)).numpy(), _np_softmax(x), rtol=1e-5, atol=1e-6)
+    st = bridge.stats()
+  assert seen == ([True, False] if jit else [True]), seen
+  assert st["measured"] == len(seen) and st["measure_seconds"] > 0, st
+
 def test_measure_setting_is_checked(monkeypatch):
   monkeypatch.setenv("CALLSAT_BRIDGE_MEASURE", "yes")
   monkeypatch.setenv("CALLSAT_BRIDGE_FUSION", "cost")
@@ -363,7 +400,7 @@ def test_a_verdict_is_kept_for_the_next_process(margin, monkeypatch):
   assert st1["measured"] == 1 and st1["verdicts_reused"] == 0
   _fresh_process()
   if margin > 0:
-    def no_choice(cv, roots): raise AssertionError("hints chosen again after a lost verdict")
+    def no_choice(cv, roots, *_): raise AssertionError("hints chosen again after a lost verdict")
     monkeypatch.setattr(br, "cost_hints", no_choice)
   second, _, st2 = _run("softmax", "cost", monkeypatch)
   assert st2["measured"] == 0 and st2["verdicts_reused"] == 1 and (st2["hints"] > 0) == (margin < 0), st2

@@ -509,3 +509,28 @@ def test_cache_hits_keep_temporaries_and_mint_outputs(monkeypatch):
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(read(o).reshape(x.shape), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
   assert all(r1.call.src[1 + i].arg.uid not in STORAGE for i in r1.call.arg.temps)
+
+def test_tinygrad_anchor_is_tinygrads_stores_and_the_search_starts_there():
+  """anchor="tinygrad": the report's anchor time is the cost of what tinygrad's own schedule stores (fusion/stock.py)
+  and the answer is never predicted slower than it; an unknown anchor is refused by name."""
+  _, p = _shared_partition()
+  T = partition.tinygrad_like(p)
+  assert T <= set(p.cands)
+  S, rep = solve(p, method="greedy", anchor="tinygrad")
+  assert rep.rules_s == pytest.approx(p.cost(T)) and rep.predicted_s <= rep.rules_s + 1e-15
+  assert rep.predicted_s == pytest.approx(p.cost(S))
+  with pytest.raises(CallsatError, match="anchor must be one of"): solve(p, anchor="stock")
+
+def test_a_model_that_does_not_hoist_prices_broadcast_recompute():
+  """Without hoisting (tinygrad's kernels) a value broadcast along the inner axis is computed once per element that
+  reads it; with it (callsat's), once per row."""
+  r = Tensor(arr(256, 1)).realize()
+  b = Tensor(arr(256, 256)).realize()
+  er = (r.exp().sin() + 2).sqrt().log()
+  rres = callify(er * b, fusion="rules", cache=False)
+  stores = [(s.src[1], s.src[1].nbytes) for s in _stores(rres)]
+  m = TimeModel.load("CPU")
+  flops = {h: Partition(dataclasses.replace(m, hoists=h), stores, {}).k.work(stores[0][0], stores[0][1], frozenset()).flops
+           for h in (True, False)}
+  chain = {h: f - 256 * 256 for h, f in flops.items()}   # the chain's ops, beside the product's one per element
+  assert chain[True] > 0 and chain[False] == 256 * chain[True]
