@@ -48,6 +48,26 @@ def tinygrad_realized(values: list[Node]) -> set[Node]:
     if x.id in realized and not _recomputed(x, kept): kept.add(x.id)
   return {x for x in order if x.id in kept}
 
+def kernel_values(roots: list[Node]) -> tuple[list[Node], int]:
+  """The values the kernels of a graph's realize points `roots` compute (a STORE's value under an assign's AFTERs, a
+  computed root below its views), and how many assigns read their own target (tinygrad computes such a value into a
+  buffer of its own first: one more kernel). With tinygrad_realized's stores, the stand-in's kernel count."""
+  vals, self_reads = {}, 0
+  for r in roots:
+    while r.op in GroupOp.Movement or r.op in _THROUGH or r.op is Ops.CONTIGUOUS: r = r.src[0]
+    if r.op is not Ops.AFTER:
+      if r.op not in LOADS and r.op not in (Ops.CONST, Ops.COPY): vals[r.id] = r
+      continue
+    stack = list(r.src[1:])
+    while stack:
+      d = stack.pop()
+      if d.op is Ops.AFTER: stack += d.src[1:]
+      if d.op is not Ops.STORE: continue
+      vals[d.src[1].id], target = d.src[1], d.src[0]
+      while target.op in GroupOp.Movement or target.op is Ops.AFTER: target = target.src[0]
+      self_reads += any(n is target for n in toposort([d.src[1]], enter_calls=False))
+  return list(vals.values()), self_reads
+
 def _read_as(c: Node, x: Node, sig: dict) -> tuple:
   """The ranges consumer c indexes its source x with, as a structural signature."""
   if c.op in GroupOp.Movement: return sig[c.id] + ((c.op, c.arg),)

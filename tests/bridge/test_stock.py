@@ -8,9 +8,8 @@ tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor, Context, nn   # noqa: E402
 from tinygrad.uop.ops import UOp, Ops as TOps   # noqa: E402
 from tinygrad_cpu import require_cpu   # noqa: E402
-from egraph.ir.ops import Ops, GroupOp, toposort   # noqa: E402
-from egraph.fusion.greedy import LOADS   # noqa: E402
-from egraph.fusion.stock import tinygrad_realized   # noqa: E402
+from egraph.ir.ops import Ops   # noqa: E402
+from egraph.fusion.stock import kernel_values, tinygrad_realized   # noqa: E402
 from egraph.frontend.tensor import Tensor as CT   # noqa: E402
 from egraph.bridge.convert import to_callsat   # noqa: E402
 from egraph.bridge.shadow import Shadow   # noqa: E402
@@ -41,25 +40,6 @@ def _programs() -> dict:
     "assign reading its target": assign,
   }
 
-def _kernel_values(roots):
-  """The values the kernels of shadow `roots` compute (a STORE's value under an assign's AFTERs; a computed root), and
-  how many assigns read their own target (tinygrad realizes such a value first: one more kernel)."""
-  vals, self_reads = {}, 0
-  for r in roots:
-    while r.op in GroupOp.Movement or r.op in (Ops.CONTIGUOUS, Ops.DETACH): r = r.src[0]
-    if r.op is Ops.AFTER:
-      stack = list(r.src[1:])
-      while stack:
-        d = stack.pop()
-        if d.op is Ops.AFTER: stack += d.src[1:]
-        if d.op is not Ops.STORE: continue
-        vals[d.src[1].id] = d.src[1]
-        tgt = d.src[0]
-        while tgt.op in GroupOp.Movement or tgt.op is Ops.AFTER: tgt = tgt.src[0]
-        self_reads += any(n is tgt for n in toposort([d.src[1]], enter_calls=False))
-    elif r.op not in LOADS and r.op not in (Ops.CONST, Ops.COPY): vals[r.id] = r
-  return list(vals.values()), self_reads
-
 @pytest.mark.parametrize("name", list(_programs()))
 def test_kernel_count_is_tinygrads(name):
   """The stand-in's kernels (one per computed value, one per stored intermediate, one more per assign that reads its
@@ -67,7 +47,7 @@ def test_kernel_count_is_tinygrads(name):
   with Context(DEV="CPU"):
     outs = _programs()[name]()
     cv, roots = to_callsat(UOp.sink(*[o.uop for o in outs]), consts=True)
-    vals, self_reads = _kernel_values(Shadow(cv, "CPU", folds=True).build(roots))
+    vals, self_reads = kernel_values(Shadow(cv, "CPU", folds=True).build(roots))
     ours = len(vals) + self_reads + len(tinygrad_realized(vals))
     linear = Tensor.schedule_linear(*_programs()[name]())
   theirs = sum(1 for c in linear.src if c.op is TOps.CALL and c.src[0].op is TOps.SINK)
