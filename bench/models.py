@@ -1,7 +1,7 @@
 """tinygrad 0.14's own example models, stock vs callsat's bridge (strict, fallback, fallback with
-CALLSAT_BRIDGE_FUSION=cost, fallback with CALLSAT_BRIDGE_BACKEND=callsat: callsat's own kernels, callsat-cost: both, the
-cost-mode stores priced on callsat's own time model): values, first-call time, steady-state step time and the bridge's
-counts.
+CALLSAT_BRIDGE_FUSION=cost, cost-explore: the same with CALLSAT_BRIDGE_EXPLORE=1, fallback with
+CALLSAT_BRIDGE_BACKEND=callsat: callsat's own kernels, callsat-cost: both, the cost-mode stores priced on callsat's own
+time model): values, first-call time, steady-state step time and the bridge's counts.
 
   python bench/models.py [--rounds 1] [--steps N] [--models gpt2-gen ...] [--modes stock strict ...] [--out FILE]
                          [--json FILE] [--disk-cache] [--timeout S] [--tinygrad DIR]
@@ -50,7 +50,7 @@ from __future__ import annotations
 import argparse, atexit, datetime, json, math, os, shutil, signal, statistics, subprocess, sys, tempfile, time, traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINYGRAD_TESTS = os.path.join(os.path.dirname(ROOT), "shared", "tinygrad-tests")
-MODES = ["stock", "strict", "fallback", "cost", "callsat", "callsat-cost"]
+MODES = ["stock", "strict", "fallback", "cost", "cost-explore", "callsat", "callsat-cost"]
 
 # ---- the models: build(steps, rng) -> call(i) -> the values of call i (a list of ints or floats) --------------------------
 # Small dims: a process's time is mostly tinygrad scheduling and compiling the model's kernels, which sizes barely move.
@@ -250,8 +250,9 @@ def run_one(model: str, mode: str, steps: int, args) -> dict:
   # directory of this bench run's own, so the first round measures and the user's are neither read nor written)
   if not args.disk_cache: env["CACHELEVEL"], env["CALLSAT_BRIDGE_VERDICTS"] = "0", "0"
   else: env["CALLSAT_BRIDGE_VERDICTS_DIR"] = args.verdicts_dir
-  env.pop("CALLSAT_BRIDGE_FUSION", None); env.pop("CALLSAT_BRIDGE_BACKEND", None)
-  if mode in ("cost", "callsat-cost"): env["CALLSAT_BRIDGE_FUSION"] = "cost"
+  for k in ("CALLSAT_BRIDGE_FUSION", "CALLSAT_BRIDGE_BACKEND", "CALLSAT_BRIDGE_EXPLORE"): env.pop(k, None)
+  if mode in ("cost", "cost-explore", "callsat-cost"): env["CALLSAT_BRIDGE_FUSION"] = "cost"
+  if mode == "cost-explore": env["CALLSAT_BRIDGE_EXPLORE"] = "1"
   if mode in ("callsat", "callsat-cost"): env["CALLSAT_BRIDGE_BACKEND"] = "callsat"
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, mode, "--steps", str(steps), "--tinygrad", args.tinygrad]
   # its own session: on a timeout the worker and tinygrad's compile pool under it are ended together

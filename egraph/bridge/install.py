@@ -28,7 +28,7 @@ from tinygrad.uop.ops import UOp   # noqa: E402
 from tinygrad.engine.realize import capturing   # noqa: E402  (TinyJit's capture in progress: non-empty)
 from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.engine.driver import callify   # noqa: E402
-from egraph.bridge.shadow import bridge_fusion, cost_hints, realize_hints, Hints, env_switch   # noqa: E402
+from egraph.bridge.shadow import bridge_fusion, cost_hints, explore_setting, realize_hints, Hints, env_switch   # noqa: E402
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, decide_at, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import Sighted, StructureCache, structure, make_entry, rebind, from_env   # noqa: E402
@@ -58,7 +58,7 @@ def transform_to_call(big_sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   # the options change the CALL: part of the key (with callsat's kernels, strict raises where fallback runs tinygrad's);
   # so does a TinyJit capture where a decision is priced and measured (a replay's launches, not an eager call's)
   key = (mode, measuring, backend, _STATE["mode"] if backend != "tinygrad" else None, symbolic, st.key,
-         measuring and bool(capturing))
+         measuring and bool(capturing), measuring and mode != "rules" and explore_setting())
   if (hit := cache.get(key)) is not None and not isinstance(hit, Sighted):
     if isinstance(hit, BridgeRefusal): raise BridgeRefusal(hit.reason, hit.detail)
     if mode != "rules": _count_hints(hit.extra, seconds=False)   # handed to tinygrad again, chosen once
@@ -101,14 +101,15 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   if backend != "tinygrad": return _decide_backend(big_sink, measuring, st, symbolic, mode)
   cv, roots = to_callsat(big_sink, None if st is None or st.stripped else st.topo, consts=mode != "rules")
   eager = not capturing   # outside a TinyJit capture every call schedules and lowers each kernel again
+  explore = measuring and explore_setting()   # hints the model does not predict, for the measured check alone
   store = verdict_store() if measuring else None
-  name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key, eager) if store is not None else None
+  name = digest(mode, tinygrad_version(), margin(), (st or structure(big_sink)).key, eager, explore) if store is not None else None
   known = store.get(name) if store is not None else None
   if known is not None:
     with _LOCK: _COUNTS["verdicts_reused"] += 1
   if known is not None and not known.keep:   # lost when measured before: not chosen again
     hints = Hints(measured=_as_measured(known), note=f"{len(known.idents)} hints dropped: {_as_measured(known)} before, kept per user")
-  else: hints = _hints(cv, roots, eager=eager) if mode != "rules" else Hints()
+  else: hints = _hints(cv, roots, eager=eager, explore=explore) if mode != "rules" else Hints()
   res = _callify(realize_hints(cv, roots, hints.idents) if mode == "cost-store" else roots)
   call, bmap = to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
   tried = tuple(sorted(hints.idents))
@@ -226,10 +227,10 @@ def _measured(hints: Hints, stock: UOp, hinted: UOp, device, eager: bool = False
   return dataclasses.replace(hints, idents=frozenset(), uops=[], measured=m,
                              note=f"{len(hints.idents)} hints dropped: {m}, not faster by more than {margin():.0%}")
 
-def _hints(cv, roots, kernels: str = "tinygrad", eager: bool = False) -> Hints:
+def _hints(cv, roots, kernels: str = "tinygrad", eager: bool = False, explore: bool = False) -> Hints:
   """cost_hints. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and
   is counted; strict (and a direct call) raises it."""
-  try: h = cost_hints(cv, roots, kernels, eager)
+  try: h = cost_hints(cv, roots, kernels, eager, explore)
   except Exception as e:
     if _STATE["mode"] != "fallback": raise
     h = Hints(note=f"{type(e).__name__}: {e}", failed=True)

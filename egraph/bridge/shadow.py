@@ -25,8 +25,9 @@ from egraph.engine.encode import encode
 from egraph.engine.cost import COST_PRESETS
 from egraph.engine.report import PartitionReport
 from egraph.fusion.solve import partition_ids
+from egraph.fusion.partition import rules_like_ids
 from egraph.fusion.timemodel import TimeModel, NoTimeModel, tinygrad_device_key
-from egraph.fusion.candidates import add_candidates
+from egraph.fusion.candidates import add_candidates, stored_members
 from egraph.engine.driver import saturate, extract_call
 from egraph.bridge.convert import Conversion, movement
 
@@ -61,6 +62,16 @@ def env_switch(name: str) -> bool:
   if v not in ("", "0", "1"): raise CallsatError(f"{name} must be 0 or 1, got {v!r}")
   return v != "0"
 
+EXPLORE_ENV = "CALLSAT_BRIDGE_EXPLORE"
+
+def explore_setting() -> bool:
+  """Env CALLSAT_BRIDGE_EXPLORE, read when the bridge runs: "1" has cost mode measure callsat's rules-like stores where
+  the model predicts no win beyond its error (a structure's decision then costs a compile and a measurement more);
+  "" or "0" off (the default), anything else the user's error."""
+  v = env_value(EXPLORE_ENV)
+  if v not in ("", "0", "1"): raise CallsatError(f"{EXPLORE_ENV} must be 0 or 1, got {v!r}")
+  return v == "1"
+
 def bridge_fusion(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_FUSION (read when the bridge runs), else "rules"."""
   m = value if value is not None else (env_value(ENV) or "rules")
@@ -81,6 +92,7 @@ class Hints:
   stock_s: float | None = None    # the shadow's predicted time of the stock schedule (its rules-like partition)
   hinted_s: float | None = None   # ... and of the partition it chose; hints only when it beats stock by more than the error
   measured: object = None   # the measured check's verdict (egraph/bridge/measure.Measured), where it ran
+  explored: bool = False    # no predicted win: callsat's rules-like stores, for the measured check alone (explore_setting)
   backend: object = None    # CALLSAT_BRIDGE_BACKEND=callsat: the Program that runs it, or why tinygrad's kernels do
 
 def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
@@ -231,11 +243,13 @@ def _operands(u: UOp, src: tuple, shape: tuple, vals) -> list[Node]:
     out.append(_to(s, shape))
   return out
 
-def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eager: bool = False) -> Hints:
+def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eager: bool = False, explore: bool = False) -> Hints:
   """The values of cv's graph that callsat's cost-mode partition stores beyond the program's realize points, as OPAQUE
   idents of tinygrad ALU/REDUCE values (never weak-typed ones, never a realize point itself), priced on the `kernels`
   that will run them: tinygrad's (its calibration for the device) or callsat's own (CALLSAT_BRIDGE_BACKEND=callsat);
-  `eager`: realized outside a JIT, where each kernel costs tinygrad's eager launch (TimeModel.eager).
+  `eager`: realized outside a JIT, where each kernel costs tinygrad's eager launch (TimeModel.eager). `explore`
+  (CALLSAT_BRIDGE_EXPLORE=1, measured decisions only): where the model predicts no win, callsat's rules-like stores are
+  returned (marked `explored`) for the measured check to keep or drop.
   No hints (and a note) for realize points on several devices, sharded or on a DISK, or a graph callsat has no time
   model for."""
   t0 = time.perf_counter()
@@ -256,17 +270,25 @@ def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eag
   ids, rep = partition_ids(sat.graph, ex.choice, ex.terms, ex.root_classes, enc, cands, tm, time.perf_counter() + budget, SOLVER,
                            "tinygrad" if kernels == "tinygrad" else "rules")
   keys, cls = {k.id for k in enc.keys}, sat.graph.class_of_id
-  chosen = [enc.nodes[i] for i in sorted(cands) if cls[i] in ids.stored and enc.nodes[i].id not in keys]
-  idents = {sh.origin[n.id] for n in chosen if n.id in sh.origin}
-  idents = {i for i in idents if (u := cv.opaque[i][0]) is not None and u.dtype not in _WEAKS and u.device is not None}
+  def idents_of(stored) -> set:   # the OPAQUE idents of the candidates whose classes are stored: the hints
+    chosen = [enc.nodes[i] for i in sorted(cands) if cls[i] in stored and enc.nodes[i].id not in keys]
+    out = {sh.origin[n.id] for n in chosen if n.id in sh.origin}
+    return {i for i in out if (u := cv.opaque[i][0]) is not None and u.dtype not in _WEAKS and u.device is not None}
+  idents = idents_of(ids.stored)
   # the schedule that runs without hints, as the shadow predicts it: the partition's anchor
   stock, hinted = rep.rules_s, rep.predicted_s
+  note = "" if idents else "the partition stores nothing beyond the realize points"
   if ANCHOR and idents and (stock is None or hinted is None or hinted >= stock * math.exp(-err)):
     gain = "not costed" if stock is None or hinted is None else f"predicted {stock * 1e6:.1f} -> {hinted * 1e6:.1f} us ({1 - hinted / stock:+.1%})"
-    return Hints(candidates=len(cands), partition=rep, stock_s=stock, hinted_s=hinted, seconds=time.perf_counter() - t0,
-                 note=f"{len(idents)} hints dropped: {gain}, within the model's error on {kernels}'s kernels ({1 - math.exp(-err):.0%})")
-  return Hints(frozenset(idents), [cv.opaque[i][0] for i in sorted(idents)], len(cands), rep,
-               "" if idents else "the partition stores nothing beyond the realize points", time.perf_counter() - t0,
+    note, idents = f"{len(idents)} hints dropped: {gain}, within the model's error on {kernels}'s kernels ({1 - math.exp(-err):.0%})", set()
+  if not idents and explore:   # no predicted win: callsat's rules-like stores go to the measured check instead
+    reached = ex.terms.reached
+    rules = idents_of(rules_like_ids(sat.graph, ex.choice, reached, stored_members(sat.graph, enc, cands)))
+    if rules:
+      return Hints(frozenset(rules), [cv.opaque[i][0] for i in sorted(rules)], len(cands), rep, f"explored ({note}): "
+                   f"{len(rules)} of callsat's rules-like stores, kept only if measured faster", time.perf_counter() - t0,
+                   stock_s=stock, hinted_s=hinted, explored=True)
+  return Hints(frozenset(idents), [cv.opaque[i][0] for i in sorted(idents)], len(cands), rep, note, time.perf_counter() - t0,
                stock_s=stock, hinted_s=hinted)
 
 def tinygrad_model(device: str) -> tuple[TimeModel, float]:

@@ -245,6 +245,49 @@ def test_anchored_cost_mode_gives_stock_values_and_never_more_kernels_without_hi
   else:
     for a, b in zip(ours, stock): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
+@pytest.mark.anchored
+def test_explore_hands_the_rules_like_stores_to_the_measured_check_where_no_win_is_predicted(monkeypatch):
+  """With the calibration's error made huge no hint passes the anchor; with CALLSAT_BRIDGE_EXPLORE=1 callsat's
+  rules-like stores come back marked explored (for the measured check alone), without it nothing does."""
+  tm, _ = shadow.tinygrad_model("CPU")
+  monkeypatch.setattr(shadow, "_MODELS", {shadow.tinygrad_device_key(shadow.version("tinygrad"), "CPU"): (tm, 50.0)})
+  h, _ = _hints_of("layernorm", monkeypatch)
+  assert not h.idents and not h.explored
+  build, _ = PROGRAMS["layernorm"](np.random.default_rng(7))
+  with Context(DEV=DEV):
+    cv, roots = to_callsat(UOp.sink(*[o.uop for o in build()]), consts=True)
+  x = cost_hints(cv, roots, explore=True)
+  assert x.explored and x.idents and "explored" in x.note and "within the model's error" in x.note
+  assert all(u.op in (TOps.REDUCE,) or u.op.name in shadow._ALU for u in x.uops)
+
+def test_explore_setting_is_checked(monkeypatch):
+  for v, want in (("", False), ("0", False), ("1", True)):
+    monkeypatch.setenv("CALLSAT_BRIDGE_EXPLORE", v)
+    assert shadow.explore_setting() is want
+  monkeypatch.setenv("CALLSAT_BRIDGE_EXPLORE", "yes")
+  with pytest.raises(CallsatError, match="CALLSAT_BRIDGE_EXPLORE must be 0 or 1"): shadow.explore_setting()
+
+@pytest.mark.anchored
+@pytest.mark.measured
+@pytest.mark.parametrize("margin", [0.999, -100.0])
+def test_explored_hints_are_kept_only_when_measured_faster(margin, monkeypatch):
+  """End to end, the anchor blocking every predicted hint: explored hints lost to a margin nothing beats give stock's
+  kernels and values exactly; kept under a margin everything beats, they give stock's values within float
+  reassociation."""
+  tm, _ = shadow.tinygrad_model("CPU")
+  monkeypatch.setattr(shadow, "_MODELS", {shadow.tinygrad_device_key(shadow.version("tinygrad"), "CPU"): (tm, 50.0)})
+  monkeypatch.setattr(measure, "MARGIN", margin)
+  monkeypatch.setenv("CALLSAT_BRIDGE_EXPLORE", "1")
+  stock, nk_stock, _ = _run("layernorm", None, monkeypatch)
+  ours, nk, st = _run("layernorm", "cost", monkeypatch)
+  assert st["measured"] >= 1 and bridge.last_hints().explored, st
+  if margin > 0:
+    assert st["hints"] == 0 and nk == nk_stock
+    for a, b in zip(ours, stock): np.testing.assert_array_equal(a, b)
+  else:
+    assert st["hints"] > 0
+    for a, b in zip(ours, stock): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
 # ---- the measured check (issue 28): hints kept only when tinygrad runs them faster ---------------------------------------
 
 @pytest.mark.measured
