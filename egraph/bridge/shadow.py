@@ -9,8 +9,9 @@ rebuilt as callsat ops (tinygrad's implicit broadcasting made explicit, weak con
 REDUCE's leading-axes form as a keepdim REDUCE and a RESHAPE), priced by the time model of tinygrad's own kernels on
 that device (bench/calibrate_tinygrad.py, per tinygrad version; none: no hints). Its cost-mode partition
 (egraph/fusion/solve.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the hints, given only
-when the partition is predicted faster than the rules-like one (the shadow's stand-in for stock's schedule) by more
-than the calibration's held-out error (ANCHOR). Decided once per graph structure (egraph/bridge/cache.py). The shadow is
+when the partition is predicted faster than tinygrad's own schedule (egraph/fusion/stock.py's stand-in for it) by
+more than the calibration's held-out error (ANCHOR); CALLSAT_BRIDGE_EXPLORE=1 sends callsat's rules-like stores to the
+measured check where no win is predicted. Decided once per graph structure (egraph/bridge/cache.py). The shadow is
 never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild stays OPAQUE."""
 from __future__ import annotations
 import dataclasses, math, os, time
@@ -89,7 +90,7 @@ class Hints:
   note: str = ""
   seconds: float = 0.0
   failed: bool = False   # choosing them raised (fallback mode goes on without): this call's answer, never cached
-  stock_s: float | None = None    # the shadow's predicted time of the stock schedule (its rules-like partition)
+  stock_s: float | None = None    # the shadow's predicted time of the schedule without hints (the partition's anchor)
   hinted_s: float | None = None   # ... and of the partition it chose; hints only when it beats stock by more than the error
   measured: object = None   # the measured check's verdict (egraph/bridge/measure.Measured), where it ran
   explored: bool = False    # no predicted win: callsat's rules-like stores, for the measured check alone (explore_setting)
