@@ -33,7 +33,8 @@ from lower.device.native import prepare, written_args
 from lower.schedule.work import program_work
 from lower.runtime import run_call
 from egraph.bridge.convert import BridgeRefusal, Conversion, param_like
-from egraph.bridge.shadow import Shadow, env_value
+from egraph.bridge.shadow import Shadow
+from egraph.ir.env import env_value
 from egraph.bridge.symbolic import (SYMBOLIC_ENV, NotStatic, Static, Symbolic, dims_of, fold_shrinks, static, values_for,
                                     variable_expr)
 

@@ -28,7 +28,8 @@ from tinygrad.uop.ops import UOp   # noqa: E402
 from tinygrad.engine.realize import capturing   # noqa: E402  (TinyJit's capture in progress: non-empty)
 from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.engine.driver import callify   # noqa: E402
-from egraph.bridge.shadow import bridge_fusion, cost_hints, explore_setting, realize_hints, Hints, env_switch   # noqa: E402
+from egraph.bridge.shadow import bridge_fusion, cost_hints, explore_setting, realize_hints, Hints   # noqa: E402
+from egraph.ir.env import env_switch   # noqa: E402
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, decide_at, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
 from egraph.bridge.cache import Sighted, StructureCache, structure, make_entry, rebind, from_env   # noqa: E402

@@ -14,7 +14,7 @@ more than the calibration's held-out error (ANCHOR); CALLSAT_BRIDGE_EXPLORE=1 se
 measured check where no win is predicted. Decided once per graph structure (egraph/bridge/cache.py). The shadow is
 never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild stays OPAQUE."""
 from __future__ import annotations
-import dataclasses, math, os, time
+import dataclasses, math, time
 from importlib.metadata import version, PackageNotFoundError
 from dataclasses import dataclass, field
 from tinygrad.uop.ops import UOp, Ops as TOps, AxisType
@@ -22,6 +22,7 @@ from tinygrad.dtype import dtypes as tdt
 from egraph.ir.ops import Node, Ops, ALU_OPS, BufferArg, toposort, const, is_shard
 from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError
+from egraph.ir.env import env_value
 from egraph.engine.encode import encode
 from egraph.engine.cost import COST_PRESETS
 from egraph.engine.report import PartitionReport
@@ -48,20 +49,6 @@ _REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
 _WEAKS = (tdt.weakint, tdt.weakfloat)
 _READS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.AFTER, Ops.SLICE, Ops.COPY})   # converted nodes that read memory
 _MOVES = frozenset({TOps.RESHAPE, TOps.EXPAND, TOps.PAD, TOps.SHRINK, TOps.PERMUTE, TOps.FLIP})
-
-def env_value(name: str) -> str:
-  """os.environ.get(name, ""), without the KeyError it raises and catches inside when name is unset (~25 us after a
-  full GC, on every bridged call): CPython's POSIX os.environ keeps its bytes in `_data`, updated by every set/del."""
-  data = getattr(os.environ, "_data", None)
-  if os.name != "posix" or not isinstance(data, dict): return os.environ.get(name, "")
-  v = data.get(name.encode())
-  return "" if v is None else os.fsdecode(v)
-
-def env_switch(name: str) -> bool:
-  """Env `name` as an on/off setting, read when the bridge runs: "" or "1" on, "0" off, anything else the user's error."""
-  v = env_value(name)
-  if v not in ("", "0", "1"): raise CallsatError(f"{name} must be 0 or 1, got {v!r}")
-  return v != "0"
 
 EXPLORE_ENV = "CALLSAT_BRIDGE_EXPLORE"
 

@@ -13,7 +13,7 @@ from egraph.ir.dtype import dtypes
 from egraph.ir.errors import CallsatError
 from lower.device.native import prepare
 from egraph.bridge.convert import Conversion
-from egraph.bridge.shadow import env_value
+from egraph.ir.env import env_value
 
 SYMBOLIC_ENV = "CALLSAT_BRIDGE_SYMBOLIC"   # what graphs over bound variables get (symbolic_mode)
 SYMBOLIC = ("tinygrad", "static", "specialize")

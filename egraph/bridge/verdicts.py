@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib, json, os, threading
 from dataclasses import dataclass
 from lower.device.securefs import SignedDir, say_once, user_cache_root
-from egraph.bridge.shadow import env_switch, env_value
+from egraph.ir.env import env_switch, env_value
 
 ENV, DIR_ENV = "CALLSAT_BRIDGE_VERDICTS", "CALLSAT_BRIDGE_VERDICTS_DIR"
 MAX_ENTRIES = 4096

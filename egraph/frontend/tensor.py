@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import numpy as np
 from egraph.ir.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
 from egraph.ir.errors import CallsatError, ShapeError, DTypeError, DeviceError, UnsupportedOpError
+from egraph.ir.env import env_value
 from egraph.ir.storage import STORAGE
 from egraph.engine.driver import callify
 from lower.runtime import run_call, read
@@ -38,7 +39,7 @@ Scalar = (bool, int, float)
 
 def _realize_waits() -> bool:
   """CALLSAT_ASYNC=0: realize returns only once its kernels have finished (default 1: its last may still run)."""
-  if (v := os.environ.get("CALLSAT_ASYNC", "1")) not in ("0", "1"): raise CallsatError(f"CALLSAT_ASYNC={v!r}: expected 0 or 1")
+  if (v := env_value("CALLSAT_ASYNC") or "1") not in ("0", "1"): raise CallsatError(f"CALLSAT_ASYNC={v!r}: expected 0 or 1")
   return v == "0"
 
 def synchronize() -> None:

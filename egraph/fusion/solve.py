@@ -17,8 +17,9 @@
 The CALL's SINK carries arg "cost" (`mark`): lowering (lower/schedule/kernelize.py) then takes the stores as the partition and
 drops its own fusion heuristics."""
 from __future__ import annotations
-import itertools, math, os, time
+import itertools, math, time
 from egraph.ir.errors import CallsatError
+from egraph.ir.env import env_value
 from egraph.ir.ops import Ops, toposort, HOST_DEVICES
 from egraph.engine.encode import Encoding
 from egraph.engine.extract import EGraphView, INF
@@ -50,7 +51,7 @@ def solver_deadline(spent: float, budget_deadline: float = INF) -> float:
 
 def fusion_mode(value: str | None = None) -> str:
   """`value`, else env CALLSAT_FUSION (read now, when callify runs), else "cost"."""
-  m = value if value is not None else (os.environ.get("CALLSAT_FUSION", "") or "cost")
+  m = value if value is not None else (env_value("CALLSAT_FUSION") or "cost")
   if m not in MODES: raise CallsatError(f"callify: fusion must be one of {MODES}, got {m!r}")
   return m
 

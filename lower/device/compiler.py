@@ -1,15 +1,16 @@
 """Kernels -> one LLVM module -> ctypes functions: the module text (each kernel and its `argv` thunk, metadata numbered
 by first use) and compile_kernels (one O3 run and one codegen for several kernels, or the object from the disk cache)."""
 from __future__ import annotations
-import ctypes, os, re, sys, time
+import ctypes, re, sys, time
 from lower.schedule.kernel import Kernel, render as render_kernel
 from lower.render.llvm.module import render_llvm
 from lower.device.llvmjit import JIT_LOCK
 from lower.device.compile_proc import compile_module
+from egraph.ir.env import env_value
 from lower.render.llvm.matmul import mm_helpers
 
 def debug_level() -> int:
-  try: return int(os.environ.get("DEBUG", "0") or 0)
+  try: return int(env_value("DEBUG") or 0)
   except ValueError: return 0
 
 class Compiled:

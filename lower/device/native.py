@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes, math, os, sys, threading, time, weakref
 from dataclasses import replace
 from egraph.ir.errors import CallsatError
+from egraph.ir.env import env_value
 from egraph.ir.ops import Ops, toposort
 from egraph.ir.storage import elements
 from lower.device.backend import Backend, buffer_array
@@ -19,7 +20,7 @@ from lower.device.threads import run_split
 class BoundsError(CallsatError, IndexError):
   """CHECK_BOUNDS=1: a kernel indexed outside a buffer."""
 
-def check_bounds() -> bool: return os.environ.get("CHECK_BOUNDS", "0") not in ("", "0")
+def check_bounds() -> bool: return env_value("CHECK_BOUNDS") not in ("", "0")
 
 def _threads() -> int:
   """CALLSAT_THREADS, else every CPU this process may use."""
