@@ -127,11 +127,14 @@ def graph_key(roots: list[Node], topo: list[Node] | None = None) -> tuple[tuple,
     elif op is _CONST: a = const_key(a)
     elif op is _CALL or op is _FUNCTION:
       parts.append((op, n.dtype, (a, n.src[0].id), tuple([pos[s] for s in n.src[1:]]))); continue
-    elif not _plain(a): a = _arg_key(a)
+    elif (t := type(a)) is tuple:   # a shape or axes of plain ints (the common movement arg: one C-level pass), else walked
+      if not (_INTS >= set(map(type, a)) or _plain(a)): a = _arg_key(a)
+    elif not (a is None or t is int or t is Ops): a = _arg_key(a)
     parts.append((op, n.dtype, a, tuple([pos[s] for s in n.src])))
   return (tuple(parts), tuple([pos[r] for r in roots])), topo
 
 _BUFFER, _CONST, _CALL, _FUNCTION = Ops.BUFFER, Ops.CONST, Ops.CALL, Ops.FUNCTION
+_INTS = frozenset({int})
 
 def _plain(a) -> bool:
   """An arg that is its own key: None, a plain int (a bound dimension is an int subclass), an op, tuples of these."""
