@@ -268,7 +268,9 @@ def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eag
   note = "" if idents else "the partition stores nothing beyond the realize points"
   if ANCHOR and idents and (stock is None or hinted is None or hinted >= stock * math.exp(-err)):
     gain = "not costed" if stock is None or hinted is None else f"predicted {stock * 1e6:.1f} -> {hinted * 1e6:.1f} us ({1 - hinted / stock:+.1%})"
-    note, idents = f"{len(idents)} hints dropped: {gain}, within the model's error on {kernels}'s kernels ({1 - math.exp(-err):.0%})", set()
+    why = "no faster than the schedule without them" if stock is not None and hinted is not None and hinted >= stock else \
+          f"within the model's error on {kernels}'s kernels ({1 - math.exp(-err):.0%})"
+    note, idents = f"{len(idents)} hints dropped: {gain}, {why}", set()
   if not idents and explore:   # no predicted win: callsat's rules-like stores go to the measured check instead
     reached = ex.terms.reached
     rules = idents_of(rules_like_ids(sat.graph, ex.choice, reached, stored_members(sat.graph, enc, cands)))
