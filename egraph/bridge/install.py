@@ -249,7 +249,7 @@ def _count_backend(backend: str, h) -> None:
 def _count_hints(h: Hints, seconds: bool = True) -> None:
   with _LOCK:
     _COUNTS["hinted" if h.idents else "unhinted"] += 1; _COUNTS["hints"] += len(h.idents)
-    if seconds: _COUNTS["hint_seconds"] += h.seconds
+    if seconds: _COUNTS["hint_seconds"] += h.seconds; _COUNTS["explored"] += h.explored
     _LAST["hints"] = h
 
 def last_hints() -> Hints | None:
@@ -341,8 +341,9 @@ def installed(strict: bool = False, backend: str | None = None):
 
 def stats() -> dict:
   """Cumulative for the process: calls, bridged, fallback, refused (strict raised), reasons (reason -> count); in cost
-  mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given) and
-  hint_seconds (choosing them); the measured check's measured (structures checked: cost mode's hints, and with
+  mode hinted / unhinted calls, hints (realize points handed to tinygrad), hint_errors (fallback mode: none given),
+  hint_seconds (choosing them) and explored (decisions that sent unpredicted stores to the measured check:
+  CALLSAT_BRIDGE_EXPLORE); the measured check's measured (structures checked: cost mode's hints, and with
   callsat's kernels in fallback mode each Program against tinygrad's kernels), measure_dropped (hints, or Programs,
   measured no faster), measure_errors (fallback mode: measuring failed, hints dropped), measure_seconds,
   verdicts_reused (structures whose verdict a former process measured) and undecided (calls that ran the plain CALL
@@ -355,7 +356,8 @@ def stats() -> dict:
     return {"calls": _COUNTS["calls"], "bridged": _COUNTS["bridged"], "fallback": _COUNTS["fallback"],
             "refused": _COUNTS["refused"], "reasons": dict(_REASONS.most_common()),
             "hinted": _COUNTS["hinted"], "unhinted": _COUNTS["unhinted"], "hints": _COUNTS["hints"],
-            "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "measured": _COUNTS["measured"],
+            "hint_errors": _COUNTS["hint_errors"], "hint_seconds": _COUNTS["hint_seconds"], "explored": _COUNTS["explored"],
+            "measured": _COUNTS["measured"],
             "measure_dropped": _COUNTS["measure_dropped"], "measure_errors": _COUNTS["measure_errors"],
             "measure_seconds": _COUNTS["measure_seconds"], "verdicts_reused": _COUNTS["verdicts_reused"],
             "undecided": _COUNTS["undecided"],
@@ -375,6 +377,7 @@ def summary(top: int = 5) -> str:
     line += f"; cost mode: {s['hinted']} calls hinted, {s['hints']} realize points, {s['hint_errors']} errors, {s['hint_seconds']:.1f}s"
     if s["measured"] + s["measure_errors"]:
       line += f"; measured {s['measured']} (dropped {s['measure_dropped']}, {s['measure_errors']} errors, {s['measure_seconds']:.1f}s)"
+      if s["explored"]: line += f", {s['explored']} explored"
   if s["backend_callsat"] + s["backend_tinygrad"]:   # CALLSAT_BRIDGE_BACKEND=callsat
     line += f"; callsat's kernels: {s['backend_callsat']} calls, tinygrad's: {s['backend_tinygrad']}, nothing to run: {s['backend_empty']}"
   reasons = list(s["reasons"].items())[:top] + [(f"tinygrad's kernels: {r}", n) for r, n in list(s["backend_reasons"].items())[:top]]
