@@ -5,7 +5,8 @@ included), min over interleaved rounds. Its work (bytes, ops, kind) is what the 
 program: callsat's KernelWork of the same graph (lower/schedule/work.py). The fit is calibrate.fit's, without the
 read-back (tinygrad writes no streaming stores) and with one thread unless tinygrad splits a kernel. A kernel's launch
 is what one more kernel costs a step (`launch_costs`): in a TinyJit replay (launch_s) and in an eager realize through
-the bridge (eager_launch_s: tinygrad schedules and lowers every kernel on every call there); the single-kernel replays
+the bridge (eager_launch_s: tinygrad schedules and lowers every kernel on every call there) and per node of a kernel
+there (`eager_node_cost`, eager_node_s: lowering grows with the kernel's AST); the single-kernel replays
 above also pay the replay's fixed cost, added to every prediction they are compared with.
 
 Written to egraph/fusion/timemodel.json as device "tinygrad-<version>/<device>" (the bridge loads it for that tinygrad
@@ -63,6 +64,31 @@ def launch_costs(device: str, rounds: int, k: int = 8) -> dict:
     if saved is not None: os.environ["CALLSAT_BRIDGE_FUSION"] = saved
   return {m: (t[f"{m} {k}"] - t[f"{m} 1"]) / (k - 1) for m in ("jit", "eager")}
 
+def eager_node_cost(device: str, rounds: int, steps: tuple = (16, 64)) -> float:
+  """What one more node of a kernel costs an eager call through the bridge: calibrate.chain of `steps` links on 64
+  elements (one kernel each), realized eagerly, less the graph's own build (timed alone: the user's Python pays it in
+  any schedule), per node of callsat's graph of the same chain (what the shadow's KernelWork.nodes counts)."""
+  from tinygrad import Tensor as TT
+  from egraph import Tensor as CT
+  from egraph.fusion.greedy import LOADS
+  from egraph.ir.ops import toposort
+  import egraph.tinygrad as bridge
+  x = np.random.default_rng(2).standard_normal(64).astype(np.float32)
+  tx = TT(x, device=device).realize()
+  nodes = {k: sum(n.op not in LOADS for n in toposort([C.chain(CT(x), k).node])) for k in steps}
+  calls = {}
+  for k in steps: calls |= {f"build {k}": lambda k=k: C.chain(tx, k), f"eager {k}": lambda k=k: C.chain(tx, k).realize()}
+  saved = os.environ.pop("CALLSAT_BRIDGE_FUSION", None)
+  try:
+    with bridge.installed():
+      for f in calls.values():
+        for _ in range(3): f()
+      t = measure(calls, rounds, min_s=0.05)
+  finally:
+    if saved is not None: os.environ["CALLSAT_BRIDGE_FUSION"] = saved
+  lo, hi = steps
+  return ((t[f"eager {hi}"] - t[f"build {hi}"]) - (t[f"eager {lo}"] - t[f"build {lo}"])) / (nodes[hi] - nodes[lo])
+
 def measure(calls: dict, rounds: int, min_s: float = 0.005) -> dict:
   """name -> min over rounds (interleaved) of the mean replay time over enough replays to last min_s."""
   ts = {k: [] for k in calls}
@@ -113,6 +139,7 @@ def main():
   load = os.getloadavg()[0]
   t = measure(calls, a.rounds)
   launch = launch_costs(a.device, a.rounds)
+  launch["eager_node"] = eager_node_cost(a.device, a.rounds)
   m = C.fit(works, t, t["ew"])   # tinygrad's CPU kernels run on one thread: no split speedup to fit
   key = tinygrad_device_key(version("tinygrad"), a.device)
   # a kernel costs a step its marginal launch; the 'launch' program's replay (the fit's launch_s) adds the replay's fixed
@@ -121,7 +148,8 @@ def main():
   # tinygrad's clang kernels recompute a broadcast value in every iteration (no hoisting: a conv recomputes the BatchNorm
   # and ReLU of its input per output channel and window, 12.8M ops by tinygrad's own count where hoisting predicts 5M)
   m = TimeModel.from_dict(key, m.to_dict() | {"parallel_work": 1 << 62, "par_speedup": 1.0, "launch_s": launch["jit"],
-                                              "eager_launch_s": launch["eager"], "hoists": False})
+                                              "eager_launch_s": launch["eager"], "eager_node_s": launch["eager_node"],
+                                              "hoists": False})
   pred = {k: m.kernel_seconds(works[k]) + fixed for k in t}
   err = statistics.mean(abs(math.log(pred[k] / t[k])) for k in t)
   held = [k for k in t if k.startswith("mixed")]
@@ -132,7 +160,7 @@ def main():
   for k in t: print(f"{k:<28} {works[k].kind:<12} {works[k].nbytes:>10} {works[k].flops:>11} {t[k] * 1e6:>12.1f} {pred[k] * 1e6:>10.1f}")
   print(f"error: mean |log(pred/meas)| {err:.3f} (held-out 'mixed' kernels {err_held:.3f}), Spearman rank correlation {rho:.3f}")
   print(f"launch per kernel: {launch['jit'] * 1e6:.1f} us in a TinyJit replay (its fixed cost {fixed * 1e6:.1f} us), "
-        f"{launch['eager'] * 1e6:.1f} us in an eager realize through the bridge")
+        f"{launch['eager'] * 1e6:.1f} us in an eager realize through the bridge, plus {launch['eager_node'] * 1e6:.1f} us per node")
   try:
     with open(a.out) as f: data = json.load(f)
   except FileNotFoundError: data = {"devices": {}}

@@ -56,12 +56,13 @@ class Kernels:
   def work(self, root: Node, written: int, stored, walked=None) -> KernelWork:
     """walked: this kernel's walk (evaluations, order) when the caller already has it."""
     evals, order = walked or self.walk(root, stored)[:2]
-    flops = trans = divs = execs = distinct = 0
+    flops = trans = divs = execs = distinct = loaded = 0
     reads: dict[int, list] = {}
     red = False
     for n in order:
       m = evals.get(n.id, 0)
       if n.op in _LOADS or (n is not root and n.id in stored):
+        loaded += 1
         s = n if n.id in stored else storage_root(n)
         r = reads.setdefault(s.id, [0, s.nbytes if s.shape is not None else 0])
         r[0] += min(m, n.numel) * n.dtype.itemsize
@@ -74,7 +75,7 @@ class Kernels:
     bread = sum(min(a, cap) if cap else a for a, cap in reads.values())
     dram = sum(min(a, cap) for i, (a, cap) in reads.items() if i in stored and cap >= STREAM_BYTES)   # streamed out, read from DRAM
     return KernelWork(bread, written, flops, self.kind(root, stored, red, flops), self.device, trans, 0,
-                      1 - distinct / execs if execs else 0.0, divs, dram)
+                      1 - distinct / execs if execs else 0.0, divs, dram, len(order) - loaded)
 
   def kind(self, root: Node, stored, red: bool, flops: int) -> str:
     """"matmul" where lower/ tiles: a matmul-shaped reduce whose two operands are read from memory."""

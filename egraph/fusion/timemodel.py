@@ -62,6 +62,7 @@ class KernelWork:
   reread: float = 0.0         # of the loads executed, the share that re-reads an element (broadcast operands in a reduce)
   divisions: int = 0          # of flops, sqrt/reciprocal/division, each costing division_ops ops
   dram_bytes: int = 0         # of bytes_read, those of intermediates written with streaming stores (>= STREAM_BYTES): not in cache
+  nodes: int = 0              # IR nodes the kernel computes (its AST's size: tinygrad lowers each on every eager call)
 
   @property
   def nbytes(self) -> int: return self.bytes_read + self.bytes_written
@@ -86,6 +87,8 @@ class TimeModel:
                               # kernels; tinygrad's recompute it in every iteration: its own op counts say so)
   eager_launch_s: float = 0.0  # per kernel of a realize outside a JIT, where it differs (tinygrad schedules and lowers each
                                # kernel on every eager call: bench/calibrate_tinygrad.py); 0: launch_s
+  eager_node_s: float = 0.0    # ... and per node of each kernel's AST there (its lowering: ~0.35 ms an op on a CPU)
+  node_s: float = 0.0          # per node, as this model prices it (eager(): eager_node_s; not stored)
 
   @classmethod
   def load(cls, device: str = "CPU", path: str = DATA) -> "TimeModel":
@@ -108,7 +111,7 @@ class TimeModel:
                float(d["transcendental_ops"]), d.get("combine", "max"), int(d.get("parallel_work", 1 << 21)),
                float(d.get("par_speedup", 1.0)), float(d.get("division_ops", d["transcendental_ops"])),
                float(d.get("bw_readback", d["bw_mem"])), float(d.get("log_error", 0.0)), bool(d.get("hoists", True)),
-               float(d.get("eager_launch_s", 0.0)))
+               float(d.get("eager_launch_s", 0.0)), float(d.get("eager_node_s", 0.0)))
 
   def to_dict(self) -> dict:
     return {"launch_s": self.launch_s, "bw_cache": self.bw_cache, "bw_mem": self.bw_mem, "bw_strided": self.bw_strided,
@@ -116,11 +119,14 @@ class TimeModel:
             "throughput": dict(self.throughput), "transcendental_ops": self.transcendental_ops, "combine": self.combine,
             "parallel_work": self.parallel_work, "par_speedup": self.par_speedup, "division_ops": self.division_ops,
             "bw_readback": self.readback, **({"log_error": self.log_error} if self.log_error else {}),
-            **({"eager_launch_s": self.eager_launch_s} if self.eager_launch_s else {}), **({} if self.hoists else {"hoists": False})}
+            **({"eager_launch_s": self.eager_launch_s} if self.eager_launch_s else {}), **({} if self.hoists else {"hoists": False}),
+            **({"eager_node_s": self.eager_node_s} if self.eager_node_s else {})}
 
   def eager(self) -> "TimeModel":
-    """This model for a realize outside a JIT: each kernel costs eager_launch_s to launch where one was measured."""
-    return dataclasses.replace(self, launch_s=self.eager_launch_s) if self.eager_launch_s else self
+    """This model for a realize outside a JIT: each kernel costs eager_launch_s to launch and eager_node_s per node to
+    lower, where they were measured."""
+    if not (self.eager_launch_s or self.eager_node_s): return self
+    return dataclasses.replace(self, launch_s=self.eager_launch_s or self.launch_s, node_s=self.eager_node_s)
 
   @property
   def readback(self) -> float: return self.bw_readback or self.bw_mem
@@ -137,7 +143,7 @@ class TimeModel:
     if w.kind == "reduce":   # the ops stream, but the share re-reading broadcast operands does not
       tc = slow * ops * ((1 - w.reread) / self.throughput["elementwise"] + w.reread / self.throughput["reduce"])
     else: tc = slow * ops / self.throughput[w.kind]
-    return self.launch_s + (max(tb, tc) if self.combine == "max" else tb + tc)
+    return self.launch_s + self.node_s * w.nodes + (max(tb, tc) if self.combine == "max" else tb + tc)
 
   def program_seconds(self, works) -> float:
     """Kernels of one CALL run one after another."""

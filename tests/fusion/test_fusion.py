@@ -534,3 +534,16 @@ def test_a_model_that_does_not_hoist_prices_broadcast_recompute():
            for h in (True, False)}
   chain = {h: f - 256 * 256 for h, f in flops.items()}   # the chain's ops, beside the product's one per element
   assert chain[True] > 0 and chain[False] == 256 * chain[True]
+
+def test_a_kernels_nodes_are_what_it_computes():
+  """KernelWork.nodes (what tinygrad lowers per eager call): the nodes a kernel computes, its loads and the stored
+  values it reads not counted; storing a shared value takes its nodes out of the kernels that read it."""
+  a, b = Tensor(arr(64, 64)).realize(), Tensor(arr(64, 64)).realize()
+  e = (a * b).exp()
+  res = callify(e + 1, e * 2, fusion="rules", cache=False)
+  stores = [(s.src[1], s.src[1].nbytes) for s in _stores(res)]
+  ids = {n.id: n for s, _ in stores for n in toposort([s], enter_calls=False) if n.op is Ops.EXP2}
+  p = Partition(TimeModel.load("CPU"), stores, ids)
+  def nodes(S): return sum(p.k.work(v, w, frozenset(S)).nodes for _, v, w in p.roots(frozenset(S)))
+  inner = [n for s, _ in stores for n in toposort([s], enter_calls=False) if n.op not in greedy.LOADS]
+  assert nodes(()) == len(inner) and 0 < nodes(ids) < nodes(())

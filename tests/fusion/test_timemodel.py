@@ -121,10 +121,11 @@ def test_corpus_is_complete():
   assert sum(p.group == "models" for p in ps) >= 15   # written from tinygrad's model code (issue 28)
 
 def test_eager_launch_and_hoisting_round_trip(model):
-  """A calibration of tinygrad's kernels carries its eager launch and that its kernels do not hoist; eager() swaps the
-  launch in, a model without one is its own eager model."""
-  tg = dataclasses.replace(model, eager_launch_s=3e-4, hoists=False)
+  """A calibration of tinygrad's kernels carries its eager launch, its eager cost per node and that its kernels do not
+  hoist; eager() prices with them (a kernel's nodes cost only there), a model without them is its own eager model."""
+  tg = dataclasses.replace(model, eager_launch_s=3e-4, eager_node_s=2e-5, hoists=False)
   assert TimeModel.from_dict("CPU", tg.to_dict()) == tg and "hoists" not in model.to_dict()
-  assert tg.eager().launch_s == 3e-4 and tg.eager().hoists is False and model.eager() is model
-  w = KernelWork(4096, 4096, 1024, "elementwise", "CPU")
-  assert tg.eager().kernel_seconds(w) - tg.kernel_seconds(w) == pytest.approx(3e-4 - model.launch_s)
+  assert tg.eager().launch_s == 3e-4 and tg.eager().node_s == 2e-5 and tg.eager().hoists is False and model.eager() is model
+  w = KernelWork(4096, 4096, 1024, "elementwise", "CPU", nodes=10)
+  assert tg.kernel_seconds(w) == tg.kernel_seconds(dataclasses.replace(w, nodes=0))   # replays lower nothing
+  assert tg.eager().kernel_seconds(w) - tg.kernel_seconds(w) == pytest.approx(3e-4 - model.launch_s + 10 * 2e-5)
