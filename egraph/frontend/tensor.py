@@ -6,6 +6,7 @@ REDUCE-keeps-dims under the hood, and realize substitutes the buffer map into ev
 """
 from __future__ import annotations
 import itertools, math, os, weakref
+from collections import deque
 from _weakref import _remove_dead_weakref
 from typing import Any, Iterator
 import numpy as np
@@ -36,6 +37,32 @@ class _TRef(weakref.ref):
 def _forget(ref: _TRef, table=_all_tensors, remove=_remove_dead_weakref) -> None: remove(table, ref.key)
 
 Scalar = (bool, int, float)
+
+# The graphs of the last RECENT realizes, kept alive where their CALL's buffers are small: a loop that builds the same
+# expression again gets every node back from the hash-cons table instead of making it (a 64^3 `(x @ y).realize()` loop
+# 105 -> 84 us). They keep no storage the user let go: a graph is kept only while live tensors stand on all its input
+# buffers, and when one of those tensors dies (Tensor.__del__) or is pointed elsewhere by a realize (_apply_map) every
+# kept graph is dropped; where the buffers are bigger than RECENT_BYTES the kernels dwarf the rebuild: nothing is kept.
+RECENT, RECENT_BYTES = 2, 16 << 20
+_RECENT: deque = deque(maxlen=RECENT)   # (roots, their input BUFFERs) per kept graph
+
+def _recent_inputs(res) -> frozenset | None:
+  """The input BUFFERs of a realize's CALL (its outputs left out), or None where its buffers pass RECENT_BYTES. Its
+  graph is kept only if every one of them is what a live tensor stands on (_apply_map): a buffer no tensor holds any
+  more (a host array's upload) is never kept alive by it. The slots are worked out once per CALL body (a cache hit's
+  body is the entry's own node; bodies hold PARAMs, no buffer)."""
+  src = res.call.src
+  if (slots := _SLOTS.get(src[0], _SLOTS)) is _SLOTS:
+    outs = {v.base for v in res.buffer_map.values()}
+    args = [(i, a) for i, a in enumerate(src[1:], 1) if a.op is _BUFFER]
+    slots = None if sum(a.nbytes for _, a in args) > RECENT_BYTES else tuple(i for i, a in args if a not in outs)
+    if len(_SLOTS) >= 1024: _SLOTS.clear()
+    _SLOTS[src[0]] = slots
+  return None if slots is None else frozenset([src[i] for i in slots])
+
+_SLOTS: dict = {}   # CALL body -> its input slots, or None (too big to keep): at most 1024 bodies
+
+_BUFFER = Ops.BUFFER
 
 def _realize_waits() -> bool:
   """CALLSAT_ASYNC=0: realize returns only once its kernels have finished (default 1: its last may still run)."""
@@ -71,9 +98,11 @@ def _argfix(args) -> tuple:
 
 def _prod(xs) -> int: return math.prod(xs)
 
-def _apply_map(mapping: dict[Node, Node]) -> None:
-  """Substitute `mapping` into the graph of every live Tensor at once (tinygrad's _apply_map_to_tensors)."""
-  if not mapping: return
+def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
+  """Substitute `mapping` into the graph of every live Tensor at once (tinygrad's _apply_map_to_tensors). `held`:
+  buffers to look for; returned, those some live tensor still stands on (the buffer under its view chain)."""
+  found: set = set()
+  if not mapping: return found
   # the table is copied in one C call (iterating it raised when another thread made a tensor meanwhile). Most tensors
   # are a chain of one-source nodes: down to a leaf (a realized tensor, a CONST: model weights are many) nothing
   # changes; down to a key (the realized tensor itself, a view of it) the chain is rebuilt over the key's value; only
@@ -86,13 +115,16 @@ def _apply_map(mapping: dict[Node, Node]) -> None:
       if len(n.src) != 1 or n.op is Ops.CALL or n.op is Ops.FUNCTION: break
       chain.append(n); n = n.src[0]
     else:
+      if _RECENT and any(n in i for _, i in _RECENT): _RECENT.clear()   # a kept graph's input: no tensor stands on it now
       v = mapping[n]
       for c in reversed(chain): v = c.over((v,))
       t.node = v
       continue
     if n.src: rest.append(t)
+    elif held and n in held: found.add(n)
   for t, n in zip(rest, substitute([t.node for t in rest], mapping)):
     if n is not t.node: t.node = n
+  return found
 
 class Tensor:
   """A lazy tensor: `.node` is its graph. Building ops never executes; realize/numpy do."""
@@ -212,12 +244,24 @@ class Tensor:
     `Tensor.realize(a, b)`."""
     if not (ts := Tensor._pending((self, *lst))): return self
     wait = _realize_waits()   # checked before anything changes
-    res = callify(*dict.fromkeys(t.node for t in ts))
-    _apply_map(res.buffer_map)
+    roots = tuple(dict.fromkeys(t.node for t in ts))
+    res = callify(*roots)
+    ins = _recent_inputs(res)
+    held = _apply_map(res.buffer_map, ins)
     # the CALL's last kernel may still be running when this returns: storage finishes it before anyone reads (the next
     # realize, numpy(), any array it hands out), so building the next graph overlaps it
     run_call(res.call, wait=wait)
+    if ins is not None and len(held) == len(ins): _RECENT.append((roots, ins))
     return self
+
+  def __del__(self):
+    # a kept graph (_keep_recent) never outlives the user's tensors over its inputs: one dies, the kept graphs go
+    if _RECENT:
+      try:
+        b = self.node.base
+        for _, ins in _RECENT:
+          if b in ins: _RECENT.clear(); break
+      except Exception: pass   # at interpreter exit the module's globals may be gone
 
   def callify(self, *lst: Tensor) -> Tensor:
     """Like realize but lazy: tensors become AFTER(storage, CALL), executed by a later realize."""

@@ -1,0 +1,62 @@
+"""Realize keeps the graphs of its last few calls (egraph/frontend/tensor.py RECENT), so a loop that builds the same
+expression gets its nodes back from the hash-cons table; and keeps no buffer the user let go: checked by weak
+references to the input buffers."""
+import gc, weakref
+import numpy as np
+from egraph import Tensor, synchronize
+import egraph.frontend.tensor as T
+
+def _arr(*s): return np.random.default_rng(1).standard_normal(s).astype(np.float32)
+
+def test_a_loop_rebuilds_its_expression_from_the_kept_graph():
+  """The second `x @ y` is the first one's node (a hash-cons hit), and every realize's value is numpy's."""
+  a, b = _arr(16, 8), _arr(8, 4)
+  x, y = Tensor(a).realize(), Tensor(b).realize()
+  roots = []
+  for _ in range(3):
+    t = x @ y
+    roots.append(t.node)
+    np.testing.assert_allclose(t.realize().numpy(), a @ b, rtol=1e-5, atol=1e-5)
+  assert roots[1] is roots[2] and T._RECENT
+  del roots
+
+def _input_ref(x: Tensor):
+  return weakref.ref(x.node.base)
+
+def test_a_dropped_input_is_not_kept_alive():
+  """Dropping a tensor over a kept graph's input drops the kept graphs: its buffer dies with the user's references."""
+  x, y = Tensor(_arr(16, 8)).realize(), Tensor(_arr(8, 4)).realize()
+  (x @ y).realize(); (x @ y).realize(); synchronize()
+  assert T._RECENT
+  rx, ry = _input_ref(x), _input_ref(y)
+  del x
+  gc.collect()
+  assert rx() is None and ry() is not None and not T._RECENT
+  del y
+  gc.collect()
+  assert ry() is None
+
+def test_an_input_pointed_elsewhere_is_not_kept_alive():
+  """A realize that points an input's tensor at other storage (an assign into a computed value) drops the kept graphs:
+  the old buffer dies though the tensor lives on."""
+  x, y = Tensor(_arr(16, 8)).realize(), Tensor(_arr(8, 4)).realize()
+  (x @ y).realize(); synchronize()
+  assert T._RECENT
+  ry = _input_ref(y)
+  y.assign(y * 2 + 1).realize()
+  gc.collect()
+  if ry() is not None:   # an assign may write in place: then the buffer is the tensor's still
+    assert y.node.base is ry()
+  else: assert not any(ry() in i for _, i in T._RECENT)
+
+def test_big_graphs_and_host_uploads_are_not_kept():
+  """A CALL over more than RECENT_BYTES of buffers keeps no graph; nor does a graph over a host array's upload (no
+  tensor stands on the NPY buffer once its tensor is realized)."""
+  T._RECENT.clear()
+  n = 1 << 11
+  x = Tensor(np.ones((n, n), np.float32)).realize()
+  (x * 2).realize(); synchronize()
+  assert not T._RECENT
+  z = Tensor(_arr(4, 4))
+  (z * 3).realize()
+  assert not T._RECENT
