@@ -40,7 +40,7 @@ Scalar = (bool, int, float)
 
 # The graphs of the last RECENT realizes, kept alive where their CALL's buffers are small: a loop that builds the same
 # expression again gets every node back from the hash-cons table instead of making it (a 64^3 `(x @ y).realize()` loop
-# 105 -> 84 us). They keep no storage the user let go: a graph is kept only while live tensors stand on all its input
+# 105 -> 86 us). They keep no storage the user let go: a graph is kept only while live tensors stand on all its input
 # buffers, and when one of those tensors dies (Tensor.__del__) or is pointed elsewhere by a realize (_apply_map) every
 # kept graph is dropped; where the buffers are bigger than RECENT_BYTES the kernels dwarf the rebuild: nothing is kept.
 RECENT, RECENT_BYTES = 2, 16 << 20
@@ -115,7 +115,7 @@ def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
       if len(n.src) != 1 or n.op is Ops.CALL or n.op is Ops.FUNCTION: break
       chain.append(n); n = n.src[0]
     else:
-      if _RECENT and any(n in i for _, i in _RECENT): _RECENT.clear()   # a kept graph's input: no tensor stands on it now
+      if _RECENT and any(n in i for _, i in tuple(_RECENT)): _RECENT.clear()   # a kept graph's input: no tensor stands on it now
       v = mapping[n]
       for c in reversed(chain): v = c.over((v,))
       t.node = v
@@ -255,12 +255,12 @@ class Tensor:
     return self
 
   def __del__(self):
-    # a kept graph (_keep_recent) never outlives the user's tensors over its inputs: one dies, the kept graphs go
+    # a kept graph (RECENT) never outlives the user's tensors over its inputs: one dies, the kept graphs go (a copy of
+    # the deque is walked: another thread's realize or __del__ may change it meanwhile)
     if _RECENT:
       try:
         b = self.node.base
-        for _, ins in _RECENT:
-          if b in ins: _RECENT.clear(); break
+        if any(b in ins for _, ins in tuple(_RECENT)): _RECENT.clear()
       except Exception: pass   # at interpreter exit the module's globals may be gone
 
   def callify(self, *lst: Tensor) -> Tensor:

@@ -60,3 +60,22 @@ def test_big_graphs_and_host_uploads_are_not_kept():
   z = Tensor(_arr(4, 4))
   (z * 3).realize()
   assert not T._RECENT
+
+def test_threads_realizing_and_dropping_tensors():
+  """Four threads each realize their own loop while dropping the tensors under it: the kept graphs change under all of
+  them at once; every value is numpy's and no thread raises."""
+  import threading
+  errors = []
+  def work(seed):
+    try:
+      rng = np.random.default_rng(seed)
+      for _ in range(30):
+        a, b = rng.standard_normal((8, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+        x, y = Tensor(a).realize(), Tensor(b).realize()
+        for _ in range(3): np.testing.assert_allclose((x @ y + 1).realize().numpy(), a @ b + 1, rtol=1e-5, atol=1e-5)
+        del x, y
+    except Exception as e: errors.append(e)
+  ts = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+  for t in ts: t.start()
+  for t in ts: t.join()
+  assert not errors, errors
