@@ -48,20 +48,11 @@ def launch_costs(device: str, rounds: int, k: int = 8) -> dict:
   realized eagerly through the bridge (`eager`: tinygrad schedules, lowers and runs each kernel on every call outside a
   JIT; the bridge's plain rules CALL). Min over interleaved rounds of the mean over enough calls."""
   from tinygrad import Tensor as TT, TinyJit
-  import egraph.tinygrad as bridge
   rng = np.random.default_rng(1)
   xs = [TT(rng.standard_normal(64).astype(np.float32), device=device).realize() for _ in range(2 * k)]
   def adds(n): return lambda: TT.realize(*[xs[i] + xs[k + i] for i in range(n)])
-  calls = {f"jit {n}": TinyJit(adds(n)) for n in (1, k)}
-  saved = os.environ.pop("CALLSAT_BRIDGE_FUSION", None)   # the eager baseline is the bridge's rules CALL
-  try:
-    with bridge.installed():
-      calls |= {f"eager {n}": adds(n) for n in (1, k)}
-      for f in calls.values():
-        for _ in range(3): f()
-      t = measure(calls, rounds, min_s=0.02)
-  finally:
-    if saved is not None: os.environ["CALLSAT_BRIDGE_FUSION"] = saved
+  calls = {f"jit {n}": TinyJit(adds(n)) for n in (1, k)} | {f"eager {n}": adds(n) for n in (1, k)}
+  t = _bridged(calls, rounds, 0.02)
   return {m: (t[f"{m} {k}"] - t[f"{m} 1"]) / (k - 1) for m in ("jit", "eager")}
 
 def eager_node_cost(device: str, rounds: int, steps: tuple = (16, 64)) -> float:
@@ -72,22 +63,27 @@ def eager_node_cost(device: str, rounds: int, steps: tuple = (16, 64)) -> float:
   from egraph import Tensor as CT
   from egraph.fusion.greedy import LOADS
   from egraph.ir.ops import toposort
-  import egraph.tinygrad as bridge
   x = np.random.default_rng(2).standard_normal(64).astype(np.float32)
   tx = TT(x, device=device).realize()
   nodes = {k: sum(n.op not in LOADS for n in toposort([C.chain(CT(x), k).node])) for k in steps}
   calls = {}
   for k in steps: calls |= {f"build {k}": lambda k=k: C.chain(tx, k), f"eager {k}": lambda k=k: C.chain(tx, k).realize()}
+  t = _bridged(calls, rounds, 0.05)
+  lo, hi = steps
+  return ((t[f"eager {hi}"] - t[f"build {hi}"]) - (t[f"eager {lo}"] - t[f"build {lo}"])) / (nodes[hi] - nodes[lo])
+
+def _bridged(calls: dict, rounds: int, min_s: float) -> dict:
+  """measure(calls) with the bridge installed giving its plain rules CALL (an eager call's baseline), each call warmed
+  three times first."""
+  import egraph.tinygrad as bridge
   saved = os.environ.pop("CALLSAT_BRIDGE_FUSION", None)
   try:
     with bridge.installed():
       for f in calls.values():
         for _ in range(3): f()
-      t = measure(calls, rounds, min_s=0.05)
+      return measure(calls, rounds, min_s)
   finally:
     if saved is not None: os.environ["CALLSAT_BRIDGE_FUSION"] = saved
-  lo, hi = steps
-  return ((t[f"eager {hi}"] - t[f"build {hi}"]) - (t[f"eager {lo}"] - t[f"build {lo}"])) / (nodes[hi] - nodes[lo])
 
 def measure(calls: dict, rounds: int, min_s: float = 0.005) -> dict:
   """name -> min over rounds (interleaved) of the mean replay time over enough replays to last min_s."""

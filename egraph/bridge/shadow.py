@@ -30,6 +30,7 @@ from egraph.fusion.solve import partition_ids
 from egraph.fusion.partition import rules_like_ids
 from egraph.fusion.timemodel import TimeModel, NoTimeModel, tinygrad_device_key
 from egraph.fusion.candidates import add_candidates, stored_members
+from egraph.fusion.greedy import LOADS
 from egraph.engine.driver import saturate, extract_call
 from egraph.bridge.convert import Conversion, movement
 
@@ -47,7 +48,7 @@ ANCHOR = True
 _ALU = {i.tinygrad or o.name: o for o, i in ALU_OPS.items()}   # tinygrad's ALU op name -> callsat's (the op table)
 _REDUCE = {TOps.ADD: Ops.ADD, TOps.MUL: Ops.MUL, TOps.MAX: Ops.MAX}
 _WEAKS = (tdt.weakint, tdt.weakfloat)
-_READS = frozenset({Ops.BUFFER, Ops.PARAM, Ops.AFTER, Ops.SLICE, Ops.COPY})   # converted nodes that read memory
+_READS = LOADS | {Ops.COPY}   # converted nodes that read memory
 _MOVES = frozenset({TOps.RESHAPE, TOps.EXPAND, TOps.PAD, TOps.SHRINK, TOps.PERMUTE, TOps.FLIP})
 
 EXPLORE_ENV = "CALLSAT_BRIDGE_EXPLORE"

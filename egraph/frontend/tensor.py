@@ -62,6 +62,11 @@ def _recent_inputs(res) -> frozenset | None:
 
 _SLOTS: dict = {}   # CALL body -> its input slots, or None (too big to keep): at most 1024 bodies
 
+def _unkeep(b: Node) -> None:
+  """Drop every kept graph if buffer `b` is one of their inputs (a copy of the deque is walked: another thread's
+  realize or Tensor.__del__ may change it meanwhile)."""
+  if any(b in ins for _, ins in tuple(_RECENT)): _RECENT.clear()
+
 _BUFFER = Ops.BUFFER
 
 def _realize_waits() -> bool:
@@ -115,7 +120,7 @@ def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
       if len(n.src) != 1 or n.op is Ops.CALL or n.op is Ops.FUNCTION: break
       chain.append(n); n = n.src[0]
     else:
-      if _RECENT and any(n in i for _, i in tuple(_RECENT)): _RECENT.clear()   # a kept graph's input: no tensor stands on it now
+      if _RECENT: _unkeep(n)   # a kept graph's input: no tensor stands on it now
       v = mapping[n]
       for c in reversed(chain): v = c.over((v,))
       t.node = v
@@ -255,12 +260,9 @@ class Tensor:
     return self
 
   def __del__(self):
-    # a kept graph (RECENT) never outlives the user's tensors over its inputs: one dies, the kept graphs go (a copy of
-    # the deque is walked: another thread's realize or __del__ may change it meanwhile)
+    # a kept graph (RECENT) never outlives the user's tensors over its inputs: one dies, the kept graphs go
     if _RECENT:
-      try:
-        b = self.node.base
-        if any(b in ins for _, ins in tuple(_RECENT)): _RECENT.clear()
+      try: _unkeep(self.node.base)
       except Exception: pass   # at interpreter exit the module's globals may be gone
 
   def callify(self, *lst: Tensor) -> Tensor:
