@@ -39,6 +39,7 @@ class CallifyResult:
   call: Node                      # CALL(SINK(roots...), *args)
   buffer_map: dict[Node, Node]    # original node -> storage view
   report: CallifyReport
+  inputs: tuple = ()              # the graph's own BUFFERs (what holding its roots keeps alive); set by callify
 
 def storage_view(n: Node) -> Node:
   """The storage a realized term lives in: AFTERs and value markers (DETACH, CONTIGUOUS_BACKWARD: unoptimized forms
@@ -211,7 +212,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   if cache and len(topo) in _SIZES:
     if (hit := _CACHE.get(key := cache_key())) is not None:
       res = _reuse(hit, topo, t0)
-      res.report.scalars = scalar_args(res.call)
+      res.report.scalars, res.inputs = scalar_args(res.call), tuple([topo[i] for i, _ in hit.buffers])
       return res
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
@@ -227,7 +228,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
       if (old := _CACHE.pop(key)) is not None: _drop(key, old)
       _SIZES[len(topo)] += 1
       _CACHE.put(key, _Entry.of(topo, res), ENTRY_NODE_BYTES * len(topo))
-  res.report.scalars = scalar_args(res.call)
+  res.report.scalars, res.inputs = scalar_args(res.call), tuple([n for n in topo if n.op is _BUFFER])
   return res
 
 def scalar_args(call: Node) -> dict[int, object]:

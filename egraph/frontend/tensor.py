@@ -47,27 +47,23 @@ RECENT, RECENT_BYTES = 2, 16 << 20
 _RECENT: deque = deque(maxlen=RECENT)   # (roots, their input BUFFERs) per kept graph
 
 def _recent_inputs(res) -> frozenset | None:
-  """The input BUFFERs of a realize's CALL (its outputs left out), or None where its buffers pass RECENT_BYTES. Its
+  """The BUFFERs a realize's graph holds (callify's `inputs`), or None where its CALL's buffers pass RECENT_BYTES. The
   graph is kept only if every one of them is what a live tensor stands on (_apply_map): a buffer no tensor holds any
-  more (a host array's upload) is never kept alive by it. The slots are worked out once per CALL body (a cache hit's
-  body is the entry's own node; bodies hold PARAMs, no buffer)."""
-  src = res.call.src
-  if (slots := _SLOTS.get(src[0], _SLOTS)) is _SLOTS:
-    outs = {v.base for v in res.buffer_map.values()}
-    args = [(i, a) for i, a in enumerate(src[1:], 1) if a.op is _BUFFER]
-    slots = None if sum(a.nbytes for _, a in args) > RECENT_BYTES else tuple(i for i, a in args if a not in outs)
-    if len(_SLOTS) >= 1024: _SLOTS.clear()
-    _SLOTS[src[0]] = slots
-  return None if slots is None else frozenset([src[i] for i in slots])
+  more (a host array's upload, a Python scalar's) is never kept alive by it."""
+  if sum(a.nbytes for a in res.call.src[1:] if a.op is Ops.BUFFER) > RECENT_BYTES: return None
+  return frozenset(res.inputs)
 
-_SLOTS: dict = {}   # CALL body -> its input slots, or None (too big to keep): at most 1024 bodies
+def _leaf(n: Node) -> Node:
+  """Where a tensor's chain of one-source nodes ends (a view's buffer, an upload's host buffer): what it stands on, as
+  _apply_map walks it."""
+  while len(n.src) == 1 and n.op is not Ops.CALL and n.op is not Ops.FUNCTION: n = n.src[0]
+  return n
 
 def _unkeep(b: Node) -> None:
   """Drop every kept graph if buffer `b` is one of their inputs (a copy of the deque is walked: another thread's
   realize or Tensor.__del__ may change it meanwhile)."""
   if any(b in ins for _, ins in tuple(_RECENT)): _RECENT.clear()
 
-_BUFFER = Ops.BUFFER
 
 def _realize_waits() -> bool:
   """CALLSAT_ASYNC=0: realize returns only once its kernels have finished (default 1: its last may still run)."""
@@ -262,7 +258,7 @@ class Tensor:
   def __del__(self):
     # a kept graph (RECENT) never outlives the user's tensors over its inputs: one dies, the kept graphs go
     if _RECENT:
-      try: _unkeep(self.node.base)
+      try: _unkeep(_leaf(self.node))
       except Exception: pass   # at interpreter exit the module's globals may be gone
 
   def callify(self, *lst: Tensor) -> Tensor:

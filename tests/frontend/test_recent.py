@@ -79,3 +79,18 @@ def test_threads_realizing_and_dropping_tensors():
   for t in ts: t.start()
   for t in ts: t.join()
   assert not errors, errors
+
+def test_a_python_scalars_buffer_is_not_kept_alive():
+  """A graph over a Python scalar (its own 1-element buffer, which no tensor stands on) is not kept: once its result
+  is dropped, every buffer of its graph but the input's (its tensor lives on) dies. Zero-size values too, whose CALL
+  has no kernel and leaves the scalar out of its arguments (kept graphs once looked only at those, and held it)."""
+  from egraph.ir.ops import toposort, Ops
+  for shape in ((2, 3), (0, 3)):
+    T._RECENT.clear()
+    x = Tensor(np.ones(shape, np.float32)).realize()
+    y = (x * 3.5 + 1.25).sum(1)
+    refs = [weakref.ref(b) for b in toposort([y.node]) if b.op is Ops.BUFFER and b is not x.node.base]
+    np.testing.assert_allclose(y.numpy(), np.full(shape[0], 4.75 * shape[1], np.float32), rtol=1e-6)
+    del y
+    gc.collect()
+    assert refs and all(r() is None for r in refs), shape
