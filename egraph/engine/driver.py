@@ -10,8 +10,8 @@ the e-graph out, it builds that CALL from the graph without encoding (`direct.pl
 E-class identity replaces tinygrad's tags: each realize point (an original node) names the e-class of its realized
 form, so after extraction its storage is read straight off the chosen term."""
 from __future__ import annotations
-import gc, time
-from collections import Counter
+import gc, threading, time, weakref
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
@@ -115,6 +115,46 @@ def _drop(key, e: _Entry) -> None:
 _CACHE = ByteLRU(mb_setting("CALLSAT_CALLIFY_CACHE_MB", 64), on_evict=_drop)
 _SIZES: Counter = Counter()   # graph size -> entries of that size: a graph of no cached size cannot hit (no key made)
 
+class _Key:
+  """A result cache key that hashes once: the roots' memo looks its entry up again without hashing the graph's key."""
+  __slots__ = ("t", "h")
+  def __init__(self, t: tuple): self.t, self.h = t, hash(t)
+  def __hash__(self) -> int: return self.h
+  def __eq__(self, o) -> bool: return self is o or (type(o) is _Key and self.h == o.h and self.t == o.t)
+
+class RootsMemo:
+  """The last ROOTS cache hits by their root nodes (node ids are never reused) and settings -> the entry's key and weak
+  references to the graph's nodes a hit rebinds: a loop that builds the same expression over the same tensors gets the
+  same root nodes back from the hash-cons table (while they live), and its hit skips the toposort and the graph's key
+  (~11 of a 64^3 matmul realize's ~90 us). It holds no node alive; an entry whose key the result cache evicted, or whose
+  nodes died, is a miss. Only graphs of at most NODES nodes: a key is ~100 bytes a node and the memo may outlive its entry."""
+  ROOTS, NODES = 64, 512
+  def __init__(self):
+    self.d: OrderedDict = OrderedDict()
+    self.lock = threading.Lock()
+
+  def remember(self, mkey: tuple, roots: list[Node], topo: list[Node], key: _Key, e: _Entry) -> None:
+    if e.symbolic or len(topo) > self.NODES: return   # a symbolic hit reads every node's bound values: it needs the toposort
+    refs = {i: weakref.ref(topo[i]) for i in {*(i for i, _ in e.buffers), *e.keys}}
+    with self.lock:
+      self.d[mkey] = (key, refs)
+      self.d.move_to_end(mkey)
+      if len(self.d) > self.ROOTS: self.d.popitem(last=False)
+
+  def recall(self, mkey: tuple) -> tuple[_Entry, dict] | None:
+    """(the entry, position -> node) of the graph under these roots and settings, or None."""
+    with self.lock:
+      if (got := self.d.get(mkey)) is None: return None
+      self.d.move_to_end(mkey)
+    key, refs = got
+    at = {i: r() for i, r in refs.items()}
+    if (e := _CACHE.get(key)) is None or None in at.values():
+      with self.lock: self.d.pop(mkey, None)
+      return None
+    return e, at
+
+_ROOTS = RootsMemo()
+
 def graph_key(roots: list[Node], topo: list[Node] | None = None) -> tuple[tuple, list[Node]]:
   """A key equal for graphs that differ only in which input buffers they read (buffers are named by position);
   `topo`: toposort(roots, enter_calls=False), if made already. Per node: op, dtype, the arg as a key (a BUFFER's size
@@ -152,9 +192,11 @@ def _arg_key(a):
   if type(a) is tuple and all(type(x) is int for x in a): return a
   return map_dims(a, _unbind)
 
-def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
-  """The cached result rebound to this graph's buffers and variable values, with freshly minted output buffers."""
-  m = {g: topo[i] for i, g in e.buffers}
+def _reuse(e: _Entry, at, t0: float, topo: list[Node] | None = None) -> CallifyResult:
+  """The cached result rebound to this graph's buffers and variable values, with freshly minted output buffers. `at`:
+  topo position -> the graph's node, for the positions of the entry's buffers and keys (the toposort itself, or the
+  memo's); `topo` (the toposort) is needed where the entry binds symbolic dimensions."""
+  m = {g: at[i] for i, g in e.buffers}
   for b in e.minted: m[b] = new_buffer(b.arg.size, b.dtype, b.arg.device)
   n = len(e.call.src) - 1
   out = _rebind([*e.call.src[1:], *e.values], m)
@@ -169,7 +211,7 @@ def _reuse(e: _Entry, topo: list[Node], t0: float) -> CallifyResult:
   report.__dict__.update(e.report.__dict__)
   report.cache_hit, report.seconds = True, {"cache": time.perf_counter() - t0}
   return CallifyResult(Node(Ops.CALL, dtypes.void, (e.call.src[0], *args), e.call.arg),
-                       {topo[i]: v for i, v in zip(e.keys, values)}, report)
+                       {at[i]: v for i, v in zip(e.keys, values)}, report)
 
 def _rebind(nodes: list[Node], m: dict[Node, Node]) -> list[Node]:
   """substitute(nodes, m) for what a hit rebinds (ghost BUFFERs, views over them: chains of one-source nodes), walked
@@ -203,17 +245,18 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
   roots = roots_of(tensors)
   fus = fusion_mode(fusion)
+  mkey = (*[r.id for r in roots], assigns, fus, extraction, model, sched, lim)
+  if cache and (got := _ROOTS.recall(mkey)) is not None: return _hit(*got, t0)
   t1 = time.perf_counter()
   topo = toposort(roots, enter_calls=False)
   topo_s = time.perf_counter() - t1
-  def cache_key() -> tuple: return (graph_key(roots, topo)[0], model, sched, lim, assigns, fus, extraction)
+  def cache_key() -> _Key: return _Key((graph_key(roots, topo)[0], model, sched, lim, assigns, fus, extraction))
   key = None
   # the key costs a third of encoding: only a graph of a cached one's size can hit (a fallback needs no key at all)
   if cache and len(topo) in _SIZES:
     if (hit := _CACHE.get(key := cache_key())) is not None:
-      res = _reuse(hit, topo, t0)
-      res.report.scalars, res.inputs = scalar_args(res.call), tuple([topo[i] for i, _ in hit.buffers])
-      return res
+      _ROOTS.remember(mkey, roots, topo, key, hit)
+      return _hit(hit, topo, t0, topo)
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
   try: res = _callify(roots, topo, topo_s, model, sched, lim, t0, assigns, fus, extraction)
@@ -227,8 +270,15 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
     with _CACHE.lock:
       if (old := _CACHE.pop(key)) is not None: _drop(key, old)
       _SIZES[len(topo)] += 1
-      _CACHE.put(key, _Entry.of(topo, res), ENTRY_NODE_BYTES * len(topo))
+      _CACHE.put(key, entry := _Entry.of(topo, res), ENTRY_NODE_BYTES * len(topo))
+    _ROOTS.remember(mkey, roots, topo, key, entry)
   res.report.scalars, res.inputs = scalar_args(res.call), tuple([n for n in topo if n.op is _BUFFER])
+  return res
+
+def _hit(e: _Entry, at, t0: float, topo: list[Node] | None = None) -> CallifyResult:
+  """A cache hit's result (_reuse), with its scalars and the graph's own BUFFERs filled in."""
+  res = _reuse(e, at, t0, topo)
+  res.report.scalars, res.inputs = scalar_args(res.call), tuple([at[i] for i, _ in e.buffers])
   return res
 
 def scalar_args(call: Node) -> dict[int, object]:

@@ -289,6 +289,37 @@ def test_cache_entry_keeps_no_buffer_of_its_graph_alive():
   z = Tensor(np.ones((2, 3), np.float32))
   np.testing.assert_allclose((z * 3 + 1).sum(1).numpy(), [12, 12])
 
+def test_roots_memo_hit_is_the_keyed_hit_and_keeps_nothing_alive(monkeypatch):
+  """The same root nodes again skip the toposort and the key (RootsMemo) and give what the keyed hit gives: this
+  graph's nodes as buffer_map keys, its buffers bound, fresh outputs, right values; the memo holds no node alive; an
+  entry the result cache dropped, or other settings, are not the memo's."""
+  import gc, weakref
+  import egraph.engine.driver as drv
+  s = Storage()
+  a = buf((4, 4), s)
+  g = Node(Ops.ADD, None, (Node(Ops.MUL, None, (a, a)).contiguous(), a))
+  first = callify(g)
+  keyed = []
+  real = drv.graph_key
+  monkeypatch.setattr(drv, "graph_key", lambda *x: keyed.append(1) or real(*x))
+  again = callify(g)
+  assert again.report.cache_hit and keyed == []
+  assert again.call.src[0] is first.call.src[0] and set(again.buffer_map) == set(first.buffer_map)
+  b = a.base
+  assert b in again.call.src[1:] and set(again.inputs) == {b}
+  out1, out2 = ({x.arg.uid for x in r.call.src[1:] if x.op is Ops.BUFFER and x is not b} for r in (first, again))
+  assert out2 and not out1 & out2                                            # fresh outputs each time
+  run_call(again.call, s)
+  np.testing.assert_allclose(evaluate([again.buffer_map[g]], s)[0], evaluate([g], s)[0])
+  assert not callify(g, cost="nodes").report.cache_hit and keyed             # other settings: not the memo's entry
+  drv._CACHE.clear()                                                         # the result cache dropped the entry
+  keyed.clear()
+  assert not callify(g).report.cache_hit and keyed == [1]                    # a miss, keyed and stored again
+  ref = weakref.ref(b)
+  del g, a, b, first, again
+  gc.collect()
+  assert ref() is None                                                       # nothing the memo holds keeps the graph
+
 def test_cache_misses_on_other_structure_and_options():
   a = buf((4,))
   callify(Node(Ops.ADD, None, (a, a)))   # warms the cache with ADD

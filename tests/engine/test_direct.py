@@ -132,7 +132,8 @@ def test_the_cache_key_is_made_only_where_it_can_hit_or_is_stored(monkeypatch):
   if n in drv._SIZES: pytest.skip("a graph of this size is cached already")
   assert callify(x, limits=Limits(seconds=0)).report.fallback and made == []
   assert callify(x).report.fallback is None and made == [1]   # stored under its key
-  assert callify(x).report.cache_hit and made == [1, 1]
+  assert callify(x).report.cache_hit and made == [1]   # the same roots again: the roots' memo, no key
+  assert callify(chain(137)).report.cache_hit and made == [1, 1]   # an equal graph over other buffers: keyed
 
 @SETTINGS
 @given(graphs(dtype=None))
