@@ -1,5 +1,5 @@
 """tinygrad 0.14's own example models, stock vs callsat's bridge (strict, fallback, fallback with
-CALLSAT_BRIDGE_FUSION=cost, cost-explore: the same with CALLSAT_BRIDGE_EXPLORE=1, fallback with
+CALLSAT_BRIDGE_FUSION=cost, cost-anchored: the same with CALLSAT_BRIDGE_EXPLORE=0 (predicted hints only), fallback with
 CALLSAT_BRIDGE_BACKEND=callsat: callsat's own kernels, callsat-cost: both, the cost-mode stores priced on callsat's own
 time model): values, first-call time, steady-state step time and the bridge's counts.
 
@@ -50,7 +50,7 @@ from __future__ import annotations
 import argparse, atexit, datetime, json, math, os, shutil, signal, statistics, subprocess, sys, tempfile, time, traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINYGRAD_TESTS = os.path.join(os.path.dirname(ROOT), "shared", "tinygrad-tests")
-MODES = ["stock", "strict", "fallback", "cost", "cost-explore", "callsat", "callsat-cost"]
+MODES = ["stock", "strict", "fallback", "cost", "cost-anchored", "callsat", "callsat-cost"]
 
 # ---- the models: build(steps, rng) -> call(i) -> the values of call i (a list of ints or floats) --------------------------
 # Small dims: a process's time is mostly tinygrad scheduling and compiling the model's kernels, which sizes barely move.
@@ -251,8 +251,8 @@ def run_one(model: str, mode: str, steps: int, args) -> dict:
   if not args.disk_cache: env["CACHELEVEL"], env["CALLSAT_BRIDGE_VERDICTS"] = "0", "0"
   else: env["CALLSAT_BRIDGE_VERDICTS_DIR"] = args.verdicts_dir
   for k in ("CALLSAT_BRIDGE_FUSION", "CALLSAT_BRIDGE_BACKEND", "CALLSAT_BRIDGE_EXPLORE"): env.pop(k, None)
-  if mode in ("cost", "cost-explore", "callsat-cost"): env["CALLSAT_BRIDGE_FUSION"] = "cost"
-  if mode == "cost-explore": env["CALLSAT_BRIDGE_EXPLORE"] = "1"
+  if mode in ("cost", "cost-anchored", "callsat-cost"): env["CALLSAT_BRIDGE_FUSION"] = "cost"
+  if mode == "cost-anchored": env["CALLSAT_BRIDGE_EXPLORE"] = "0"
   if mode in ("callsat", "callsat-cost"): env["CALLSAT_BRIDGE_BACKEND"] = "callsat"
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, mode, "--steps", str(steps), "--tinygrad", args.tinygrad]
   # its own session: on a timeout the worker and tinygrad's compile pool under it are ended together

@@ -10,9 +10,12 @@ REDUCE's leading-axes form as a keepdim REDUCE and a RESHAPE), priced by the tim
 that device (bench/calibrate_tinygrad.py, per tinygrad version; none: no hints). Its cost-mode partition
 (egraph/fusion/solve.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the hints, given only
 when the partition is predicted faster than tinygrad's own schedule (egraph/fusion/stock.py's stand-in for it) by
-more than the calibration's held-out error (ANCHOR); CALLSAT_BRIDGE_EXPLORE=1 sends callsat's rules-like stores to the
-measured check where no win is predicted. Decided once per graph structure (egraph/bridge/cache.py). The shadow is
-never run: its values do not matter, only shapes, dtypes and op kinds; any op it cannot rebuild stays OPAQUE."""
+more than the calibration's held-out error (ANCHOR). Where no win is predicted past that error, a measured decision
+explores: callsat's rules-like stores go to the measured check and are kept only if measured faster (the model cannot
+see what wins on the models: tinygrad's simplifier dropping a convolution's padded taps over a stored buffer, its eager
+lowering of BERT's long kernels); CALLSAT_BRIDGE_EXPLORE=0 leaves such graphs unhinted. Decided once per graph structure
+(egraph/bridge/cache.py). The shadow is never run: its values do not matter, only shapes, dtypes and op kinds; any op it
+cannot rebuild stays OPAQUE."""
 from __future__ import annotations
 import dataclasses, math, time
 from importlib.metadata import version, PackageNotFoundError
@@ -54,12 +57,13 @@ _MOVES = frozenset({TOps.RESHAPE, TOps.EXPAND, TOps.PAD, TOps.SHRINK, TOps.PERMU
 EXPLORE_ENV = "CALLSAT_BRIDGE_EXPLORE"
 
 def explore_setting() -> bool:
-  """Env CALLSAT_BRIDGE_EXPLORE, read when the bridge runs: "1" has cost mode measure callsat's rules-like stores where
-  the model predicts no win beyond its error (a structure's decision then costs a compile and a measurement more);
-  "" or "0" off (the default), anything else the user's error."""
+  """Env CALLSAT_BRIDGE_EXPLORE, read when the bridge runs: "1" (the default, "") has cost mode's measured decisions
+  measure callsat's rules-like stores where the model predicts no win beyond its error (such a structure's decision
+  costs a compile and a measurement more, once: the verdict is kept per user); "0" gives only predicted hints; anything
+  else is the user's error."""
   v = env_value(EXPLORE_ENV)
   if v not in ("", "0", "1"): raise CallsatError(f"{EXPLORE_ENV} must be 0 or 1, got {v!r}")
-  return v == "1"
+  return v != "0"
 
 def bridge_fusion(value: str | None = None) -> str:
   """`value`, else env CALLSAT_BRIDGE_FUSION (read when the bridge runs), else "rules"."""
@@ -237,8 +241,8 @@ def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eag
   idents of tinygrad ALU/REDUCE values (never weak-typed ones, never a realize point itself), priced on the `kernels`
   that will run them: tinygrad's (its calibration for the device) or callsat's own (CALLSAT_BRIDGE_BACKEND=callsat);
   `eager`: realized outside a JIT, where each kernel costs tinygrad's eager launch (TimeModel.eager). `explore`
-  (CALLSAT_BRIDGE_EXPLORE=1, measured decisions only): where the model predicts no win, callsat's rules-like stores are
-  returned (marked `explored`) for the measured check to keep or drop.
+  (measured decisions, unless CALLSAT_BRIDGE_EXPLORE=0): where the model predicts no win, callsat's rules-like stores
+  are returned (marked `explored`) for the measured check to keep or drop.
   No hints (and a note) for realize points on several devices, sharded or on a DISK, or a graph callsat has no time
   model for."""
   t0 = time.perf_counter()

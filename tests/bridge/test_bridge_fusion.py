@@ -247,8 +247,8 @@ def test_anchored_cost_mode_gives_stock_values_and_never_more_kernels_without_hi
 
 @pytest.mark.anchored
 def test_explore_hands_the_rules_like_stores_to_the_measured_check_where_no_win_is_predicted(monkeypatch):
-  """With the calibration's error made huge no hint passes the anchor; with CALLSAT_BRIDGE_EXPLORE=1 callsat's
-  rules-like stores come back marked explored (for the measured check alone), without it nothing does."""
+  """With the calibration's error made huge no hint passes the anchor; exploring, callsat's rules-like stores come back
+  marked explored (for the measured check alone), without it nothing does."""
   tm, _ = shadow.tinygrad_model("CPU")
   monkeypatch.setattr(shadow, "_MODELS", {shadow.tinygrad_device_key(shadow.version("tinygrad"), "CPU"): (tm, 50.0)})
   h, _ = _hints_of("layernorm", monkeypatch)
@@ -261,7 +261,7 @@ def test_explore_hands_the_rules_like_stores_to_the_measured_check_where_no_win_
   assert all(u.op in (TOps.REDUCE,) or u.op.name in shadow._ALU for u in x.uops)
 
 def test_explore_setting_is_checked(monkeypatch):
-  for v, want in (("", False), ("0", False), ("1", True)):
+  for v, want in (("", True), ("0", False), ("1", True)):   # on by default
     monkeypatch.setenv("CALLSAT_BRIDGE_EXPLORE", v)
     assert shadow.explore_setting() is want
   monkeypatch.setenv("CALLSAT_BRIDGE_EXPLORE", "yes")
@@ -269,17 +269,22 @@ def test_explore_setting_is_checked(monkeypatch):
 
 @pytest.mark.anchored
 @pytest.mark.measured
-@pytest.mark.parametrize("margin", [0.999, -100.0])
-def test_explored_hints_are_kept_only_when_measured_faster(margin, monkeypatch):
-  """End to end, the anchor blocking every predicted hint: explored hints lost to a margin nothing beats give stock's
-  kernels and values exactly; kept under a margin everything beats, they give stock's values within float
-  reassociation."""
+@pytest.mark.parametrize("margin,explore", [(0.999, None), (-100.0, None), (-100.0, "0")])
+def test_explored_hints_are_kept_only_when_measured_faster(margin, explore, monkeypatch):
+  """End to end, the anchor blocking every predicted hint: cost mode explores by default; explored hints lost to a
+  margin nothing beats give stock's kernels and values exactly; kept under a margin everything beats, they give stock's
+  values within float reassociation; CALLSAT_BRIDGE_EXPLORE=0 explores nothing (stock's kernels, no measurement)."""
   tm, _ = shadow.tinygrad_model("CPU")
   monkeypatch.setattr(shadow, "_MODELS", {shadow.tinygrad_device_key(shadow.version("tinygrad"), "CPU"): (tm, 50.0)})
   monkeypatch.setattr(measure, "MARGIN", margin)
-  monkeypatch.setenv("CALLSAT_BRIDGE_EXPLORE", "1")
+  if explore is None: monkeypatch.delenv("CALLSAT_BRIDGE_EXPLORE", raising=False)
+  else: monkeypatch.setenv("CALLSAT_BRIDGE_EXPLORE", explore)
   stock, nk_stock, _ = _run("layernorm", None, monkeypatch)
   ours, nk, st = _run("layernorm", "cost", monkeypatch)
+  if explore == "0":
+    assert st["measured"] == 0 and st["explored"] == 0 and st["hints"] == 0 and nk == nk_stock, st
+    for a, b in zip(ours, stock): np.testing.assert_array_equal(a, b)
+    return
   assert st["measured"] >= 1 and st["explored"] >= 1 and bridge.last_hints().explored, st
   if margin > 0:
     assert st["hints"] == 0 and nk == nk_stock
