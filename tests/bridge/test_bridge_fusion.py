@@ -2,6 +2,7 @@
 stock tinygrad's values (and numpy's) on tinygrad's CPU device while the partition's extra realize points come back as
 CONTIGUOUS in the CALL body (cost) or as STOREs of the CALL (cost-store), and the kernel counts change; with it off
 nothing changes. No timing here (bench/fusion_tinygrad.py measures)."""
+import dataclasses
 import numpy as np
 import os
 import pytest
@@ -259,6 +260,36 @@ def test_explore_hands_the_rules_like_stores_to_the_measured_check_where_no_win_
   x = cost_hints(cv, roots, explore=True)
   assert x.explored and x.idents and "explored" in x.note and "hints dropped" in x.note
   assert all(u.op in (TOps.REDUCE,) or u.op.name in shadow._ALU for u in x.uops)
+  monkeypatch.setattr(shadow, "ANCHOR", False)
+  free = cost_hints(cv, roots)   # the partition's own stores, unanchored
+  if free.idents and free.hinted_s < free.stock_s:   # a gain within the error: the partition's stores are explored
+    assert x.idents == free.idents and "of the partition's stores" in x.note
+  else: assert "of callsat's rules-like stores" in x.note
+
+@pytest.mark.anchored
+def test_explore_takes_the_partitions_stores_where_it_predicts_a_gain_within_the_error(monkeypatch):
+  """A predicted gain too small for the model's error: exploring measures the partition's own stores (the model's best
+  guess), not callsat's rules-like ones; a predicted loss: the rules-like ones."""
+  tm, _ = shadow.tinygrad_model("CPU")
+  monkeypatch.setattr(shadow, "_MODELS", {shadow.tinygrad_device_key(shadow.version("tinygrad"), "CPU"): (tm, 50.0)})
+  stock = {}
+  real = shadow.partition_ids
+  def partition(*a):   # the solver's answer with its predicted time set below (a gain) or above (a loss) stock's
+    ids, rep = real(*a)
+    return ids, dataclasses.replace(rep, predicted_s=rep.rules_s * stock["ratio"])
+  monkeypatch.setattr(shadow, "partition_ids", partition)
+  build, _ = PROGRAMS["softmax"](np.random.default_rng(7))
+  with Context(DEV=DEV):
+    cv, roots = to_callsat(UOp.sink(*[o.uop for o in build()]), consts=True)
+  monkeypatch.setattr(shadow, "ANCHOR", False)
+  stock["ratio"] = 0.9
+  free = cost_hints(cv, roots)
+  monkeypatch.setattr(shadow, "ANCHOR", True)
+  gain = cost_hints(cv, roots, explore=True)
+  assert free.idents and gain.explored and gain.idents == free.idents and "of the partition's stores" in gain.note
+  stock["ratio"] = 1.1
+  loss = cost_hints(cv, roots, explore=True)
+  assert loss.explored and "of callsat's rules-like stores" in loss.note and "no faster than the schedule without them" in loss.note
 
 def test_explore_setting_is_checked(monkeypatch):
   for v, want in (("", True), ("0", False), ("1", True)):   # on by default
