@@ -11,9 +11,10 @@ that device (bench/calibrate_tinygrad.py, per tinygrad version; none: no hints).
 (egraph/fusion/solve.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the hints, given only
 when the partition is predicted faster than tinygrad's own schedule (egraph/fusion/stock.py's stand-in for it) by
 more than the calibration's held-out error (ANCHOR). Where no win is predicted past that error, a measured decision
-explores: callsat's rules-like stores go to the measured check and are kept only if measured faster (the model cannot
-see what wins on the models: tinygrad's simplifier dropping a convolution's padded taps over a stored buffer, its eager
-lowering of BERT's long kernels); CALLSAT_BRIDGE_EXPLORE=0 leaves such graphs unhinted. Decided once per graph structure
+explores: the partition's own stores where it predicts a gain all the same, else callsat's rules-like stores, go to the
+measured check and are kept only if measured faster (the model cannot see what wins on the models: tinygrad's
+simplifier dropping a convolution's padded taps over a stored buffer, its eager lowering of BERT's long kernels);
+CALLSAT_BRIDGE_EXPLORE=0 leaves such graphs unhinted. Decided once per graph structure
 (egraph/bridge/cache.py). The shadow is never run: its values do not matter, only shapes, dtypes and op kinds; any op it
 cannot rebuild stays OPAQUE."""
 from __future__ import annotations
@@ -58,9 +59,9 @@ EXPLORE_ENV = "CALLSAT_BRIDGE_EXPLORE"
 
 def explore_setting() -> bool:
   """Env CALLSAT_BRIDGE_EXPLORE, read when the bridge runs: "1" (the default, "") has cost mode's measured decisions
-  measure callsat's rules-like stores where the model predicts no win beyond its error (such a structure's decision
-  costs a compile and a measurement more, once: the verdict is kept per user); "0" gives only predicted hints; anything
-  else is the user's error."""
+  measure stores the model predicts no win for beyond its error (cost_hints; such a structure's decision costs a compile
+  and a measurement more, once: the verdict is kept per user); "0" gives only predicted hints; anything else is the
+  user's error."""
   v = env_value(EXPLORE_ENV)
   if v not in ("", "0", "1"): raise CallsatError(f"{EXPLORE_ENV} must be 0 or 1, got {v!r}")
   return v != "0"
@@ -85,7 +86,7 @@ class Hints:
   stock_s: float | None = None    # the shadow's predicted time of the schedule without hints (the partition's anchor)
   hinted_s: float | None = None   # ... and of the partition it chose; hints only when it beats stock by more than the error
   measured: object = None   # the measured check's verdict (egraph/bridge/measure.Measured), where it ran
-  explored: bool = False    # no predicted win: callsat's rules-like stores, for the measured check alone (explore_setting)
+  explored: bool = False    # no predicted win past the error: stores for the measured check alone (explore_setting)
   backend: object = None    # CALLSAT_BRIDGE_BACKEND=callsat: the Program that runs it, or why tinygrad's kernels do
 
 def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
@@ -241,8 +242,9 @@ def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eag
   idents of tinygrad ALU/REDUCE values (never weak-typed ones, never a realize point itself), priced on the `kernels`
   that will run them: tinygrad's (its calibration for the device) or callsat's own (CALLSAT_BRIDGE_BACKEND=callsat);
   `eager`: realized outside a JIT, where each kernel costs tinygrad's eager launch (TimeModel.eager). `explore`
-  (measured decisions, unless CALLSAT_BRIDGE_EXPLORE=0): where the model predicts no win, callsat's rules-like stores
-  are returned (marked `explored`) for the measured check to keep or drop.
+  (measured decisions, unless CALLSAT_BRIDGE_EXPLORE=0): where the model predicts no win past its error, the partition's
+  stores (where it predicts a gain within the error) or else callsat's rules-like stores are returned (marked
+  `explored`) for the measured check to keep or drop.
   No hints (and a note) for realize points on several devices, sharded or on a DISK, or a graph callsat has no time
   model for."""
   t0 = time.perf_counter()

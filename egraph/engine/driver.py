@@ -123,7 +123,7 @@ class _Key:
   def __eq__(self, o) -> bool: return self is o or (type(o) is _Key and self.h == o.h and self.t == o.t)
 
 class RootsMemo:
-  """The last ROOTS cache hits by their root nodes (node ids are never reused) and settings -> the entry's key and weak
+  """The last ROOTS cached results by their root nodes (node ids are never reused) and settings -> the entry's key and weak
   references to the graph's nodes a hit rebinds: a loop that builds the same expression over the same tensors gets the
   same root nodes back from the hash-cons table (while they live), and its hit skips the toposort and the graph's key
   (~11 of a 64^3 matmul realize's ~90 us). It holds no node alive; an entry whose key the result cache evicted, or whose
@@ -133,7 +133,7 @@ class RootsMemo:
     self.d: OrderedDict = OrderedDict()
     self.lock = threading.Lock()
 
-  def remember(self, mkey: tuple, roots: list[Node], topo: list[Node], key: _Key, e: _Entry) -> None:
+  def remember(self, mkey: tuple, topo: list[Node], key: _Key, e: _Entry) -> None:
     if e.symbolic or len(topo) > self.NODES: return   # a symbolic hit reads every node's bound values: it needs the toposort
     refs = {i: weakref.ref(topo[i]) for i in {*(i for i, _ in e.buffers), *e.keys}}
     with self.lock:
@@ -255,7 +255,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   # the key costs a third of encoding: only a graph of a cached one's size can hit (a fallback needs no key at all)
   if cache and len(topo) in _SIZES:
     if (hit := _CACHE.get(key := cache_key())) is not None:
-      _ROOTS.remember(mkey, roots, topo, key, hit)
+      _ROOTS.remember(mkey, topo, key, hit)
       return _hit(hit, topo, t0, topo)
   was = gc.isenabled()
   gc.disable()   # callify allocates ~10 objects per node and makes no reference cycles: the cyclic GC only costs time (~25%)
@@ -271,7 +271,7 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
       if (old := _CACHE.pop(key)) is not None: _drop(key, old)
       _SIZES[len(topo)] += 1
       _CACHE.put(key, entry := _Entry.of(topo, res), ENTRY_NODE_BYTES * len(topo))
-    _ROOTS.remember(mkey, roots, topo, key, entry)
+    _ROOTS.remember(mkey, topo, key, entry)
   res.report.scalars, res.inputs = scalar_args(res.call), tuple([n for n in topo if n.op is _BUFFER])
   return res
 
