@@ -111,15 +111,25 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
   if known is not None and not known.keep:   # lost when measured before: not chosen again
     hints = Hints(measured=_as_measured(known), note=f"{len(known.idents)} hints dropped: {_as_measured(known)} before, kept per user")
   else: hints = _hints(cv, roots, eager=eager, explore=explore) if mode != "rules" else Hints()
-  res = _callify(realize_hints(cv, roots, hints.idents) if mode == "cost-store" else roots)
-  call, bmap = to_tinygrad(cv, res.call, res.buffer_map, hints.idents if mode == "cost" else frozenset())
+  if known is not None and known.keep and hints.alternative and known.idents == tuple(sorted(hints.alternative)):
+    hints = _alternative(hints, cv)   # the explored alternative won when measured before
+  res = _callify(roots)   # cost mode's stores are CONTIGUOUS in the returned CALL (to_tinygrad); cost-store's, in the graph
+  def hinted(h: Hints) -> tuple:
+    if mode == "cost-store": r = _callify(realize_hints(cv, roots, h.idents)); return to_tinygrad(cv, r.call, r.buffer_map)
+    return to_tinygrad(cv, res.call, res.buffer_map, h.idents if mode == "cost" else frozenset())
+  call, bmap = hinted(hints)
   tried = tuple(sorted(hints.idents))
   if tried and measuring and known is not None and known.idents == tried:   # won when measured before
     hints = dataclasses.replace(hints, measured=_as_measured(known))
   elif tried and measuring:   # the prediction checked once per structure, by running both
-    plain = res if mode == "cost" else _callify(roots)
-    stock = to_tinygrad(cv, plain.call, plain.buffer_map)
-    hints = _measured(hints, stock[0], call, next(iter({r.device for r in roots if r.device is not None})), eager)
+    stock = to_tinygrad(cv, res.call, res.buffer_map)
+    dev = next(iter({r.device for r in roots if r.device is not None}))
+    hints = _measured(hints, stock[0], call, dev, eager)
+    if not hints.idents and hints.alternative and not hints.failed:   # the explored partition lost: the second candidate
+      hints = _alternative(hints, cv)
+      call, bmap = hinted(hints)
+      tried = tuple(sorted(hints.idents))
+      hints = _measured(hints, stock[0], call, dev, eager)
     if not hints.idents: call, bmap = stock
     if store is not None and (m := hints.measured) is not None:
       store.put(name, Verdict(bool(hints.idents), tried, m.stock_s, m.hinted_s, m.rounds, m.ratio))
@@ -227,6 +237,12 @@ def _measured(hints: Hints, stock: UOp, hinted: UOp, device, eager: bool = False
   if m.keep: return dataclasses.replace(hints, measured=m)
   return dataclasses.replace(hints, idents=frozenset(), uops=[], measured=m,
                              note=f"{len(hints.idents)} hints dropped: {m}, not faster by more than {margin():.0%}")
+
+def _alternative(h: Hints, cv) -> Hints:
+  """h's second explored candidate (callsat's rules-like stores, measured where the partition's lost) as its hints."""
+  a = h.alternative
+  return dataclasses.replace(h, idents=a, uops=[cv.opaque[i][0] for i in sorted(a)], alternative=frozenset(), measured=None,
+                             note=f"explored ({h.note}): then {len(a)} of callsat's rules-like stores, kept only if measured faster")
 
 def _hints(cv, roots, kernels: str = "tinygrad", eager: bool = False, explore: bool = False) -> Hints:
   """cost_hints. In fallback mode an error while choosing them gives no hints (the CALL is sound without) and

@@ -167,12 +167,13 @@ def _exhaustive(p: Partition, cs: list, R: frozenset | None, deadline: float,
   return best, PartitionReport(method, len(cs), len(best), totals[best], totals[frozenset()], totals[best], 0.0, rules_s=rules_t)
 
 def partition_ids(g: EGraphView, choice: list[int], terms, root_classes: list[int], enc: Encoding, cands, model: TimeModel,
-                  deadline: float = INF, method: str = "auto", anchor: str = "rules") -> tuple[StoredIds, PartitionReport]:
+                  deadline: float = INF, method: str = "auto", anchor: str = "rules",
+                  margin: float = MARGIN) -> tuple[StoredIds, PartitionReport]:
   """The extracted DAG with the cheapest partition's candidates stored, and the report: the kernels are the STOREs of
   the realized terms (`terms`: the decoded extraction, extract.Terms: the classes it reaches, and its terms, read only
   when there is time to cost) plus each stored candidate. When decoding and one costing of the graph cannot fit before
   `deadline` (COST_S_PER_CLASS per class reached), nothing is costed: the rules-like partition is read off the e-class
-  ids (`rules_like_ids`). `method`, `anchor`: solve's."""
+  ids (`rules_like_ids`). `method`, `anchor`, `margin`: solve's."""
   t0 = time.perf_counter()
   budget = max(deadline - t0, 0.0) if deadline < INF else None
   if not cands:   # nothing to choose: the kernels are what they are (a 10k-node chain costed them all for nothing)
@@ -189,5 +190,5 @@ def partition_ids(g: EGraphView, choice: list[int], terms, root_classes: list[in
   stores = [(n.src[1], n.src[1].nbytes) for n in toposort([terms[c] for c in root_classes], enter_calls=False)
             if n.op is Ops.STORE and n.src[1].shape is not None]
   cls_of = {terms[k].id: k for k in members}
-  S, rep = solve(Partition(model, stores, {i: terms[k] for i, k in cls_of.items()}), deadline, method, anchor=anchor)
+  S, rep = solve(Partition(model, stores, {i: terms[k] for i, k in cls_of.items()}), deadline, method, margin=margin, anchor=anchor)
   return StoredIds(g, choice, {cls_of[i]: members[cls_of[i]] for i in S}), rep

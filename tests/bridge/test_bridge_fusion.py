@@ -15,7 +15,7 @@ from tinygrad_cpu import require_cpu   # noqa: E402
 from egraph.ir.errors import CallsatError   # noqa: E402
 from egraph.ir.ops import Ops   # noqa: E402
 from egraph.bridge.convert import to_callsat   # noqa: E402
-from egraph.bridge import shadow, measure   # noqa: E402
+from egraph.bridge import shadow, measure, install   # noqa: E402
 from egraph.bridge.shadow import Shadow, bridge_fusion, cost_hints   # noqa: E402
 
 require_cpu()
@@ -290,6 +290,41 @@ def test_explore_takes_the_partitions_stores_where_it_predicts_a_gain_within_the
   stock["ratio"] = 1.1
   loss = cost_hints(cv, roots, explore=True)
   assert loss.explored and "of callsat's rules-like stores" in loss.note and "no faster than the schedule without them" in loss.note
+  assert gain.alternative == loss.idents != gain.idents and not loss.alternative   # the rules-like stores come second
+
+def _gain_within_the_error(monkeypatch) -> None:
+  """The calibration's error made huge and the solver's partition predicted 10 % faster than stock: no hint passes,
+  exploring measures the partition's stores, then the rules-like ones."""
+  tm, _ = shadow.tinygrad_model("CPU")
+  monkeypatch.setattr(shadow, "_MODELS", {shadow.tinygrad_device_key(shadow.version("tinygrad"), "CPU"): (tm, 50.0)})
+  real = shadow.partition_ids
+  def partition(*a):
+    ids, rep = real(*a)
+    return ids, dataclasses.replace(rep, predicted_s=rep.rules_s * 0.9)
+  monkeypatch.setattr(shadow, "partition_ids", partition)
+
+@pytest.mark.anchored
+@pytest.mark.measured
+def test_the_rules_like_stores_are_measured_where_the_explored_partition_loses(monkeypatch):
+  """End to end: the partition's stores measured no faster, the rules-like ones measured faster: those are kept (values
+  within float reassociation of stock's), and a later process (a fresh structural cache, the same kept verdicts) takes
+  them from the verdict without measuring."""
+  _gain_within_the_error(monkeypatch)
+  ratios, seen = [1.0, 0.5], []
+  def fake(stock, hinted, device, eager=False):
+    seen.append(hinted)
+    return measure.Measured(1e-3, 1e-3 * ratios[len(seen) - 1], 5, 0.0, ratios[len(seen) - 1])
+  monkeypatch.setattr(install, "measure", fake)
+  stock, _, _ = _run("softmax", None, monkeypatch)
+  ours, _, st = _run("softmax", "cost", monkeypatch)
+  h = bridge.last_hints()
+  assert st["measured"] == 2 and st["measure_dropped"] == 1 and h.idents and "then" in h.note and "rules-like" in h.note, st
+  for a, b in zip(ours, stock): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  kept = h.idents
+  bridge.set_cache(bridge.StructureCache())
+  again, _, st2 = _run("softmax", "cost", monkeypatch)
+  assert st2["measured"] == 0 and st2["verdicts_reused"] >= 1 and bridge.last_hints().idents == kept and len(seen) == 2, st2
+  for a, b in zip(again, ours): np.testing.assert_array_equal(a, b)
 
 def test_explore_setting_is_checked(monkeypatch):
   for v, want in (("", True), ("0", False), ("1", True)):   # on by default
