@@ -96,7 +96,8 @@ def _undecided(big_sink: UOp, st, key, count: int, seen, cache: StructureCache, 
 
 def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "tinygrad", symbolic: str = "tinygrad"):
   """callsat's decision for one graph: (CALL, buffer_map, cost-mode hints); `measuring`: hints are checked by running
-  the hinted and unhinted CALLs (egraph/bridge/measure.py), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
+  the hinted and unhinted CALLs (egraph/bridge/measure.py; explored hints that lose give way to their `alternative`,
+  measured the same way), verdicts kept per user (egraph/bridge/verdicts.py); `st`:
   the graph's structure, if made already; `backend` "callsat": the CALL runs callsat's kernels where it can
   (egraph/bridge/backend.py; the hints' `backend` says why not), graphs over bound variables as `symbolic` says (symbolic.symbolic_mode)."""
   if backend != "tinygrad": return _decide_backend(big_sink, measuring, st, symbolic, mode)

@@ -11,8 +11,8 @@ that device (bench/calibrate_tinygrad.py, per tinygrad version; none: no hints).
 (egraph/fusion/solve.py) stores some candidates; those that are tinygrad ALU or REDUCE values are the hints, given only
 when the partition is predicted faster than tinygrad's own schedule (egraph/fusion/stock.py's stand-in for it) by
 more than the calibration's held-out error (ANCHOR). Where no win is predicted past that error, a measured decision
-explores: the partition's own stores where it predicts a gain all the same, else callsat's rules-like stores, go to the
-measured check and are kept only if measured faster (the model cannot see what wins on the models: tinygrad's
+explores: the partition's own stores where it predicts a gain all the same, then (or else) callsat's rules-like stores,
+go to the measured check and are kept only if measured faster (the model cannot see what wins on the models: tinygrad's
 simplifier dropping a convolution's padded taps over a stored buffer, its eager lowering of BERT's long kernels);
 CALLSAT_BRIDGE_EXPLORE=0 leaves such graphs unhinted. Decided once per graph structure
 (egraph/bridge/cache.py). The shadow is never run: its values do not matter, only shapes, dtypes and op kinds; any op it
@@ -244,8 +244,9 @@ def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eag
   that will run them: tinygrad's (its calibration for the device) or callsat's own (CALLSAT_BRIDGE_BACKEND=callsat);
   `eager`: realized outside a JIT, where each kernel costs tinygrad's eager launch (TimeModel.eager). `explore`
   (measured decisions, unless CALLSAT_BRIDGE_EXPLORE=0): where the model predicts no win past its error, the partition's
-  stores (where it predicts a gain within the error) or else callsat's rules-like stores are returned (marked
-  `explored`) for the measured check to keep or drop.
+  stores (where it predicts a gain within the error; the solver then keeps no margin of its own), with callsat's
+  rules-like stores as the `alternative` measured if they lose, or else the rules-like stores alone, are returned
+  (marked `explored`) for the measured check to keep or drop.
   No hints (and a note) for realize points on several devices, sharded or on a DISK, or a graph callsat has no time
   model for."""
   t0 = time.perf_counter()

@@ -361,6 +361,15 @@ def test_explored_hints_are_kept_only_when_measured_faster(margin, explore, monk
 
 # ---- the measured check (issue 28): hints kept only when tinygrad runs them faster ---------------------------------------
 
+def test_a_measured_win_needs_the_median_ratio_and_the_best_times():
+  """Hints are kept only when the rounds' median ratio and the two best times both say faster by more than the margin:
+  a burst of load in some rounds moves one of them, not both."""
+  M, m = measure.Measured, measure.MARGIN
+  assert M(1e-3, 0.5e-3, 5, 0.0, 0.5).keep
+  assert not M(1e-3, 1e-3, 5, 0.0, 0.5).keep                 # the median says faster, the best times do not
+  assert not M(1e-3, 0.5e-3, 5, 0.0, 1.0).keep               # the best times say faster, the median does not
+  assert not M(1e-3, 1e-3 * (1 - m), 5, 0.0, 1 - m).keep     # exactly the margin is not more than it
+
 @pytest.mark.measured
 @pytest.mark.parametrize("name", ["softmax", "mlp_step"])
 def test_measured_check_drops_hints_that_do_not_win(name, monkeypatch):
