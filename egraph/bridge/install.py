@@ -116,7 +116,7 @@ def _decide(big_sink: UOp, mode: str, measuring: bool, st=None, backend: str = "
     hints = _alternative(hints, cv)   # the explored alternative won when measured before
   res = _callify(roots)   # cost mode's stores are CONTIGUOUS in the returned CALL (to_tinygrad); cost-store's, in the graph
   def hinted(h: Hints) -> tuple:
-    if mode == "cost-store": r = _callify(realize_hints(cv, roots, h.idents)); return to_tinygrad(cv, r.call, r.buffer_map)
+    if mode == "cost-store" and h.idents: r = _callify(realize_hints(cv, roots, h.idents)); return to_tinygrad(cv, r.call, r.buffer_map)
     return to_tinygrad(cv, res.call, res.buffer_map, h.idents if mode == "cost" else frozenset())
   call, bmap = hinted(hints)
   tried = tuple(sorted(hints.idents))
