@@ -245,8 +245,8 @@ def callify(*tensors, cost: str | CostModel = "bytes", schedule: str | Schedule 
   lim: Limits = resolve(limits if limits is not None else "default", LIMIT_PRESETS, "limits")
   roots = roots_of(tensors)
   fus = fusion_mode(fusion)
-  mkey = (*[r.id for r in roots], assigns, fus, extraction, model, sched, lim)
-  if cache and (got := _ROOTS.recall(mkey)) is not None: return _hit(*got, t0)
+  mkey = (*[r.id for r in roots], assigns, fus, extraction, model, sched, lim) if cache else None   # the roots memo's key
+  if mkey is not None and (got := _ROOTS.recall(mkey)) is not None: return _hit(*got, t0)
   t1 = time.perf_counter()
   topo = toposort(roots, enter_calls=False)
   topo_s = time.perf_counter() - t1
