@@ -84,9 +84,16 @@ def _flat_operand(e: Expr, rvars: tuple) -> bool:
 
 def _vars_of(e: Expr) -> set: return set().union(*(ix.vars() for ix in _expr_idxs(e)))
 
+def _crossed(ops: tuple, live: list) -> bool:
+  """Does each of the two operands read an output var the other does not (C[i, j] = sum_k A[i, k] B[k, j]: a matmul)?"""
+  if len(ops) != 2: return False
+  a, b = ({v for v in live if v in _vars_of(x)} for x in ops)
+  return bool(a - b) and bool(b - a)
+
 def _packed(s: Spec, ctx: Ctx) -> list[Spec] | None:
-  """A float32 sum of products over several reduce vars whose operands do not read along one flat reduce index (a
-  convolution: its input read through the kernel window, masked at the padding): each such operand is first copied to
+  """A float32 sum of products whose operands do not read along one flat reduce index (a convolution: its input read
+  through the kernel window over several reduce vars, masked at the padding; or a product of computed operands over one
+  reduce var shaped as a matmul): each such operand is first copied to
   a temporary laid out (its output vars, the reduce vars) — im2col — so the product-sum is over one reduce var k with
   plain strides: the tiled matmul when its shape allows, else a contiguous, vectorized dot product per output.
   None when the spec is not such a sum (or too small, or a copy would be too large)."""
@@ -94,9 +101,14 @@ def _packed(s: Spec, ctx: Ctx) -> list[Spec] | None:
   if e.op != 'reduce' or e.arg[0] is not Ops.ADD or e.dtype != dtypes.float32 or e.src[0].op is not Ops.MUL: return None
   rvars = tuple(v for v in e.arg[1] if v.size > 1)
   ops = e.src[0].src
-  if not rvars or all(_flat_operand(x, rvars) for x in ops) and len(rvars) == 1: return None
-  if any(x.op == 'reduce' for o in ops for x in o.walk()): return None
   live = [v for v in s.domain if v.size > 1]
+  # one reduce var: plain strides already when every operand is a flat load; with no window (no load off the flat
+  # index), computed operands stay fused in the plain nest (copying layernorm's (x - mean) twice made it 2x slower,
+  # batch norm's variance 5x) unless the copies make a tiled matmul
+  flat = [_flat_operand(x, rvars) for x in ops]
+  if not rvars or len(rvars) == 1 and (all(flat) or all(f or x.op != 'load' for f, x in zip(flat, ops)) and not _crossed(ops, live)):
+    return None
+  if any(x.op == 'reduce' for o in ops for x in o.walk()): return None
   if math.prod(v.size for v in live) * math.prod(v.size for v in rvars) < PACK_MIN_WORK: return None
   k = Var(f"k{rvars[0].name}", math.prod(v.size for v in rvars))
   specs, new = [], []

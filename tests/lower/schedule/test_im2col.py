@@ -62,3 +62,23 @@ def test_matmul_is_not_packed():
   a, b = (Tensor(RNG.standard_normal(s).astype(np.float32)).realize() for s in ((64, 96), (96, 80)))
   ks = kernels(a @ b)
   assert len(ks) == 1 and ks[0].tile
+
+@pytest.mark.parametrize("fusion", ["rules", "cost"])
+def test_products_of_computed_values_over_one_reduce_var_stay_fused(fusion, monkeypatch):
+  # layernorm's sum of (x - mean)^2 and batch norm's variance: no window to pack, and copying the computed operands
+  # (twice, the same value) made them 2x and 5x slower than the fused nest
+  monkeypatch.setenv("CALLSAT_FUSION", fusion)
+  xn = RNG.standard_normal((256, 192)).astype(np.float32)
+  x = Tensor(xn).realize()
+  c = x - x.mean(axis=1, keepdim=True)
+  for t, want in (((c * c).sum(axis=1), ((xn - xn.mean(1, keepdims=True)) ** 2).sum(1)),
+                  (x.var(axis=0, correction=0), xn.var(0)),
+                  (((x + 1) * (x - 1)).sum(axis=1), ((xn + 1) * (xn - 1)).sum(1))):
+    assert not any(k.name.startswith("c_") for k in kernels(t)), [k.name for k in kernels(t)]
+    np.testing.assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-3)
+
+def test_a_matmul_of_computed_operands_is_still_tiled():
+  a, b = (RNG.standard_normal(s).astype(np.float32) for s in ((96, 128), (128, 80)))
+  t = (Tensor(a).realize() + 1) @ (Tensor(b).realize() * 2)
+  assert any(k.tile for k in kernels(t))
+  np.testing.assert_allclose(t.numpy(), (a + 1) @ (b * 2), rtol=1e-4, atol=1e-3)
