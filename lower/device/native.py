@@ -11,6 +11,7 @@ from egraph.ir.storage import elements
 from lower.device.backend import Backend, buffer_array
 from lower.device import cache
 from lower.device.compiler import Compiled, debug_level
+from lower.render.llvm.module import col_reduce
 from lower.schedule.kernel import Var, mm_batched
 from lower.schedule.kernelize import kernelize
 from lower.schedule.mem import arg_binding
@@ -39,6 +40,11 @@ CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a bu
 # a tiled matmul call packs all of B (K x N) for the rows it is given, so its chunks are at least this many rows (fewer
 # when there are fewer per thread): 8-row chunks packed B once per 8 rows and ran 1024^3 at a third of its speed
 MM_CHUNK_ROWS = 256
+# a column reduce (lower/render/llvm/module.py col_reduce) is split along its output columns and walks every row for the
+# columns it is given: its chunks are this many columns (multiples of 16, a vector; fewer when there are fewer per
+# thread), since each row's loop setup and scalar tail is paid per chunk. Batch norm's 4096^2 variance: ~50-column
+# chunks (8 per thread) 5.1-5.3 ms, 512 columns 3.8-4.6, 1024 2.8, 2048 (one chunk per thread) 2.8, one thread 6.5
+COL_CHUNK = 1024
 # a launch left running in two coarse chunks gives the worker this share of the rows at most (and the caller at least
 # 1 - SHARE_MAX), moved per run (SHARE_STEP first) toward the cut at which neither waits for the other
 SHARE_MAX, SHARE_STEP = 0.95, 1 / 32
@@ -50,7 +56,7 @@ class Launch:
   """One kernel launch with its pointers fixed: the argument array the native workers read, the chunk cuts per thread
   count and the error slot are built once, so a prepared launch run again costs one ctypes call (run_native keeps them
   per CALL)."""
-  __slots__ = ("c", "ptrs", "work", "threads", "err", "extra", "argv", "n0", "mr", "_cuts", "share", "uneven", "move")
+  __slots__ = ("c", "ptrs", "work", "threads", "err", "extra", "argv", "n0", "mr", "_cuts", "share", "uneven", "move", "col")
   def __init__(self, c: Compiled, ptrs: list[int], work: int = 0, threads: int | None = None):
     k = c.kernel
     self.c, self.ptrs, self.work, self.threads = c, list(ptrs), work, threads
@@ -58,14 +64,15 @@ class Launch:
     self.extra = (ctypes.byref(self.err),) if k.checked else ()
     self.argv = (ctypes.c_void_p * (len(ptrs) + bool(k.checked)))(*ptrs, *([ctypes.addressof(self.err)] if k.checked else []))
     self.n0, self.mr, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile and not mm_batched(k) else 0, {}
+    self.col = col_reduce(k) is not None
     # left running in two coarse chunks: the worker's share of the rows and its last move (post, adapt)
     self.share, self.uneven, self.move = 0.5, False, SHARE_STEP
 
   def step(self, nt: int) -> int:
-    """Chunk bounds are multiples of this: 1, or for a tiled matmul a multiple of its row tile, MM_CHUNK_ROWS or the
-    rows per thread if fewer."""
-    if not (mr := self.mr): return 1
-    return max(mr, min(MM_CHUNK_ROWS, self.n0 // max(1, nt)) // mr * mr)
+    """Chunk bounds are multiples of this: 1; for a tiled matmul a multiple of its row tile, MM_CHUNK_ROWS or the rows
+    per thread if fewer; for a column reduce COL_CHUNK columns or the columns per thread if fewer (a multiple of 16)."""
+    if (mr := self.mr): return max(mr, min(MM_CHUNK_ROWS, self.n0 // max(1, nt)) // mr * mr)
+    return max(16, min(COL_CHUNK, self.n0 // max(1, nt)) // 16 * 16) if self.col else 1
 
   def cuts(self, nt: int) -> list[int] | None:
     """Chunk bounds for nt threads (multiples of step(nt)), or None when the kernel runs on one thread."""

@@ -54,7 +54,7 @@ def finalize(s: Spec, redirect: dict, ctx: Ctx) -> list[Step]:
     params.append(Param(f"p{i}", m.dtype, m.count, align, noalias, readonly=i != 0, writeonly=i == 0 and m not in read))
   shape = "_".join(str(v.size) for v in s.domain) or "0"
   k = Kernel(f"{s.kind}_{shape}", tuple(params), s.domain, Store(0, s.idx, value))
-  k = _detect_matmul(_collapse(k))   # collapsed first: a conv's spatial axes are one matmul column axis
+  k = _detect_matmul(_collapse(_unit_lead(k)))   # collapsed first: a conv's spatial axes are one matmul column axis
   if not k.tile: k = _stream(k)
   work = math.prod(v.size for v in s.domain) * max(1, value.count()) * _reduce_size(value)
   return [Step(k, tuple(mems), work)]
@@ -195,6 +195,14 @@ def _subst_expr(e: Expr, m: dict) -> Expr:
     p, ix, valid = x.arg
     return Expr('load', x.dtype, (), (p, ix.subst(m), bounds(valid)))
   return _rebuild(e, leaf)
+
+def _unit_lead(k: Kernel) -> Kernel:
+  """`k` without its size-1 domain vars (each is 0 throughout) when the first is one: a split across threads cuts the
+  first domain var, so a leading 1 (a keepdim reduce's (1, n), a batch of one) kept the kernel on one thread."""
+  if not k.domain or k.domain[0].size != 1 or all(v.size == 1 for v in k.domain): return k
+  m = {v: Idx.const(0) for v in k.domain if v.size == 1}
+  return Kernel(k.name, k.params, tuple(v for v in k.domain if v.size > 1),
+                Store(k.store.param, k.store.idx.subst(m), _subst_expr(k.store.value, m)), k.tile, k.matmul, k.checked, k.stream)
 
 def _collapse(k: Kernel) -> Kernel:
   """Merge adjacent live domain axes that every index uses as one flat index (outermost pairs first)."""

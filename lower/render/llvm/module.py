@@ -11,7 +11,7 @@ LLVM's libm calls differ and for float32 exp2 and log2, which are callsat's own 
 `noalias` is claimed only for params the scheduler proved disjoint from every other param; alignment only as the
 element size (numpy arrays are only 16-byte aligned). Kernels marked ("matmul", MR, NR) go to lower/render/llvm/matmul.py. A
 column reduce (one reduce whose loads run along the innermost output var with unit stride and along the reduce with a
-stride) accumulates COL_W columns per reduce step (_col_reduce; a float32 sum adds COL_SUM_BLOCK steps at a time into
+stride) accumulates COL_W columns per reduce step (col_reduce; a float32 sum adds COL_SUM_BLOCK steps at a time into
 float64 totals); a transposing kernel walks TILE_T x TILE_T blocks (_transposing). A long float32 sum in the plain nest
 is blocked by the renderer base (lower/render/base.py sum_blocks). Kernels marked `stream` get aligned non-temporal vector stores:
 straight from explicit vector IR of the value when it
@@ -36,7 +36,7 @@ COL_SUM_BLOCK = 64   # reduce steps a float32 column sum adds into its float32 a
 COL_W = 4096   # output columns a column reduce accumulates at once (16 KiB of float accumulators): each row is read
                # contiguously across them (256 columns per step measured 6.2-7.6 ms for a 4096^2 column sum, 4096: 4.7-4.9)
 
-def _col_reduce(k: Kernel):
+def col_reduce(k: Kernel):
   """(reduce, j) when the kernel's value holds one reduce whose loads run along the innermost output var j with unit
   stride and along the reduce with a larger one (x.sum(axis=0), a batch mean): rendered one reduce-step for COL_W
   columns at a time, the loads stream along rows. Plain, each output walked a column: 124 ms vs numpy's 5 for a
@@ -145,7 +145,7 @@ def render_llvm(k: Kernel, fname: str) -> tuple[str, set]:
     return render_matmul(k, fname)   # calls the helpers (mm_helpers); float32 only, other dtypes take the plain nest
   if streams(k): return render_stream(k, fname)
   f = LLVMRenderer(k)
-  col, tr = _col_reduce(k), _transposing(k)
+  col, tr = col_reduce(k), _transposing(k)
   def nest(d):
     if d == len(k.domain): _store(f, k); return
     v = k.domain[d]

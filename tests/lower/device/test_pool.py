@@ -262,3 +262,40 @@ def test_optimizer_update_over_several_tensors_is_right():
   Tensor.realize(*outs)
   if native.THREADS > 1: assert native.STATS["rounds"] - before >= 3   # each update split (one round each)
   for o, w, g in zip(outs, ws, gs): np.testing.assert_allclose(o.numpy(), w - g * np.float32(0.05), rtol=1e-6)
+
+def _launches(t):
+  """The Launches of the plan `t`'s CALL ran on (run once, waited)."""
+  res = callify(t.node)
+  run_call(res.call)
+  return [s for s in CACHE.plans.get(res.call).steps if type(s) is not tuple]
+
+@pytest.mark.parametrize("cols", [40, 1000, 4099])
+def test_column_reduces_split_in_wide_chunks(cols):
+  """A column reduce walks every row for the columns a chunk gives it: chunks are COL_CHUNK columns (multiples of 16,
+  fewer when there are fewer per thread), never the fine chunks of other kernels; each column computed once, right."""
+  from egraph import Tensor
+  xn = RNG.standard_normal((600, cols)).astype(np.float32)
+  x = Tensor(xn).realize()
+  (run,) = [L for L in _launches((x * x).sum(axis=0)) if L.col]
+  for nt in (2, 3, 8):
+    step = run.step(nt)
+    assert step % 16 == 0 and step == max(16, min(native.COL_CHUNK, cols // nt) // 16 * 16)
+    for cuts in run.rounds(nt, native.CHUNKS_PER_THREAD) or []:
+      assert all((b - a) % step == 0 or b == cols for a, b in zip(cuts, cuts[1:]))
+  for nt in (1, 2, 3):
+    native.THREADS, old = nt, native.THREADS
+    try: np.testing.assert_allclose((x * x).sum(axis=0).numpy(), (xn * xn).sum(0), rtol=1e-4, atol=1e-3)
+    finally: native.THREADS = old
+
+def test_a_leading_unit_axis_does_not_keep_a_kernel_on_one_thread():
+  """A keepdim column reduce's (1, n) and a batch of one: the size-1 vars leave the kernel's domain, whose first var
+  is what a split cuts; the values stay numpy's."""
+  from egraph import Tensor
+  xn = RNG.standard_normal((2048, 1024)).astype(np.float32)
+  x = Tensor(xn).realize()
+  t = x.sum(axis=0, keepdim=True)
+  (run,) = _launches(t)
+  assert run.c.kernel.domain[0].size == 1024 and run.rounds(2, native.CHUNKS_PER_THREAD) is not None
+  np.testing.assert_allclose(t.numpy(), xn.sum(0, keepdims=True), rtol=1e-4, atol=1e-3)
+  b = Tensor(xn.reshape(1, 2048, 1024)).realize()
+  np.testing.assert_allclose((b.exp() + 1).numpy(), np.exp(xn.reshape(1, 2048, 1024)) + 1, rtol=1e-5)
