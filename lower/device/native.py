@@ -40,7 +40,7 @@ CHUNKS_PER_THREAD = 8            # native workers claim chunks: a thread on a bu
 # a tiled matmul call packs all of B (K x N) for the rows it is given, so its chunks are at least this many rows (fewer
 # when there are fewer per thread): 8-row chunks packed B once per 8 rows and ran 1024^3 at a third of its speed
 MM_CHUNK_ROWS = 256
-# a column reduce (lower/render/llvm/module.py col_reduce) is split along its output columns and walks every row for the
+# a column reduce (lower/render/llvm/module.py col_reduce) split along its output columns walks every row for the
 # columns it is given: its chunks are this many columns (multiples of 16, a vector; fewer when there are fewer per
 # thread), since each row's loop setup and scalar tail is paid per chunk. Batch norm's 4096^2 variance: ~50-column
 # chunks (8 per thread) 5.1-5.3 ms, 512 columns 3.8-4.6, 1024 2.8, 2048 (one chunk per thread) 2.8, one thread 6.5
@@ -64,7 +64,7 @@ class Launch:
     self.extra = (ctypes.byref(self.err),) if k.checked else ()
     self.argv = (ctypes.c_void_p * (len(ptrs) + bool(k.checked)))(*ptrs, *([ctypes.addressof(self.err)] if k.checked else []))
     self.n0, self.mr, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile and not mm_batched(k) else 0, {}
-    self.col = col_reduce(k) is not None
+    self.col = (cr := col_reduce(k)) is not None and cr[1] == k.domain[0]   # split along its columns
     # left running in two coarse chunks: the worker's share of the rows and its last move (post, adapt)
     self.share, self.uneven, self.move = 0.5, False, SHARE_STEP
 
