@@ -299,3 +299,13 @@ def test_a_leading_unit_axis_does_not_keep_a_kernel_on_one_thread():
   np.testing.assert_allclose(t.numpy(), xn.sum(0, keepdims=True), rtol=1e-4, atol=1e-3)
   b = Tensor(xn.reshape(1, 2048, 1024)).realize()
   np.testing.assert_allclose((b.exp() + 1).numpy(), np.exp(xn.reshape(1, 2048, 1024)) + 1, rtol=1e-5)
+
+def test_a_reduce_split_along_another_var_keeps_fine_chunks():
+  """A batched matmul over 8 heads reads like a column reduce, but its split cuts the heads: no column chunks (with
+  them, 8 heads were fewer than two chunks and the kernel ran on one thread)."""
+  from egraph import Tensor
+  a, b = RNG.standard_normal((8, 256, 64)).astype(np.float32), RNG.standard_normal((8, 64, 256)).astype(np.float32)
+  t = Tensor(a).realize() @ Tensor(b).realize()
+  (run,) = _launches(t)
+  assert run.c.kernel.domain[0].size == 8 and not run.col and run.rounds(2, native.CHUNKS_PER_THREAD) is not None
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4)
