@@ -89,6 +89,7 @@ def main() -> None:
   ap.add_argument("--out", help="markdown file to append the table to")
   ap.add_argument("--detail", help="markdown file to write every lost test and kernel difference to")
   a = ap.parse_args()
+  if "stock" not in a.modes: ap.error("--modes must include stock: every mode is compared with its passing tests")
   tests = os.path.abspath(a.tests)
   devs = dict(FILES + WIDE)
   files = [(f, devs.get(f, "CPU")) for f in a.files] if a.files else GROUPS[a.group]
