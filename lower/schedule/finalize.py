@@ -93,10 +93,10 @@ def _crossed(ops: tuple, live: list) -> bool:
 def _packed(s: Spec, ctx: Ctx) -> list[Spec] | None:
   """A float32 sum of products whose operands do not read along one flat reduce index (a convolution: its input read
   through the kernel window over several reduce vars, masked at the padding; or a product of computed operands over one
-  reduce var shaped as a matmul): each such operand is first copied to
-  a temporary laid out (its output vars, the reduce vars) — im2col — so the product-sum is over one reduce var k with
-  plain strides: the tiled matmul when its shape allows, else a contiguous, vectorized dot product per output.
-  None when the spec is not such a sum (or too small, or a copy would be too large)."""
+  reduce var shaped as a matmul): each such operand is first copied to a temporary laid out (its output vars, the
+  reduce vars) — im2col — so the product-sum is over one reduce var k with plain strides: the tiled matmul when its
+  shape allows, else a contiguous, vectorized dot product per output. None when the spec is not such a sum (or too
+  small, or a copy would be too large)."""
   e = s.value
   if e.op != 'reduce' or e.arg[0] is not Ops.ADD or e.dtype != dtypes.float32 or e.src[0].op is not Ops.MUL: return None
   rvars = tuple(v for v in e.arg[1] if v.size > 1)
@@ -216,7 +216,6 @@ def _collapse(k: Kernel) -> Kernel:
     f = Var(o.name, o.size * i.size)
     m = {o: Idx.const(0), i: Idx(((f, 1),), 0)}
     dom = tuple(f if v == o else v for v in k.domain if v != i)
-    if k.domain[0].size == 1 and o is not k.domain[0]: dom = tuple(v for v in dom if v.size > 1) or dom
     k = Kernel(k.name, k.params, dom, Store(k.store.param, k.store.idx.subst(m), _subst_expr(k.store.value, m)),
                k.tile, k.matmul, k.checked, k.stream)
 
