@@ -64,7 +64,8 @@ class Launch:
     self.extra = (ctypes.byref(self.err),) if k.checked else ()
     self.argv = (ctypes.c_void_p * (len(ptrs) + bool(k.checked)))(*ptrs, *([ctypes.addressof(self.err)] if k.checked else []))
     self.n0, self.mr, self._cuts = k.domain[0].size if k.domain else 1, k.tile[1] if k.tile and not mm_batched(k) else 0, {}
-    self.col = (cr := col_reduce(k)) is not None and cr[1] == k.domain[0]   # split along its columns
+    # a column reduce split along its columns: domain[0] its only live var (checked first: col_reduce walks the value)
+    self.col = self.n0 > 1 and all(v.size == 1 for v in k.domain[1:]) and (cr := col_reduce(k)) is not None and cr[1] == k.domain[0]
     # left running in two coarse chunks: the worker's share of the rows and its last move (post, adapt)
     self.share, self.uneven, self.move = 0.5, False, SHARE_STEP
 
