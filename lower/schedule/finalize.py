@@ -3,6 +3,7 @@ target elsewhere goes through a temporary, matmuls are marked for tiling, flat a
 outputs marked for streaming stores."""
 from __future__ import annotations
 import collections, math
+from dataclasses import replace
 from egraph.ir.dtype import dtypes
 from egraph.ir.ops import Ops
 from lower.schedule.kernel import Idx, Var, Bound, Expr, Param, Store, Kernel, flat_index
@@ -200,9 +201,11 @@ def _unit_lead(k: Kernel) -> Kernel:
   """`k` without its size-1 domain vars (each is 0 throughout) when the first is one: a split across threads cuts the
   first domain var, so a leading 1 (a keepdim reduce's (1, n), a batch of one) kept the kernel on one thread."""
   if not k.domain or k.domain[0].size != 1 or all(v.size == 1 for v in k.domain): return k
-  m = {v: Idx.const(0) for v in k.domain if v.size == 1}
-  return Kernel(k.name, k.params, tuple(v for v in k.domain if v.size > 1),
-                Store(k.store.param, k.store.idx.subst(m), _subst_expr(k.store.value, m)), k.tile, k.matmul, k.checked, k.stream)
+  return _over(k, tuple(v for v in k.domain if v.size > 1), {v: Idx.const(0) for v in k.domain if v.size == 1})
+
+def _over(k: Kernel, domain: tuple, m: dict) -> Kernel:
+  """`k` over `domain`, each var of `m` replaced by its Idx in the store and the value."""
+  return replace(k, domain=domain, store=Store(k.store.param, k.store.idx.subst(m), _subst_expr(k.store.value, m)))
 
 def _collapse(k: Kernel) -> Kernel:
   """Merge adjacent live domain axes that every index uses as one flat index (outermost pairs first)."""
@@ -215,9 +218,7 @@ def _collapse(k: Kernel) -> Kernel:
     else: return k
     f = Var(o.name, o.size * i.size)
     m = {o: Idx.const(0), i: Idx(((f, 1),), 0)}
-    dom = tuple(f if v == o else v for v in k.domain if v != i)
-    k = Kernel(k.name, k.params, dom, Store(k.store.param, k.store.idx.subst(m), _subst_expr(k.store.value, m)),
-               k.tile, k.matmul, k.checked, k.stream)
+    k = _over(k, tuple(f if v == o else v for v in k.domain if v != i), m)
 
 def _stream(k: Kernel) -> Kernel:
   if not k.domain or any(v.size > 1 for v in k.domain[1:]): return k
@@ -225,4 +226,4 @@ def _stream(k: Kernel) -> Kernel:
   if not (p.writeonly and p.noalias and p.align == p.dtype.itemsize) or p.size * p.dtype.itemsize < STREAM_MIN_BYTES: return k
   if k.store.idx.terms != ((v, 1),): return k
   if any(x.op == 'reduce' for x in k.store.value.walk()): return k
-  return Kernel(k.name, k.params, k.domain, k.store, k.tile, k.matmul, k.checked, True)
+  return replace(k, stream=True)
