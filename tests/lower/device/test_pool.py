@@ -309,3 +309,41 @@ def test_a_reduce_split_along_another_var_keeps_fine_chunks():
   (run,) = _launches(t)
   assert run.c.kernel.domain[0].size == 8 and not run.col and run.rounds(2, native.CHUNKS_PER_THREAD) is not None
   np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+@needs_pool
+def test_a_worker_the_caller_waits_on_too_long_moves_to_the_callers_cpu_and_back():
+  """A worker still on its chunk well past the caller's own chunks (as when another process preempts it on its CPU) is
+  moved to the caller's CPU, which the caller leaves idle while it sleeps, and pins itself back once its job is done."""
+  cpus = sorted(os.sched_getaffinity(0))
+  if len(cpus) < 2: pytest.skip("needs 2 CPUs")
+  mine, other = cpus[0], cpus[1]
+  p = pool.Pool([mine, other])
+  seen, main = {}, threading.get_ident()
+  def chunk(argv, s, e):   # the caller's chunk ends once the worker has taken the other, which then runs 10x longer
+    if threading.get_ident() != main:
+      seen["tid"] = threading.get_native_id()
+      time.sleep(0.1)
+      seen["inside"] = os.sched_getaffinity(0)
+    else:
+      for _ in range(500):
+        if "tid" in seen: break
+        time.sleep(0.01)
+      time.sleep(0.01)
+    seen.setdefault("done", []).append((s, e))
+  thunk = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(chunk)
+  old = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, {mine})   # the caller's thread on `mine`: the worker there is not posted, the other one is
+  try:
+    for _ in range(3):
+      seen.clear()
+      assert p.run(ctypes.cast(thunk, ctypes.c_void_p).value, 0, [0, 1, 2], 1)
+      assert sorted(seen["done"]) == [(0, 1), (1, 2)]
+      assert seen["inside"] == {mine}   # moved while it ran
+      status = f"/proc/self/task/{seen['tid']}/status"
+      for _ in range(200):              # pinned back by the worker after it published its job done
+        if os.sched_getaffinity(seen["tid"]) == {other}: break
+        time.sleep(0.005)
+      assert os.sched_getaffinity(seen["tid"]) == {other}, open(status).read()
+  finally:
+    os.sched_setaffinity(0, old)
+    p.close()
