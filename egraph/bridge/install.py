@@ -28,7 +28,7 @@ from tinygrad.uop.ops import UOp   # noqa: E402
 from tinygrad.engine.realize import capturing   # noqa: E402  (TinyJit's capture in progress: non-empty)
 from egraph.bridge.convert import BridgeRefusal, DiskViewError, to_callsat, to_tinygrad   # noqa: E402
 from egraph.engine.driver import callify   # noqa: E402
-from egraph.bridge.shadow import bridge_fusion, cost_hints, explore_setting, realize_hints, Hints   # noqa: E402
+from egraph.bridge.shadow import bridge_fusion, cost_hints, explore_setting, realize_hints, hint_uops, Hints   # noqa: E402
 from egraph.ir.env import env_switch   # noqa: E402
 from egraph.bridge.measure import ENV as MEASURE_ENV, Measured, decide_at, margin, measure   # noqa: E402
 from egraph.bridge.verdicts import Verdict, digest, enabled as verdicts_enabled, store as verdict_store   # noqa: E402
@@ -242,7 +242,7 @@ def _measured(hints: Hints, stock: UOp, hinted: UOp, device, eager: bool = False
 def _alternative(h: Hints, cv) -> Hints:
   """h's second explored candidate (callsat's rules-like stores, measured where the partition's lost) as its hints."""
   a = h.alternative
-  return dataclasses.replace(h, idents=a, uops=[cv.opaque[i][0] for i in sorted(a)], alternative=frozenset(), measured=None,
+  return dataclasses.replace(h, idents=a, uops=hint_uops(cv, a), alternative=frozenset(), measured=None,
                              note=f"explored ({h.note}): then {len(a)} of callsat's rules-like stores, kept only if measured faster")
 
 def _hints(cv, roots, kernels: str = "tinygrad", eager: bool = False, explore: bool = False) -> Hints:

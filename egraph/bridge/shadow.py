@@ -90,6 +90,10 @@ class Hints:
   alternative: frozenset = frozenset()   # exploring: the stores measured next where these lose (callsat's rules-like ones)
   backend: object = None    # CALLSAT_BRIDGE_BACKEND=callsat: the Program that runs it, or why tinygrad's kernels do
 
+def hint_uops(cv: Conversion, idents) -> list:
+  """The tinygrad UOps of OPAQUE idents, in ident order (Hints.uops)."""
+  return [cv.opaque[i][0] for i in sorted(idents)]
+
 def _ints(shape) -> bool: return shape is not None and all(isinstance(d, int) for d in shape)
 
 class Shadow:
@@ -291,10 +295,10 @@ def cost_hints(cv: Conversion, roots: list[Node], kernels: str = "tinygrad", eag
     first, then = (within, rules if rules != within else set()) if within else (rules, set())
     if first:
       what = f"{len(first)} of the partition's stores" if within else f"{len(first)} of callsat's rules-like stores"
-      return Hints(frozenset(first), [cv.opaque[i][0] for i in sorted(first)], len(cands), rep, f"explored ({note}): "
+      return Hints(frozenset(first), hint_uops(cv, first), len(cands), rep, f"explored ({note}): "
                    f"{what}, kept only if measured faster", time.perf_counter() - t0, stock_s=stock, hinted_s=hinted,
                    explored=True, alternative=frozenset(then))
-  return Hints(frozenset(idents), [cv.opaque[i][0] for i in sorted(idents)], len(cands), rep, note, time.perf_counter() - t0,
+  return Hints(frozenset(idents), hint_uops(cv, idents), len(cands), rep, note, time.perf_counter() - t0,
                stock_s=stock, hinted_s=hinted)
 
 def tinygrad_model(device: str) -> tuple[TimeModel, float]:
