@@ -319,10 +319,10 @@ def test_a_worker_the_caller_waits_on_too_long_moves_to_the_callers_cpu_and_back
   mine, other = cpus[0], cpus[1]
   p = pool.Pool([mine, other])
   seen, main = {}, threading.get_ident()
-  def chunk(argv, s, e):   # the caller's chunk ends once the worker has taken the other, which then runs 10x longer
+  def chunk(argv, s, e):   # the caller's chunk ends once the worker has taken the other, which then runs 20x longer
     if threading.get_ident() != main:
       seen["tid"] = threading.get_native_id()
-      time.sleep(0.1)
+      time.sleep(0.2)
       seen["inside"] = os.sched_getaffinity(0)
     else:
       for _ in range(500):
