@@ -1,66 +1,102 @@
-"""The kernel pool's preempted-worker move (lower/device/pool.py, MOVE_AFTER) on and off, in one process: two pools made
-side by side (the same code, one never moves a worker), the process's pool switched between them every block, the
-order alternating by round; prepared kernels (bench/busy.py's) quiet and beside a CPU-bound process pinned to the last
-CPU. In-process because fresh processes on this 2-vCPU VM differ by more than the effect (see notes/benchmarks.md).
+"""Two settings of the native kernel pool (lower/device/pool.py) in one process, quiet and beside other load: two pools
+made side by side, the process's pool switched between them on wall-clock slots, prepared kernels (bench/busy.py's) and
+a user matmul timed in each slot; medians per setting. In-process because fresh processes on this 2-vCPU VM differ by
+more than the effects (notes/benchmarks.md).
 
-  python bench/pool_ab.py [--rounds 12] [--phases quiet busy] [--out notes/benchmarks.md]"""
+  python bench/pool_ab.py [--compare move|pin] [--phases quiet busy busy-free peer] [--seconds 40] [--out FILE]
+
+  --compare move   the preempted-worker move (MOVE_AFTER) on and off, both pools pinned
+            pin    pinned workers against unpinned ones (CALLSAT_PIN=0), both moving
+  phases   quiet; busy: a spinning process pinned to the last CPU (bench/busy.py's); busy-free: the same unpinned;
+           peer: a second copy of this bench beside it (two callsat processes on the same CPUs), on the same slots so
+           both run the same setting at the same time; its medians are reported too"""
 from __future__ import annotations
-import argparse, datetime, os, statistics, sys, time
+import argparse, ast, datetime, os, statistics, subprocess, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np
-from busy import hog, prepared, timeit
+from busy import prepared, timeit
 from egraph import Tensor
 from lower.device import pool as P
 
+SLOT_S = 2.0
+COMPARE = {"move": (("move", {"pin": True}, None), ("never", {"pin": True}, 1e9)),   # 1e9 x a chunk's time: never
+           "pin": (("pinned", {"pin": True}, None), ("unpinned", {"pin": False}, None))}
+
 def workloads(rng) -> dict:
-  """name -> (run once, reps per block)."""
+  """name -> (run once, reps per sample)."""
   r = rng.standard_normal((4096, 4096), dtype=np.float32)
   x = rng.standard_normal(16 << 20, dtype=np.float32)
   a5, a2 = (rng.standard_normal((n, n), dtype=np.float32) for n in (512, 256))
   t2 = Tensor(a2).realize()
   return {"row sum 4096^2": (prepared(Tensor, lambda p, q: p.sum(1), r, None), 20),
-          "elementwise 16M": (prepared(Tensor, lambda p, q: (p + q) * p - 1, x, x[::-1].copy()), 8),
+          "elementwise 16M": (prepared(Tensor, lambda p, q: (p + q) * p - 1, x, x[::-1].copy()), 4),
           "matmul 512^3": (prepared(Tensor, lambda p, q: p @ q, a5, a5), 30),
           "user matmul 256^3": (lambda: (t2 @ t2).realize(), 200)}
 
+def pools(compare: str, cpus: list[int]) -> dict:
+  """setting name -> its pool (the process's own pool closed)."""
+  if (p := P.pool()) is not None: p.close()
+  out, move = {}, P.MOVE_AFTER
+  try:
+    for name, kw, after in COMPARE[compare]:
+      P.MOVE_AFTER = move if after is None else after
+      out[name] = P.Pool(cpus, **kw)
+  finally: P.MOVE_AFTER = move
+  return out
+
+def run_slots(ws: dict, ps: dict, t0: float, seconds: float) -> dict:
+  """(workload, setting) -> sample ms: slot i (SLOT_S from t0) runs setting i % 2, its last 0.3 s left idle."""
+  names, res = list(ps), {}
+  while time.time() < t0: time.sleep(0.005)
+  for i in range(int(seconds / SLOT_S)):
+    P._POOL = ps[names[i % 2]]
+    end = t0 + (i + 1) * SLOT_S
+    time.sleep(0.05)
+    while time.time() < end - 0.3:
+      for w, (f, reps) in ws.items(): res.setdefault((w, names[i % 2]), []).append(timeit(f, reps) * 1e3)
+    while time.time() < end: time.sleep(0.005)
+  return res
+
+def medians(res: dict) -> dict: return {k: statistics.median(v) for k, v in res.items()}
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--rounds", type=int, default=12)
-  ap.add_argument("--phases", nargs="+", default=["quiet", "busy"], choices=["quiet", "busy"])
+  ap.add_argument("--compare", choices=list(COMPARE), default="move")
+  ap.add_argument("--phases", nargs="+", default=["quiet", "busy"], choices=["quiet", "busy", "busy-free", "peer"])
+  ap.add_argument("--seconds", type=float, default=40, help="per phase, split in slots of 2 s")
   ap.add_argument("--out")
+  ap.add_argument("--peer-of", type=float, help=argparse.SUPPRESS)   # the peer copy: its t0
   a = ap.parse_args()
   if P.pool() is None: sys.exit("pool_ab.py: the native kernel pool is unavailable here (Linux x86-64 only)")
-  ws = workloads(np.random.default_rng(0))   # made (and run once) on the process's pool, closed next
-  cpus, move = sorted(os.sched_getaffinity(0)), P.MOVE_AFTER
-  P.pool().close()
-  pools = {}
-  try:
-    for name, after in (("move", move), ("never", 1e9)):   # 1e9 x a chunk's time: never
-      P.MOVE_AFTER = after
-      pools[name] = P.Pool(cpus)
-  finally: P.MOVE_AFTER = move
-  res: dict = {}
-  for r in range(a.rounds):
-    for phase in a.phases:
-      h = hog(cpus[-1]) if phase == "busy" else None
-      time.sleep(0.2)
-      try:
-        for w, (f, reps) in ws.items():
-          for m in (("move", "never") if r % 2 else ("never", "move")):
-            P._POOL = pools[m]
-            time.sleep(0.05)
-            res.setdefault((w, phase, m), []).append(timeit(f, reps) * 1e3)
-      finally:
-        if h: h.kill(); h.wait()
-  lines = [f"`python bench/pool_ab.py --rounds {a.rounds} --phases {' '.join(a.phases)}` "
-           f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {len(cpus)} CPUs): ms medians over rounds; "
-           "never / move > 1: moving is faster.", "", "| workload | phase | move ms | never ms | never / move |", "|---|---|---|---|---|"]
-  for w in ws:
-    for phase in a.phases:
-      mv, nv = (statistics.median(res[(w, phase, m)]) for m in ("move", "never"))
-      lines.append(f"| {w} | {phase} | {mv:.3f} | {nv:.3f} | {nv / mv:.2f}x |")
-  text = "\n".join(lines)
+  cpus = sorted(os.sched_getaffinity(0))
+  ws = workloads(np.random.default_rng(0))   # made (and run once) on the process's own pool
+  ps = pools(a.compare, cpus)
+  if a.peer_of is not None:
+    print(repr(medians(run_slots(ws, ps, a.peer_of, a.seconds))), flush=True)
+    return
+  a_name, b_name = list(ps)
+  rows = []
+  for phase in a.phases:
+    t0, side, peer = time.time() + 1.0, None, None
+    if phase in ("busy", "busy-free"):
+      side = subprocess.Popen((["taskset", "-c", str(cpus[-1])] if phase == "busy" else []) + [sys.executable, "-c", "while True: pass"])
+    if phase == "peer":   # it builds its workloads first: the slots start once both are ready
+      t0 = time.time() + 25.0
+      peer = subprocess.Popen([sys.executable, __file__, "--compare", a.compare, "--seconds", str(a.seconds), "--peer-of", str(t0)],
+                              stdout=subprocess.PIPE, text=True)
+    try: res = medians(run_slots(ws, ps, t0, a.seconds))
+    finally:
+      if side is not None: side.kill(); side.wait()
+    theirs = ast.literal_eval(peer.communicate()[0].strip().splitlines()[-1]) if peer is not None else {}
+    for w in ws:
+      ma, mb = res[(w, a_name)], res[(w, b_name)]
+      other = f" (peer: {theirs[(w, a_name)]:.3f} / {theirs[(w, b_name)]:.3f}, {theirs[(w, b_name)] / theirs[(w, a_name)]:.2f}x)" if theirs else ""
+      rows.append(f"| {w} | {phase} | {ma:.3f} | {mb:.3f} | {mb / ma:.2f}x{other} |")
+  text = "\n".join([f"`python bench/pool_ab.py --compare {a.compare} --phases {' '.join(a.phases)} --seconds {a.seconds:g}` "
+                    f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {len(cpus)} CPUs): ms medians of the "
+                    f"samples; {b_name} / {a_name} > 1: {a_name} is faster.", "",
+                    f"| workload | phase | {a_name} ms | {b_name} ms | {b_name} / {a_name} |", "|---|---|---|---|---|", *rows])
   print(text)
   if a.out:
     with open(a.out, "a") as fh: fh.write("\n" + text + "\n")

@@ -33,6 +33,7 @@ import atexit, ctypes, os, platform, sys, threading
 import numpy as np
 from lower.device.llvmjit import JIT_LOCK
 from lower.device.compile_proc import compile_module
+from lower.device.threads import PIN
 
 WORKER_BYTES = 128
 MASK_BYTES = 128          # a cpu_set_t of 1024 CPUs, as glibc's
@@ -330,14 +331,15 @@ def available() -> bool:
   return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64") and hasattr(os, "sched_getaffinity")
 
 class Pool:
-  """Native workers, one per CPU this process may use, pinned there (the caller's thread is never pinned). The workers
+  """Native workers, one per CPU this process may use, pinned there (`pin`, default CALLSAT_PIN=1; the caller's thread is
+  never pinned). The workers
   run code of the pool's own slab (`engine`) on the pool's memory, so a pool stops and joins them (close) before it lets
   go of either: its slab's engine is disposed, its code unmapped, once the last reference to it goes."""
   tids: list = []
   closed = False
   posted = None
 
-  def __init__(self, cpus: list[int], disk=None):
+  def __init__(self, cpus: list[int], disk=None, pin: bool | None = None):
     with JIT_LOCK:   # llvmlite is not thread-safe (lower/device/llvmjit.py)
       self.engine, _ = compile_module(_ir(), disk, level=2)
       run, post, finish, entry = (self.engine.get_function_address(f"callsat_pool_{f}") for f in ("run", "post", "finish", "worker"))
@@ -353,7 +355,9 @@ class Pool:
     self.job = self.base + len(cpus) * WORKER_BYTES
     at = self.job + 64 - self._mem.ctypes.data
     masks = self._mem[at:at + len(cpus) * MASK_BYTES].view(np.uint64).reshape(len(cpus), -1)
-    for i, cpu in enumerate(cpus): masks[i, cpu // 64] = np.uint64(1 << (cpu % 64))
+    self.pin = PIN if pin is None else pin   # CALLSAT_PIN=0: every worker may run on any of the CPUs
+    for i, cpu in enumerate(cpus):
+      for c in ([cpu] if self.pin else cpus): masks[i, c // 64] |= np.uint64(1 << (c % 64))
     self._job = (ctypes.c_int64 * 5).from_address(self.job)
     libc = ctypes.CDLL(None, use_errno=True)
     create, setaff = libc.pthread_create, libc.pthread_setaffinity_np

@@ -311,13 +311,16 @@ def test_a_reduce_split_along_another_var_keeps_fine_chunks():
   np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-4, atol=1e-4)
 
 @needs_pool
-def test_a_worker_the_caller_waits_on_too_long_moves_to_the_callers_cpu_and_back():
+@pytest.mark.parametrize("pin", [True, False])
+def test_a_worker_the_caller_waits_on_too_long_moves_to_the_callers_cpu_and_back(pin):
   """A worker still on its chunk well past the caller's own chunks (as when another process preempts it on its CPU) is
-  moved to the caller's CPU, which the caller leaves idle while it sleeps, and pins itself back once its job is done."""
+  moved to the caller's CPU, which the caller leaves idle while it sleeps, and takes its own affinity back once its job
+  is done: its CPU, or unpinned (CALLSAT_PIN=0) every CPU of the pool."""
   cpus = sorted(os.sched_getaffinity(0))
   if len(cpus) < 2: pytest.skip("needs 2 CPUs")
   mine, other = cpus[0], cpus[1]
-  p = pool.Pool([mine, other])
+  p = pool.Pool([mine, other], pin=pin)
+  own = {other} if pin else {mine, other}
   seen, main = {}, threading.get_ident()
   def chunk(argv, s, e):   # the caller's chunk ends once the worker has taken the other, which then runs 20x longer
     if threading.get_ident() != main:
@@ -340,10 +343,10 @@ def test_a_worker_the_caller_waits_on_too_long_moves_to_the_callers_cpu_and_back
       assert sorted(seen["done"]) == [(0, 1), (1, 2)]
       assert seen["inside"] == {mine}   # moved while it ran
       status = f"/proc/self/task/{seen['tid']}/status"
-      for _ in range(200):              # pinned back by the worker after it published its job done
-        if os.sched_getaffinity(seen["tid"]) == {other}: break
+      for _ in range(200):              # set back by the worker after it published its job done
+        if os.sched_getaffinity(seen["tid"]) == own: break
         time.sleep(0.005)
-      assert os.sched_getaffinity(seen["tid"]) == {other}, open(status).read()
+      assert os.sched_getaffinity(seen["tid"]) == own, open(status).read()
   finally:
     os.sched_setaffinity(0, old)
     p.close()
