@@ -167,6 +167,9 @@ entry:
   call void @llvm.memset.p0.i64(ptr %mask, i8 0, i64 128, i1 false)
   %me32 = call i32 @sched_getcpu()
   %me = zext i32 %me32 to i64
+  %fits = icmp ult i64 %me, 1024                                                       ; -1: sched_getcpu failed
+  br i1 %fits, label %go, label %out
+go:
   %word = lshr i64 %me, 6
   %sh = and i64 %me, 63
   %bit = shl i64 1, %sh
@@ -178,6 +181,8 @@ entry:
   %r = call i64 (i64, ...) @syscall(i64 203, i64 %t64, i64 128, ptr %mask)             ; sched_setaffinity(worker)
   %fp = getelementptr i8, ptr %w, i64 76
   store atomic i32 1, ptr %fp release, align 4
+  br label %out
+out:
   ret void
 }
 
@@ -470,6 +475,6 @@ def pool(disk=None) -> Pool | None:
   if _POOL_FAILED or not available() or os.environ.get("CALLSAT_NATIVE_THREADS", "1") in ("", "0"): return None
   with _MAKING:   # two threads' first split launches must not start two sets of workers
     if _POOL is None or _POOL.pid != os.getpid():
-      try: _POOL = Pool(sorted(os.sched_getaffinity(0)), disk)
+      try: _POOL = Pool(sorted(c for c in os.sched_getaffinity(0) if c < MASK_BYTES * 8), disk)   # CPUs a cpu_set_t holds
       except (OSError, AttributeError): _POOL_FAILED = True; return None
   return _POOL
