@@ -29,6 +29,8 @@ DEFAULT_DEVICE = "CPU"
 # references drop their own entry in C (a WeakValueDictionary's set and removal are Python calls: ~4 us per tensor,
 # and a matmul makes five)
 _all_tensors: dict[int, weakref.ref] = {}
+CLEAN_MAX = 1 << 16   # node ids _apply_map remembers as walked clean under the last keys (then it starts over)
+_CLEAN: tuple = (frozenset(), set())
 _tensor_ids = itertools.count()
 
 class _TRef(weakref.ref):
@@ -107,8 +109,14 @@ def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
   # the table is copied in one C call (iterating it raised when another thread made a tensor meanwhile). Most tensors
   # are a chain of one-source nodes: down to a leaf (a realized tensor, a CONST: model weights are many) nothing
   # changes; down to a key (the realized tensor itself, a view of it) the chain is rebuilt over the key's value; only
-  # a chain that reaches a node of several sources takes substitute's walk of the graph
-  rest = []
+  # a chain that reaches a node of several sources takes substitute's walk of the graph, unless no key can be in it:
+  # the node is older than every key (a node's sources are made before it: ids only grow), or it was walked clean
+  # under these same keys before (graphs never change; a loop realizing one kept expression maps the same keys each
+  # time). Walking every live lazy tensor's graph cost a realize 2.9 ms with 1,000 of them, against 0.1 ms with none
+  global _CLEAN
+  oldest, keys = min(k.id for k in mapping), frozenset(k.id for k in mapping)
+  if _CLEAN[0] != keys or len(_CLEAN[1]) > CLEAN_MAX: _CLEAN = (keys, set())
+  clean, rest, stops = _CLEAN[1], [], []
   for r in _all_tensors.copy().values():
     if (t := r()) is None: continue
     n, chain = t.node, []
@@ -121,10 +129,12 @@ def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
       for c in reversed(chain): v = c.over((v,))
       t.node = v
       continue
-    if n.src: rest.append(t)
+    if n.src:
+      if n.id > oldest and n.id not in clean: rest.append(t); stops.append(n)
     elif held and n in held: found.add(n)
-  for t, n in zip(rest, substitute([t.node for t in rest], mapping)):
+  for t, stop, n in zip(rest, stops, substitute([t.node for t in rest], mapping)):
     if n is not t.node: t.node = n
+    else: clean.add(stop.id)
   return found
 
 class Tensor:

@@ -94,3 +94,24 @@ def test_a_python_scalars_buffer_is_not_kept_alive():
     del y
     gc.collect()
     assert refs and all(r() is None for r in refs), shape
+
+def test_live_lazy_tensors_are_walked_only_where_a_realized_node_can_be():
+  """A realize points every live tensor built on what it realized at the new storage, and skips the graphs that cannot
+  hold it: older than every realized node, or walked clean under the same realized nodes before (the loop case). A
+  tensor made later on the kept expression's node is still rewritten; every value is numpy's."""
+  a, b, c = _arr(16, 8), _arr(8, 4), _arr(16, 4)
+  x, y, z = Tensor(a).realize(), Tensor(b).realize(), Tensor(c).realize()
+  older = [z * float(i) + 1 for i in range(20)]     # lazy, of several sources, made before any key
+  for _ in range(3): (x @ y).realize()              # the same kept node is realized each time
+  later = [z * float(i) - 1 for i in range(20)]     # lazy, made after the key: walked once, then remembered clean
+  for _ in range(3): (x @ y).realize()
+  assert T._CLEAN[0] and T._CLEAN[1]
+  m = x @ y
+  on_m = m + z                                      # lazy over the kept key's node
+  key = m.node
+  assert any(n is key for n in on_m.node.toposort())
+  (x @ y).realize()                                 # realizes `key` again: m and on_m now stand on its storage
+  assert not any(n is key for n in on_m.node.toposort()) and not any(n is key for n in m.node.toposort())
+  np.testing.assert_allclose(on_m.numpy(), a @ b + c, rtol=1e-5, atol=1e-5)
+  for i, t in enumerate(older): np.testing.assert_allclose(t.numpy(), c * i + 1, rtol=1e-6)
+  for i, t in enumerate(later): np.testing.assert_allclose(t.numpy(), c * i - 1, rtol=1e-6)
