@@ -31,6 +31,20 @@ DEFAULT_DEVICE = "CPU"
 _all_tensors: dict[int, weakref.ref] = {}
 CLEAN_MAX = 1 << 16   # node ids _apply_map remembers as walked clean under the last keys (then it starts over)
 _CLEAN: tuple = (frozenset(), set())
+LEAVES_MAX = 1 << 18  # leaf ids _leaves keeps in all (~10 MB; then it starts over)
+_LEAVE_SETS: dict[int, frozenset] = {}
+_leaves_held = 0
+
+def _leaves(n: Node) -> frozenset:
+  """The ids of the nodes without sources in n's graph, CALL bodies not entered (as substitute walks it): a node in
+  that graph has all its leaves among them. Kept per node id (graphs never change; ids are never reused)."""
+  global _leaves_held
+  if (got := _LEAVE_SETS.get(n.id)) is None:
+    got = frozenset(x.id for x in n.toposort(enter_calls=False) if not x.src)
+    if _leaves_held + len(got) > LEAVES_MAX: _LEAVE_SETS.clear(); _leaves_held = 0
+    _LEAVE_SETS[n.id] = got
+    _leaves_held += len(got)
+  return got
 _tensor_ids = itertools.count()
 
 class _TRef(weakref.ref):
@@ -110,13 +124,15 @@ def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
   # are a chain of one-source nodes: down to a leaf (a realized tensor, a CONST: model weights are many) nothing
   # changes; down to a key (the realized tensor itself, a view of it) the chain is rebuilt over the key's value; only
   # a chain that reaches a node of several sources takes substitute's walk of the graph, unless no key can be in it:
-  # the node is older than every key (a node's sources are made before it: ids only grow), or it was walked clean
-  # under these same keys before (graphs never change; a loop realizing one kept expression maps the same keys each
-  # time). Walking every live lazy tensor's graph cost a small realize 8.5 ms beside 1,000 of them (bench/live_tensors.py)
+  # the node is older than every key (a node's sources are made before it: ids only grow), it was walked clean under
+  # these same keys before (graphs never change; a loop realizing one kept expression maps the same keys each time),
+  # or no key's leaves are all among its graph's leaves (_leaves). Walking every live lazy tensor's graph cost a small
+  # realize 8.5 ms beside 1,000 of them, and an SGD step's 300 assigns 0.4 s (bench/live_tensors.py, notes)
   global _CLEAN
   oldest, keys = min(k.id for k in mapping), frozenset(k.id for k in mapping)
   if _CLEAN[0] != keys or len(_CLEAN[1]) > CLEAN_MAX: _CLEAN = (keys, set())
   clean, rest, stops = _CLEAN[1], [], []
+  needs = [frozenset((k.id,)) if not k.src else _leaves(k) for k in mapping]
   for r in _all_tensors.copy().values():
     if (t := r()) is None: continue
     if not (n := t.node).src and n not in mapping:   # a leaf, the commonest tensor (weights, optimizer state)
@@ -133,7 +149,11 @@ def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
       t.node = v
       continue
     if n.src:
-      if n.id > oldest and n.id not in clean: rest.append(t); stops.append(n)
+      if n.id <= oldest or n.id in clean: continue
+      lv = _leaves(n)
+      for need in needs:
+        if need <= lv: rest.append(t); stops.append(n); break
+      else: clean.add(n.id)
     elif held and n in held: found.add(n)
   for t, stop, n in zip(rest, stops, substitute([t.node for t in rest], mapping)):
     if n is not t.node: t.node = n

@@ -115,3 +115,23 @@ def test_live_lazy_tensors_are_walked_only_where_a_realized_node_can_be():
   np.testing.assert_allclose(on_m.numpy(), a @ b + c, rtol=1e-5, atol=1e-5)
   for i, t in enumerate(older): np.testing.assert_allclose(t.numpy(), c * i + 1, rtol=1e-6)
   for i, t in enumerate(later): np.testing.assert_allclose(t.numpy(), c * i - 1, rtol=1e-6)
+
+def test_an_assign_rewrites_the_lazy_tensors_that_read_its_target_and_no_others(monkeypatch):
+  """assign points every live tensor reading the target's storage at the write; the graphs of other lazy tensors (their
+  leaves do not hold the target) are left as they are, and the leaf sets kept for that stay under their bound."""
+  monkeypatch.setattr(T, "LEAVES_MAX", 64)
+  ps = [Tensor(_arr(8) + i).realize() for i in range(40)]
+  gs = [Tensor(_arr(8) * i).realize() for i in range(40)]
+  want = [p.numpy() for p in ps]
+  reads = [p * 2 + g for p, g in zip(ps, gs)]           # lazy, of several sources, made before the assigns
+  before = [r.node for r in reads]
+  for i, (p, g) in enumerate(zip(ps, gs)):
+    p.assign(p - 0.5 * g)
+    assert reads[i].node is not before[i]              # reads its target: now after the write
+    assert all(reads[j].node is before[j] for j in range(i + 1, 40))   # not its target: untouched
+    assert T._leaves_held <= 64
+  Tensor.realize(*ps)
+  for i, (p, g, r) in enumerate(zip(ps, gs, reads)):
+    new = want[i] - np.float32(0.5) * g.numpy()
+    np.testing.assert_allclose(p.numpy(), new, rtol=1e-6)
+    np.testing.assert_allclose(r.numpy(), new * 2 + g.numpy(), rtol=1e-6)
