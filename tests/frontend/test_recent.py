@@ -3,6 +3,7 @@ expression gets its nodes back from the hash-cons table; and keeps no buffer the
 references to the input buffers."""
 import gc, weakref
 import numpy as np
+import pytest
 from egraph import Tensor, synchronize
 import egraph.frontend.tensor as T
 
@@ -116,10 +117,13 @@ def test_live_lazy_tensors_are_walked_only_where_a_realized_node_can_be():
   for i, t in enumerate(older): np.testing.assert_allclose(t.numpy(), c * i + 1, rtol=1e-6)
   for i, t in enumerate(later): np.testing.assert_allclose(t.numpy(), c * i - 1, rtol=1e-6)
 
-def test_an_assign_rewrites_the_lazy_tensors_that_read_its_target_and_no_others(monkeypatch):
+@pytest.mark.parametrize("walk", [512, 3])
+def test_an_assign_rewrites_the_lazy_tensors_that_read_its_target_and_no_others(monkeypatch, walk):
   """assign points every live tensor reading the target's storage at the write; the graphs of other lazy tensors (their
-  leaves do not hold the target) are left as they are, and the leaf sets kept for that stay under their bound."""
+  leaves do not hold the target) are left as they are, and the leaf sets kept for that stay under their bound. With a
+  walk of 3 nodes no graph's leaves are known: every one goes through substitute, with the same result."""
   monkeypatch.setattr(T, "LEAVES_MAX", 64)
+  monkeypatch.setattr(T, "LEAVES_WALK", walk)
   ps = [Tensor(_arr(8) + i).realize() for i in range(40)]
   gs = [Tensor(_arr(8) * i).realize() for i in range(40)]
   want = [p.numpy() for p in ps]
