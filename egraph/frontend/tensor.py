@@ -29,32 +29,6 @@ DEFAULT_DEVICE = "CPU"
 # references drop their own entry in C (a WeakValueDictionary's set and removal are Python calls: ~4 us per tensor,
 # and a matmul makes five)
 _all_tensors: dict[int, weakref.ref] = {}
-CLEAN_MAX = 1 << 16   # node ids _apply_map remembers as walked clean under the last keys (then it starts over)
-_CLEAN: tuple = (frozenset(), set())
-LEAVES_MAX = 1 << 18  # leaf ids _leaves keeps in all (~10 MB; then it starts over)
-LEAVES_WALK = 512     # nodes _leaves visits at most in a graph: a larger one is left to substitute's shared walk
-_LEAVE_SETS: dict[int, frozenset | None] = {}
-_leaves_held = 0
-
-def _leaves(n: Node) -> frozenset | None:
-  """The ids of the nodes without sources in n's graph, CALL bodies not entered (as substitute walks it): a node in
-  that graph has all its leaves among them. None for a graph of more than LEAVES_WALK nodes (many tensors over one large
-  graph would each walk all of it; substitute walks it once for them all). Kept per node id (graphs never change; ids
-  are never reused)."""
-  global _leaves_held
-  if (got := _LEAVE_SETS.get(n.id, _LEAVE_SETS)) is _LEAVE_SETS:
-    seen, stack, leaves = {n.id}, [n], set()
-    while stack and len(seen) <= LEAVES_WALK:
-      x = stack.pop()
-      if not x.src: leaves.add(x.id)
-      for s in (x.src[1:] if x.op is Ops.CALL or x.op is Ops.FUNCTION else x.src):
-        if s.id not in seen: seen.add(s.id); stack.append(s)
-    got = frozenset(leaves) if not stack else None
-    cost = len(got) if got is not None else 1
-    if _leaves_held + cost > LEAVES_MAX: _LEAVE_SETS.clear(); _leaves_held = 0
-    _LEAVE_SETS[n.id] = got
-    _leaves_held += cost
-  return got
 _tensor_ids = itertools.count()
 
 class _TRef(weakref.ref):
@@ -124,6 +98,33 @@ def _argfix(args) -> tuple:
   return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
 
 def _prod(xs) -> int: return math.prod(xs)
+
+CLEAN_MAX = 1 << 16   # node ids _apply_map remembers as walked clean under the last keys (then it starts over)
+_CLEAN: tuple = (frozenset(), set())
+LEAVES_MAX = 1 << 18  # leaf ids _leaves keeps in all (~10 MB; then it starts over)
+LEAVES_WALK = 512     # nodes _leaves visits at most in a graph: a larger one is left to substitute's shared walk
+_LEAVE_SETS: dict[int, frozenset | None] = {}
+_leaves_held = 0
+
+def _leaves(n: Node) -> frozenset | None:
+  """The ids of the nodes without sources in n's graph, CALL bodies not entered (as substitute walks it): a node in
+  that graph has all its leaves among them. None for a graph of more than LEAVES_WALK nodes (many tensors over one large
+  graph would each walk all of it; substitute walks it once for them all). Kept per node id (graphs never change; ids
+  are never reused)."""
+  global _leaves_held
+  if (got := _LEAVE_SETS.get(n.id, _LEAVE_SETS)) is _LEAVE_SETS:
+    seen, stack, leaves = {n.id}, [n], set()
+    while stack and len(seen) <= LEAVES_WALK:
+      x = stack.pop()
+      if not x.src: leaves.add(x.id)
+      for s in (x.src[1:] if x.op is Ops.CALL or x.op is Ops.FUNCTION else x.src):
+        if s.id not in seen: seen.add(s.id); stack.append(s)
+    got = frozenset(leaves) if not stack else None
+    cost = len(got) if got is not None else 1
+    if _leaves_held + cost > LEAVES_MAX: _LEAVE_SETS.clear(); _leaves_held = 0
+    _LEAVE_SETS[n.id] = got
+    _leaves_held += cost
+  return got
 
 def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
   """Substitute `mapping` into the graph of every live Tensor at once (tinygrad's _apply_map_to_tensors). `held`:
