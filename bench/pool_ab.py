@@ -20,7 +20,7 @@ from egraph import Tensor
 from lower.device import pool as P
 
 SLOT_S = 2.0
-COMPARE = {"move": (("move", {"pin": True}, None), ("never", {"pin": True}, 1e9)),   # 1e9 x a chunk's time: never
+COMPARE = {"move": (("move", {"pin": True}, None), ("never", {"pin": True}, 1e4)),   # 1e4 x a chunk's time: never
            "pin": (("pinned", {"pin": True}, None), ("unpinned", {"pin": False}, None))}
 
 def workloads(rng) -> dict:

@@ -39,7 +39,8 @@ WORKER_BYTES = 128
 MASK_BYTES = 128          # a cpu_set_t of 1024 CPUs, as glibc's
 SPIN_CYCLES = 200_000     # ~0.08 ms at 2.6 GHz: a worker idles this long, spinning, before it sleeps
 WAIT_SPIN_NS = 80_000     # the caller spins this long on a running worker before it sleeps
-MOVE_AFTER = 1.5          # ... and moves it to its own CPU past this many times its own chunks' mean time (see above)
+MOVE_AFTER = 1.5          # ... and moves it to its own CPU past this many times its own chunks' mean time (see above;
+                          # at most 1e4: the limit is worked out in i64 ns)
 
 POOL_IR = r"""
 declare i64 @syscall(i64, ...)
@@ -96,7 +97,7 @@ define internal i64 @now() nounwind {
 ; take the job (state posted -> running; a job the caller cancelled is left alone), run chunks, publish state done
 define ptr @callsat_pool_worker(ptr %w) nounwind {
 entry:
-  %tid = call i64 (i64, ...) @syscall(i64 186)                                         ; gettid: the caller widens by it
+  %tid = call i64 (i64, ...) @syscall(i64 186)                                         ; gettid: the caller moves it by it
   %tid32 = trunc i64 %tid to i32
   %tidp = getelementptr i8, ptr %w, i64 72
   store atomic i32 %tid32, ptr %tidp release, align 4
@@ -327,6 +328,7 @@ entry:
 """
 
 def _ir() -> str:
+  if not 0 < MOVE_AFTER <= 1e4: raise ValueError(f"pool.MOVE_AFTER must be in (0, 1e4], got {MOVE_AFTER}")
   subs = {"SPIN_NS": WAIT_SPIN_NS, "MOVE_IDLE_NS": 4 * WAIT_SPIN_NS, "MOVE_PERMILLE": round(MOVE_AFTER * 1000), "SPIN": SPIN_CYCLES}
   ir = POOL_IR
   for k, v in subs.items(): ir = ir.replace(k, str(v))   # SPIN_NS before SPIN
