@@ -143,7 +143,7 @@ def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
   oldest, keys = min(k.id for k in mapping), frozenset(k.id for k in mapping)
   if _CLEAN[0] != keys or len(_CLEAN[1]) > CLEAN_MAX: _CLEAN = (keys, set())
   clean, rest, stops = _CLEAN[1], [], []
-  needs = [frozenset((k.id,)) if not k.src else _leaves(k) for k in mapping]
+  needs = None   # each key's leaves, worked out once a graph gets this far (most realizes have no such graph)
   for r in _all_tensors.copy().values():
     if (t := r()) is None: continue
     if not (n := t.node).src and n not in mapping:   # a leaf, the commonest tensor (weights, optimizer state)
@@ -162,6 +162,7 @@ def _apply_map(mapping: dict[Node, Node], held: set | None = None) -> set:
     if n.src:
       if n.id <= oldest or n.id in clean: continue
       if (lv := _leaves(n)) is None: rest.append(t); stops.append(n); continue
+      if needs is None: needs = [frozenset((k.id,)) if not k.src else _leaves(k) for k in mapping]
       for need in needs:
         if need is None or need <= lv: rest.append(t); stops.append(n); break
       else: clean.add(n.id)
