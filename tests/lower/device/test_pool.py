@@ -350,3 +350,26 @@ def test_a_worker_the_caller_waits_on_too_long_moves_to_the_callers_cpu_and_back
   finally:
     os.sched_setaffinity(0, old)
     p.close()
+
+def _worker_tids(p) -> list[int]:
+  """The kernel tids the pool's workers published (each writes its own as it starts)."""
+  for _ in range(500):
+    tids = [ctypes.c_int32.from_address(p.base + i * pool.WORKER_BYTES + 72).value for i in range(len(p.cpus))]
+    if all(tids): return tids
+    time.sleep(0.01)
+  pytest.fail("a worker never published its tid")
+
+@needs_pool
+@pytest.mark.parametrize("pin", [True, False])
+def test_workers_are_pinned_unless_callsat_pin_is_off(monkeypatch, pin):
+  # CALLSAT_PIN (lower/device/threads.PIN) decides for the native workers too: one CPU each, or every CPU of the pool
+  monkeypatch.setattr(pool, "PIN", pin)
+  cpus = sorted(os.sched_getaffinity(0))
+  p = pool.Pool(cpus)
+  try:
+    for cpu, tid in zip(cpus, _worker_tids(p)): assert os.sched_getaffinity(tid) == ({cpu} if pin else set(cpus))
+  finally: p.close()
+
+def test_move_after_out_of_range_is_refused(monkeypatch):
+  monkeypatch.setattr(pool, "MOVE_AFTER", 0)
+  with pytest.raises(ValueError, match="MOVE_AFTER"): pool.Pool(sorted(os.sched_getaffinity(0)))
