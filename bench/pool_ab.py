@@ -15,24 +15,23 @@ import argparse, ast, datetime, os, statistics, subprocess, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np
-from busy import prepared, timeit
-from egraph import Tensor
+from busy import prepared, timeit, workloads as busy_workloads
 from lower.device import pool as P
 
 SLOT_S = 2.0
 COMPARE = {"move": (("move", {"pin": True}, None), ("never", {"pin": True}, 1e4)),   # 1e4 x a chunk's time: never
            "pin": (("pinned", {"pin": True}, None), ("unpinned", {"pin": False}, None))}
 
+REPS = {"row sum 4096^2": 20, "elementwise 16M": 4, "matmul 512^3": 30}   # per sample
+
 def workloads(rng) -> dict:
-  """name -> (run once, reps per sample)."""
-  r = rng.standard_normal((4096, 4096), dtype=np.float32)
-  x = rng.standard_normal(16 << 20, dtype=np.float32)
-  a5, a2 = (rng.standard_normal((n, n), dtype=np.float32) for n in (512, 256))
-  t2 = Tensor(a2).realize()
-  return {"row sum 4096^2": (prepared(Tensor, lambda p, q: p.sum(1), r, None), 20),
-          "elementwise 16M": (prepared(Tensor, lambda p, q: (p + q) * p - 1, x, x[::-1].copy()), 4),
-          "matmul 512^3": (prepared(Tensor, lambda p, q: p @ q, a5, a5), 30),
-          "user matmul 256^3": (lambda: (t2 @ t2).realize(), 200)}
+  """name -> (run once, reps per sample): bench/busy.py's row sum, elementwise and 512^3 matmul as prepared kernels,
+  and its 256^3 matmul as a user writes it."""
+  ws, T = busy_workloads(rng)
+  out = {n: (prepared(T, ws[n][2], ws[n][0], ws[n][1]), reps) for n, reps in REPS.items()}
+  a, b = (T(v).realize() for v in ws["matmul 256^3"][:2])
+  out["user matmul 256^3"] = (lambda: (a @ b).realize(), 200)
+  return out
 
 def pools(compare: str, cpus: list[int]) -> dict:
   """setting name -> its pool (the process's own pool closed)."""
